@@ -1,0 +1,137 @@
+package limiter
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"testing"
+	"time"
+)
+
+// algorithmCase is one case of testdata/algorithm_cases.json, the expected
+// decisions of an exact reference model (see its "about" field).
+type algorithmCase struct {
+	Name   string `json:"name"`
+	Policy struct {
+		Algorithm Algorithm `json:"algorithm"`
+		L         int64     `json:"L"`
+		W         int64     `json:"W"`
+		B         int64     `json:"B"`
+		MaxDelay  *int64    `json:"max_delay"`
+	} `json:"policy"`
+	Steps []struct {
+		T        int64  `json:"t_us"`
+		Cost     int64  `json:"cost"`
+		Op       string `json:"op"`
+		Boundary bool   `json:"boundary"`
+		Expect   struct {
+			Allowed    bool  `json:"allowed"`
+			Remaining  int64 `json:"remaining"`
+			ResetUs    int64 `json:"reset_us"`
+			RetryAfter int64 `json:"retry_after_us"`
+		} `json:"expect"`
+	} `json:"steps"`
+}
+
+func (c *algorithmCase) policy() Policy {
+	p := Policy{
+		Algorithm: c.Policy.Algorithm,
+		Events:    c.Policy.L,
+		Window:    time.Duration(c.Policy.W) * time.Microsecond,
+		Burst:     c.Policy.B,
+	}
+	if c.Policy.MaxDelay != nil {
+		d := time.Duration(*c.Policy.MaxDelay) * time.Microsecond
+		p.MaxDelay = &d
+	}
+	return p
+}
+
+func loadAlgorithmCases(t testing.TB) []algorithmCase {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/algorithm_cases.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Cases []algorithmCase `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &file); err != nil {
+		t.Fatal(err)
+	}
+	if len(file.Cases) == 0 {
+		t.Fatal("no cases in testdata/algorithm_cases.json")
+	}
+	return file.Cases
+}
+
+// caseStore opens a fresh store for one case: Store enforcing p, and a
+// function that sets the store's clock to t microseconds.
+type caseStore func(t *testing.T, p Policy) (Store, func(us int64))
+
+// runAlgorithmCases steps every case through stores made by open and checks
+// each decision: allowed and remaining exactly, reset and retry_after within
+// the file's 1000 µs tolerance. Every step is compared, boundary steps
+// included, since the stores use exact arithmetic.
+func runAlgorithmCases(t *testing.T, open caseStore) {
+	steps := 0
+	for _, c := range loadAlgorithmCases(t) {
+		t.Run(c.Name, func(t *testing.T) {
+			store, setNow := open(t, c.policy())
+			ctx := context.Background()
+			var last Decision
+			for i, st := range c.Steps {
+				cost := st.Cost
+				if cost == 0 {
+					cost = 1
+				}
+				setNow(st.T)
+				var d Decision
+				var err error
+				if st.Op == "release" {
+					d, err = store.Return(ctx, "k", cost, last)
+				} else {
+					d, err = store.Take(ctx, "k", cost)
+					if d.Allowed {
+						last = d
+					}
+				}
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				e := st.Expect
+				if d.Allowed != e.Allowed || d.Remaining != e.Remaining ||
+					!within(d.ResetAfter, e.ResetUs) || !within(d.RetryAfter, e.RetryAfter) {
+					t.Fatalf("step %d (t=%dus cost=%d %s boundary=%v): got allowed=%v remaining=%d reset=%dus retry=%dus; want allowed=%v remaining=%d reset=%dus retry=%dus",
+						i, st.T, cost, st.Op, st.Boundary, d.Allowed, d.Remaining, d.ResetAfter.Microseconds(), d.RetryAfter.Microseconds(),
+						e.Allowed, e.Remaining, e.ResetUs, e.RetryAfter)
+				}
+				steps++
+			}
+		})
+	}
+	t.Logf("%d steps matched", steps)
+}
+
+func within(got time.Duration, wantUs int64) bool {
+	diff := got.Microseconds() - wantUs
+	return diff >= -1000 && diff <= 1000
+}
+
+// manualClock is a Clock tests set by hand.
+type manualClock struct{ now time.Time }
+
+func (c *manualClock) Now() time.Time          { return c.now }
+func (c *manualClock) set(us int64)            { c.now = time.UnixMicro(us) }
+func (c *manualClock) advance(d time.Duration) { c.now = c.now.Add(d) }
+
+func TestAlgorithmCasesMemory(t *testing.T) {
+	runAlgorithmCases(t, func(t *testing.T, p Policy) (Store, func(int64)) {
+		clock := &manualClock{}
+		m, err := NewMemory(p, MemoryOptions{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, clock.set
+	})
+}

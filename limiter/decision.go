@@ -1,0 +1,39 @@
+package limiter
+
+import "time"
+
+// Decision is the answer to one request: whether it may pass and everything
+// a client needs to know about the limit, so response headers are a pure
+// function of it.
+type Decision struct {
+	// Allowed is true when the request's units were taken.
+	Allowed bool
+	// Remaining is how many unit requests would pass right now, never negative.
+	Remaining int64
+	// ResetAfter is how long until the key's state is empty again: the
+	// quota fully restored if nothing else arrives.
+	ResetAfter time.Duration
+	// RetryAfter is, on a denial, the earliest time a request of the same
+	// cost would pass if nothing else arrived. On a leaky-bucket admission
+	// it is how long the request must be held before it continues.
+	RetryAfter time.Duration
+
+	// at is the store time of the decision in microseconds: Return uses it
+	// to give back exactly what this decision took.
+	at int64
+	// lease names the concurrency slot a Redis decision took.
+	lease string
+}
+
+// microseconds converts the algorithms' microsecond counts to a Duration.
+func microseconds(us int64) time.Duration {
+	return time.Duration(us) * time.Microsecond
+}
+
+// ceilDiv is ⌈a/b⌉ for a >= 0 and b > 0.
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}

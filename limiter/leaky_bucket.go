@@ -1,0 +1,37 @@
+package limiter
+
+// takeLeaky is the leaky bucket of DESIGN.md section 4, by virtual
+// scheduling: the request would start at max(tat, now), so it waits
+// tat - now. A wait beyond max_delay means the queue is full. Otherwise tat
+// advances by c/r and the caller holds the request for the wait.
+//
+// In time scaled by L (one unit costs W): wait = debt; allow iff
+// wait <= maxDelay; then debt += c×W.
+func (s *bucketState) takeLeaky(p *params, now, cost int64) Decision {
+	wait := s.debt(p, now)
+	if wait > p.maxDelay {
+		return Decision{
+			ResetAfter: microseconds(ceilDiv(wait, p.l)),
+			RetryAfter: microseconds(ceilDiv(wait-p.maxDelay, p.l)),
+			at:         now,
+		}
+	}
+	debt := wait + cost*p.w
+	s.setDebt(p, now, debt)
+	return Decision{
+		Allowed:    true,
+		Remaining:  leakyRemaining(p, debt),
+		ResetAfter: microseconds(ceilDiv(debt, p.l)),
+		RetryAfter: microseconds(ceilDiv(wait, p.l)),
+		at:         now,
+	}
+}
+
+// leakyRemaining is the free queue slots for unit requests:
+// ⌊(max_delay - (tat - now))×r⌋ + 1, or 0 once tat - now exceeds max_delay.
+func leakyRemaining(p *params, debt int64) int64 {
+	if debt > p.maxDelay {
+		return 0
+	}
+	return (p.maxDelay-debt)/p.w + 1
+}

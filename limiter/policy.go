@@ -1,0 +1,177 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"time"
+)
+
+// Algorithm names a rate-limiting algorithm. The names are the ones operators
+// write in a Caddyfile.
+type Algorithm string
+
+// The algorithms of DESIGN.md section 4.
+const (
+	// TokenBucket allows bursts of up to Burst units and refills at
+	// Events/Window; a new key starts full.
+	TokenBucket Algorithm = "token_bucket"
+	// LeakyBucket shapes traffic: admitted requests leave 1/r apart and a
+	// request may be held up to MaxDelay before it continues.
+	LeakyBucket Algorithm = "leaky_bucket"
+	// FixedWindow counts units per aligned window of length Window.
+	FixedWindow Algorithm = "fixed_window"
+	// SlidingWindowLog keeps every admission of the last Window: exact, but
+	// memory grows with Events.
+	SlidingWindowLog Algorithm = "sliding_window_log"
+	// SlidingWindowCounter weights the previous window's count by how much
+	// of it still overlaps the sliding window: two counters per key.
+	SlidingWindowCounter Algorithm = "sliding_window_counter"
+	// Concurrency bounds how many requests of one key are in flight.
+	Concurrency Algorithm = "concurrency"
+)
+
+// Algorithms lists every algorithm in the order the documentation presents them.
+var Algorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, Concurrency}
+
+// Known reports whether a is one of Algorithms, so configuration can refuse
+// a misspelt name before any store sees it.
+func (a Algorithm) Known() bool {
+	for _, k := range Algorithms {
+		if a == k {
+			return true
+		}
+	}
+	return false
+}
+
+// maxScaled bounds every scaled product (Burst×Window, Events×Window) so the
+// integer arithmetic of the algorithms cannot overflow int64.
+const maxScaled = 1 << 61
+
+// logUnitBits is how many bits of a sliding-log entry hold its units; the
+// rest hold the admission time in microseconds.
+const logUnitBits = 12
+
+// Policy is one limit: how many units (Events) per Window, with the
+// algorithm that enforces it. The zero value is not usable; Validate says why.
+type Policy struct {
+	Algorithm Algorithm
+	// Events is L, the quota per Window (for Concurrency: requests in flight).
+	Events int64
+	// Window is W. Only whole microseconds count.
+	Window time.Duration
+	// Burst is B, the bucket capacity of TokenBucket and LeakyBucket;
+	// zero means Events.
+	Burst int64
+	// MaxDelay is how long LeakyBucket may hold a request; nil means the
+	// default (B-1)/r, which admits B unit requests at once.
+	MaxDelay *time.Duration
+}
+
+// params is a Policy compiled into the integers the algorithms compute with.
+type params struct {
+	alg Algorithm
+	l   int64 // events
+	w   int64 // window, microseconds
+	b   int64 // burst
+	// maxDelay is leaky bucket's longest hold, in microseconds scaled by l.
+	maxDelay int64
+	// maxAhead bounds how far a bucket's tat may lie ahead of now, in µs,
+	// so a clock stepped backwards cannot overflow the scaled arithmetic.
+	maxAhead int64
+}
+
+// Validate reports why p cannot be enforced, or nil.
+func (p Policy) Validate() error {
+	_, err := p.compile()
+	return err
+}
+
+func (p Policy) compile() (params, error) {
+	if !p.Algorithm.Known() {
+		return params{}, fmt.Errorf("unknown algorithm %q", p.Algorithm)
+	}
+	if p.Events <= 0 {
+		return params{}, fmt.Errorf("events must be positive, got %d", p.Events)
+	}
+	w := p.Window.Microseconds()
+	if w <= 0 {
+		return params{}, fmt.Errorf("window must be at least 1µs, got %v", p.Window)
+	}
+	b := p.Burst
+	if b < 0 {
+		return params{}, fmt.Errorf("burst must not be negative, got %d", b)
+	}
+	if b == 0 {
+		b = p.Events
+	}
+	c := params{alg: p.Algorithm, l: p.Events, w: w, b: b}
+	// Scaled products the algorithms form: B×W and L×W, with room for a
+	// cost of up to B on top.
+	for _, f := range []int64{b, p.Events} {
+		if hi, lo := bits.Mul64(uint64(f)*2, uint64(w)); hi != 0 || lo >= maxScaled {
+			return params{}, fmt.Errorf("events or burst (%d) times window (%v) is too large to compute exactly", f, p.Window)
+		}
+	}
+	if p.Algorithm == LeakyBucket {
+		if p.MaxDelay == nil {
+			c.maxDelay = (b - 1) * w
+		} else {
+			md := p.MaxDelay.Microseconds()
+			if md < 0 {
+				return params{}, errors.New("max_delay must not be negative")
+			}
+			if hi, lo := bits.Mul64(uint64(md), uint64(p.Events)); hi != 0 || lo >= maxScaled {
+				return params{}, fmt.Errorf("max_delay %v is too long for events %d", *p.MaxDelay, p.Events)
+			}
+			c.maxDelay = md * p.Events
+		}
+	}
+	c.maxAhead = (c.b*c.w+c.maxDelay)/c.l*2 + 1
+	return c, nil
+}
+
+// MaxCost is the largest cost a single request may have under p: more than
+// this could never pass, so configuration refuses it.
+func (p Policy) MaxCost() int64 {
+	switch p.Algorithm {
+	case TokenBucket, LeakyBucket:
+		if p.Burst > 0 {
+			return p.Burst
+		}
+	}
+	return p.Events
+}
+
+// Quota is what response headers report for p: q units per w. Window
+// algorithms report L per W; the buckets report their capacity B and the time
+// to refill it from empty, B/r, so a bucket's burst is visible to clients.
+func (p Policy) Quota() (q int64, w time.Duration) {
+	switch p.Algorithm {
+	case TokenBucket, LeakyBucket:
+		b := p.Burst
+		if b == 0 {
+			b = p.Events
+		}
+		// B/r = B×W/L, rounded up to whole microseconds.
+		num := float64(b) * float64(p.Window.Microseconds()) / float64(p.Events)
+		return b, time.Duration(math.Ceil(num)) * time.Microsecond
+	}
+	return p.Events, p.Window
+}
+
+// String is a stable description of every field that changes decisions: two
+// policies with the same String share state, so a config reload that keeps
+// it keeps the counters.
+func (p Policy) String() string {
+	s := fmt.Sprintf("%s:%d/%dus", p.Algorithm, p.Events, p.Window.Microseconds())
+	if p.Burst > 0 && p.Burst != p.Events {
+		s += fmt.Sprintf(":burst=%d", p.Burst)
+	}
+	if p.MaxDelay != nil {
+		s += fmt.Sprintf(":max_delay=%dus", p.MaxDelay.Microseconds())
+	}
+	return s
+}

@@ -1,0 +1,92 @@
+package limiter
+
+// slidingCounterState holds the counts of window win and the one before it.
+type slidingCounterState struct {
+	win  int64
+	prev int64
+	cur  int64
+}
+
+func (s *slidingCounterState) roll(p *params, now int64) {
+	idx := windowIndex(p, now)
+	switch {
+	case idx == s.win:
+	case idx == s.win+1:
+		s.prev, s.cur = s.cur, 0
+	default:
+		s.prev, s.cur = 0, 0
+	}
+	s.win = idx
+}
+
+// take: est = prev×(W - e)/W + cur where e is how far now is into its
+// window; allow iff est + c <= L, decided exactly as
+// prev×(W - e) + (cur + c)×W <= L×W.
+func (s *slidingCounterState) take(p *params, now, cost int64) Decision {
+	s.roll(p, now)
+	e := now - s.win*p.w
+	if s.prev*(p.w-e)+(s.cur+cost)*p.w > p.l*p.w {
+		d := s.status(p, now)
+		d.Allowed = false
+		d.RetryAfter = microseconds(s.retryAfter(p, e, cost))
+		d.at = now
+		return d
+	}
+	s.cur += cost
+	d := s.status(p, now)
+	d.at = now
+	return d
+}
+
+// retryAfter is the least x with est(now + x) + c <= L, nothing else
+// arriving: first later in this window as prev's weight decays, else in the
+// next window once cur (then prev) has decayed enough, else two windows on.
+func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
+	rest := p.w - e
+	// This window: prev×(W - e - x) <= (L - cur - c)×W.
+	if slack := p.l - s.cur - cost; slack >= 0 && s.prev > 0 {
+		if x := ceilDiv(s.prev*rest-slack*p.w, s.prev); x < rest {
+			return x
+		}
+	}
+	// Next window, at e' into it: cur×(W - e') <= (L - c)×W.
+	if s.cur == 0 {
+		return rest
+	}
+	if ep := ceilDiv((s.cur-p.l+cost)*p.w, s.cur); ep < p.w {
+		return rest + ep
+	}
+	return rest + p.w
+}
+
+func (s *slidingCounterState) undo(p *params, now, cost int64, taken Decision) Decision {
+	s.roll(p, now)
+	switch windowIndex(p, taken.at) {
+	case s.win:
+		s.cur = max(0, s.cur-cost)
+	case s.win - 1:
+		s.prev = max(0, s.prev-cost)
+	}
+	return s.status(p, now)
+}
+
+// status: remaining = ⌊L - est⌋; reset = end of the next window while cur
+// holds units, else end of this one while prev does.
+func (s *slidingCounterState) status(p *params, now int64) Decision {
+	s.roll(p, now)
+	e := now - s.win*p.w
+	est := s.prev*(p.w-e) + s.cur*p.w
+	d := Decision{Allowed: true, Remaining: max(0, (p.l*p.w-est)/p.w)}
+	switch {
+	case s.cur > 0:
+		d.ResetAfter = microseconds((s.win+2)*p.w - now)
+	case s.prev > 0:
+		d.ResetAfter = microseconds((s.win+1)*p.w - now)
+	}
+	return d
+}
+
+func (s *slidingCounterState) idle(p *params, now int64) bool {
+	s.roll(p, now)
+	return s.prev == 0 && s.cur == 0
+}

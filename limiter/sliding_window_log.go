@@ -1,0 +1,122 @@
+package limiter
+
+// slidingLogState keeps the admissions of the last window, oldest first,
+// each packed into one uint64: the admission time in µs above logUnitBits,
+// its units below. ents[head:] are live; total is the sum of their units.
+type slidingLogState struct {
+	ents  []uint64
+	head  int
+	total int64
+}
+
+const logUnitMask = 1<<logUnitBits - 1
+
+func logEntry(at, units int64) uint64 { return uint64(at)<<logUnitBits | uint64(units) }
+func logAt(e uint64) int64           { return int64(e >> logUnitBits) }
+func logUnits(e uint64) int64        { return int64(e & logUnitMask) }
+
+// expire drops entries that left the window (now - W, now].
+func (s *slidingLogState) expire(p *params, now int64) {
+	for s.head < len(s.ents) && logAt(s.ents[s.head]) <= now-p.w {
+		s.total -= logUnits(s.ents[s.head])
+		s.head++
+	}
+	if s.head == len(s.ents) {
+		s.ents, s.head = s.ents[:0], 0
+	}
+}
+
+// push appends an admission, first reusing the space of expired entries
+// so the slice holds at most about twice the live entries.
+func (s *slidingLogState) push(at, units int64) {
+	if s.head > 0 && len(s.ents) == cap(s.ents) {
+		n := copy(s.ents, s.ents[s.head:])
+		s.ents, s.head = s.ents[:n], 0
+	}
+	for units > 0 {
+		u := min(units, logUnitMask)
+		s.ents = append(s.ents, logEntry(at, u))
+		units -= u
+	}
+}
+
+// take: allow iff count + c <= L, then append (now, c); remaining = L - count;
+// reset = newest + W - now; retry_after = when enough of the oldest leave.
+func (s *slidingLogState) take(p *params, now, cost int64) Decision {
+	now = max(now, 0)
+	s.expire(p, now)
+	if s.total+cost > p.l {
+		d := s.status(p, now)
+		d.Allowed = false
+		d.RetryAfter = microseconds(s.retryAfter(p, now, s.total+cost-p.l))
+		d.at = now
+		return d
+	}
+	// Keep entries in time order even if the clock stepped back.
+	at := now
+	if n := len(s.ents); n > s.head {
+		at = max(at, logAt(s.ents[n-1]))
+	}
+	s.push(at, cost)
+	s.total += cost
+	d := s.status(p, now)
+	d.at = at
+	return d
+}
+
+// retryAfter is how long until the oldest entries holding at least need
+// units have left the window.
+func (s *slidingLogState) retryAfter(p *params, now, need int64) int64 {
+	for _, e := range s.ents[s.head:] {
+		need -= logUnits(e)
+		if need <= 0 {
+			return logAt(e) + p.w - now
+		}
+	}
+	return p.w
+}
+
+func (s *slidingLogState) undo(p *params, now, cost int64, taken Decision) Decision {
+	s.expire(p, now)
+	for i := len(s.ents) - 1; i >= s.head && cost > 0; i-- {
+		e := s.ents[i]
+		if logAt(e) != taken.at {
+			if logAt(e) < taken.at {
+				break
+			}
+			continue
+		}
+		u := min(cost, logUnits(e))
+		cost -= u
+		s.total -= u
+		if u == logUnits(e) {
+			s.ents = append(s.ents[:i], s.ents[i+1:]...)
+		} else {
+			s.ents[i] = logEntry(taken.at, logUnits(e)-u)
+		}
+	}
+	return s.status(p, now)
+}
+
+func (s *slidingLogState) status(p *params, now int64) Decision {
+	d := Decision{Allowed: true, Remaining: max(0, p.l-s.total)}
+	if n := len(s.ents); n > s.head {
+		d.ResetAfter = microseconds(max(0, logAt(s.ents[n-1])+p.w-now))
+	}
+	return d
+}
+
+// idle also gives memory back: a log whose live entries fill less than a
+// quarter of its slice is copied into a smaller one.
+func (s *slidingLogState) idle(p *params, now int64) bool {
+	s.expire(p, now)
+	live := len(s.ents) - s.head
+	if live == 0 {
+		s.ents, s.head = nil, 0
+		return true
+	}
+	if cap(s.ents) > 8 && live*4 < cap(s.ents) {
+		s.ents, s.head = append(make([]uint64, 0, live*2), s.ents[s.head:]...), 0
+	}
+	return false
+}
