@@ -1,0 +1,341 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler Handler
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return &handler, err
+}
+
+// UnmarshalCaddyfile parses the rate_limit directive; README.md has the
+// full syntax. Every error carries the Caddyfile line it refers to.
+//
+//	rate_limit [<matcher>] {
+//		zone <name> {
+//			match { <matchers> }
+//			key ip | header <name> | <template>
+//			algorithm <name>
+//			events <n>
+//			window <duration>
+//			rate <n>/<duration>
+//			...
+//		}
+//		headers both | x-ratelimit | ietf | none
+//		...
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt != "zone" {
+			if seen[opt] {
+				return d.Errf("%s specified twice", opt)
+			}
+			seen[opt] = true
+		}
+		var err error
+		switch opt {
+		case "zone":
+			err = h.parseZone(d)
+		case "headers":
+			err = parseStringArg(d, &h.Headers)
+			if err == nil {
+				if _, perr := parseHeaderMode(h.Headers); perr != nil {
+					err = d.Err(perr.Error())
+				}
+			}
+		case "log_key":
+			h.LogKey, err = true, noArgs(d)
+		case "disable_metrics":
+			h.DisableMetrics, err = true, noArgs(d)
+		case "sweep_interval":
+			err = parseDurationArg(d, &h.SweepInterval)
+		case "max_keys":
+			var n int64
+			if err = parsePositiveArg(d, &n); err == nil {
+				h.MaxKeys = int(n)
+			}
+		case "jitter":
+			err = parseJitter(d, &h.Jitter)
+		case "distributed":
+			h.Distributed, err = skipCompatBlock(d)
+		case "storage":
+			h.StorageRaw, err = skipCompatBlock(d)
+		default:
+			return d.Errf("unknown rate_limit option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(h.RateLimits) == 0 {
+		return d.Err("rate_limit needs at least one zone")
+	}
+	return nil
+}
+
+// parseZone parses `zone <name> { ... }`.
+func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
+	line := d.Line()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	name := d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if _, dup := h.RateLimits[name]; dup {
+		return d.Errf("zone %q defined twice", name)
+	}
+	z := new(Zone)
+	seen := map[string]bool{}
+	usedRate := false
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt != "match" {
+			if seen[opt] {
+				return d.Errf("zone %q: %s specified twice", name, opt)
+			}
+			seen[opt] = true
+		}
+		var err error
+		switch opt {
+		case "match":
+			set, merr := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if merr != nil {
+				return merr
+			}
+			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+		case "key":
+			err = parseKey(d, z)
+		case "algorithm":
+			err = parseStringArg(d, &z.Algorithm)
+		case "events":
+			if usedRate {
+				return d.Errf("zone %q: rate and events cannot both be set", name)
+			}
+			err = parsePositiveArg(d, &z.MaxEvents)
+		case "window":
+			if usedRate {
+				return d.Errf("zone %q: rate and window cannot both be set", name)
+			}
+			err = parseDurationArg(d, &z.Window)
+		case "rate":
+			if seen["events"] || seen["window"] {
+				return d.Errf("zone %q: rate and events/window cannot both be set", name)
+			}
+			usedRate = true
+			err = parseRate(d, z)
+		case "burst":
+			err = parsePositiveArg(d, &z.Burst)
+		case "cost":
+			err = parsePositiveArg(d, &z.Cost)
+		case "max_delay":
+			var md caddy.Duration
+			if err = parseDurationArg(d, &md); err == nil {
+				if md < 0 {
+					return d.Errf("zone %q: max_delay must not be negative", name)
+				}
+				z.MaxDelay = &md
+			}
+		case "store":
+			err = parseStringArg(d, &z.Store)
+		case "missing_key":
+			err = parseStringArg(d, &z.MissingKey)
+		case "ipv4_prefix":
+			err = parseIntArg(d, &z.IPv4Prefix, 1, 32)
+		case "ipv6_prefix":
+			err = parseIntArg(d, &z.IPv6Prefix, 1, 128)
+		case "dry_run":
+			z.DryRun, err = true, noArgs(d)
+		default:
+			return d.Errf("zone %q: unknown option %q", name, opt)
+		}
+		if err != nil {
+			return fmt.Errorf("zone %q: %w", name, err)
+		}
+	}
+	if err := z.validate(name); err != nil {
+		return zoneError(d, line, name, err)
+	}
+	if h.RateLimits == nil {
+		h.RateLimits = make(map[string]*Zone)
+	}
+	h.RateLimits[name] = z
+	return nil
+}
+
+// zoneError reports a problem found once a zone's block is complete at the
+// line of its `zone` token, in the form the Dispenser's errors take.
+func zoneError(d *caddyfile.Dispenser, line int, name string, err error) error {
+	return fmt.Errorf("zone %q: %v, at %s:%d", name, err, d.File(), line)
+}
+
+// parseKey reads `key ip | header <name> | <template>`.
+func parseKey(d *caddyfile.Dispenser, z *Zone) error {
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 1 && args[0] == "ip":
+		z.Key = "{" + clientIPPlaceholder + "}"
+	case len(args) == 2 && args[0] == "header":
+		if strings.ContainsAny(args[1], "{} ") {
+			return d.Errf("header name %q is not valid", args[1])
+		}
+		z.Key = "{http.request.header." + args[1] + "}"
+	case len(args) == 1:
+		z.Key = args[0]
+	default:
+		return d.ArgErr()
+	}
+	if _, err := parseKeyTemplate(z.Key); err != nil {
+		return d.Errf("key: %v", err)
+	}
+	return nil
+}
+
+// parseRate reads `rate <n>/<duration>`: 100/1m, 10/30s, or a bare unit
+// meaning one of it: 5/s, 1000/h, 10000/d.
+func parseRate(d *caddyfile.Dispenser, z *Zone) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	n, per, ok := strings.Cut(d.Val(), "/")
+	if !ok {
+		return d.Errf("rate %q: want <events>/<duration>, like 100/1m or 5/s", d.Val())
+	}
+	events, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || events <= 0 {
+		return d.Errf("rate %q: events must be a positive integer", d.Val())
+	}
+	window, err := parseRateWindow(per)
+	if err != nil || window <= 0 {
+		return d.Errf("rate %q: window must be a positive duration like 1m, 30s, s, h or d", d.Val())
+	}
+	z.MaxEvents, z.Window = events, caddy.Duration(window)
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func parseRateWindow(s string) (time.Duration, error) {
+	switch s {
+	case "ms", "s", "m", "h", "d":
+		s = "1" + s
+	}
+	return caddy.ParseDuration(s)
+}
+
+func noArgs(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func parseStringArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	return noArgs(d)
+}
+
+func parsePositiveArg(d *caddyfile.Dispenser, dst *int64) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	n, err := strconv.ParseInt(d.Val(), 10, 64)
+	if err != nil || n <= 0 {
+		return d.Errf("%s: want a positive integer, got %q", d.Token().Text, d.Val())
+	}
+	*dst = n
+	return noArgs(d)
+}
+
+func parseIntArg(d *caddyfile.Dispenser, dst *int, lo, hi int) error {
+	opt := d.Val()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	n, err := strconv.Atoi(d.Val())
+	if err != nil || n < lo || n > hi {
+		return d.Errf("%s: want an integer from %d to %d, got %q", opt, lo, hi, d.Val())
+	}
+	*dst = n
+	return noArgs(d)
+}
+
+func parseDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	opt := d.Val()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	v, err := caddy.ParseDuration(d.Val())
+	if err != nil {
+		return d.Errf("%s: invalid duration %q: %v", opt, d.Val(), err)
+	}
+	if v <= 0 && opt != "max_delay" {
+		return d.Errf("%s: must be positive, got %q", opt, d.Val())
+	}
+	*dst = caddy.Duration(v)
+	return noArgs(d)
+}
+
+// parseJitter reads mholt's `jitter <fraction>`: 0.2 adds up to 20%.
+func parseJitter(d *caddyfile.Dispenser, dst *float64) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	v, err := strconv.ParseFloat(d.Val(), 64)
+	if err != nil || v < 0 {
+		return d.Errf("jitter: want a non-negative fraction such as 0.2, got %q", d.Val())
+	}
+	*dst = v
+	return noArgs(d)
+}
+
+// skipCompatBlock accepts an option of mholt/caddy-ratelimit that Floodgate
+// does not use (distributed, storage): its arguments and block are
+// consumed and recorded as JSON so `caddy adapt` keeps them visible.
+func skipCompatBlock(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	opts := map[string][]string{}
+	if args := d.RemainingArgs(); len(args) > 0 {
+		opts["module"] = args
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		key := d.Val()
+		opts[key] = append(opts[key], d.RemainingArgs()...)
+		for sub := d.Nesting(); d.NextBlock(sub); {
+		}
+	}
+	raw, err := json.Marshal(opts)
+	if err != nil {
+		return nil, d.Errf("encoding %s: %v", d.Val(), err)
+	}
+	return raw, nil
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,183 @@
+package ratelimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// statusClientClosedRequest is the status logged when a client leaves
+// while its request is held by a leaky bucket.
+const statusClientClosedRequest = 499
+
+// outcome is one zone's decision on one request.
+type outcome struct {
+	zone  *zone
+	limit *limit
+	key   string
+	d     limiter.Decision
+	// taken is true when the store consumed units that must be given back
+	// if the request is refused, or released when it finishes.
+	taken bool
+}
+
+// evaluation is every zone's decision on one request.
+type evaluation struct {
+	outcomes []outcome
+	// denied indexes the outcome that refuses the request, or is -1.
+	denied int
+	// hold is the longest time a leaky bucket asked the request to wait.
+	hold time.Duration
+}
+
+// evaluate decides every zone that matches r, in name order, stopping at the
+// first that refuses it.
+func (h *Handler) evaluate(r *http.Request, ev *evaluation) error {
+	ev.denied = -1
+	var repl *caddy.Replacer
+	for _, z := range h.zones {
+		if len(z.matchers) > 0 {
+			ok, err := z.matchers.AnyMatchWithError(r)
+			if err != nil {
+				return caddyhttp.Error(http.StatusInternalServerError, err)
+			}
+			if !ok {
+				continue
+			}
+		}
+		if repl == nil {
+			repl = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+		}
+		l := &z.limit
+		key, ok := z.key.evaluate(r, repl)
+		if !ok {
+			switch z.missing {
+			case missingSkip:
+				continue
+			case missingDeny:
+				ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: limiter.Decision{RetryAfter: l.window}})
+				if !z.dryRun {
+					ev.denied = len(ev.outcomes) - 1
+					return nil
+				}
+				continue
+			default:
+				key = missingKeyNamespace + z.key.clientIP(r)
+			}
+		}
+		d, err := l.store.Take(r.Context(), key, z.cost)
+		if err != nil {
+			return caddyhttp.Error(http.StatusServiceUnavailable, err)
+		}
+		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, key: key, d: d, taken: d.Allowed})
+		switch {
+		case !d.Allowed && z.dryRun:
+			h.logDenial(r, z, key, d, true)
+		case !d.Allowed:
+			ev.denied = len(ev.outcomes) - 1
+			return nil
+		case l.policy.Algorithm == limiter.LeakyBucket && d.RetryAfter > ev.hold:
+			ev.hold = d.RetryAfter
+		}
+	}
+	return nil
+}
+
+// refund gives back what every zone took, because the request is refused.
+func (ev *evaluation) refund(r *http.Request) {
+	ctx := context.WithoutCancel(r.Context())
+	for i := range ev.outcomes {
+		o := &ev.outcomes[i]
+		if !o.taken {
+			continue
+		}
+		o.taken = false
+		// Report the state after the refund, not the units it gave back.
+		if st, err := o.limit.store.Return(ctx, o.key, o.zone.cost, o.d); err == nil {
+			o.d.Remaining, o.d.ResetAfter = st.Remaining, st.ResetAfter
+		}
+	}
+}
+
+// release frees the concurrency slots of a finished request.
+func (ev *evaluation) release(r *http.Request) {
+	var ctx context.Context
+	for i := range ev.outcomes {
+		o := &ev.outcomes[i]
+		if o.taken && o.limit.policy.Algorithm == limiter.Concurrency {
+			if ctx == nil {
+				ctx = context.WithoutCancel(r.Context())
+			}
+			_, _ = o.limit.store.Return(ctx, o.key, o.zone.cost, o.d)
+			o.taken = false
+		}
+	}
+}
+
+// deny answers a refused request: headers, placeholders, and a 429 error
+// for Caddy's error routes.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, ev *evaluation, now time.Time) error {
+	o := &ev.outcomes[ev.denied]
+	wait := o.d.RetryAfter
+	if h.Jitter > 0 {
+		wait += time.Duration(rand.Float64() * h.Jitter * float64(wait))
+	}
+	retry := max(1, ceilSeconds(wait))
+	hdr := w.Header()
+	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	h.writeHeaders(hdr, ev, now, retry)
+	setPlaceholders(repl, ev, retry)
+	repl.Set("http.rate_limit.exceeded.name", o.zone.name)
+	h.logDenial(r, o.zone, o.key, o.d, false)
+	return caddyhttp.Error(http.StatusTooManyRequests, o.zone.exceeded)
+}
+
+// logDenial logs a refusal at debug level: under a flood, one line per
+// refused request would cost more than the refusal itself. The access log
+// records every 429.
+func (h *Handler) logDenial(r *http.Request, z *zone, key string, d limiter.Decision, dryRun bool) {
+	ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded")
+	if ce == nil {
+		return
+	}
+	fields := []zap.Field{
+		zap.String("zone", z.name),
+		zap.Duration("wait", d.RetryAfter),
+		zap.String("remote_ip", z.key.clientIP(r)),
+		zap.Bool("dry_run", dryRun),
+	}
+	if h.LogKey {
+		fields = append(fields, zap.String("key", key))
+	}
+	ce.Write(fields...)
+}
+
+// holdRequest waits d before the request continues, as a leaky bucket
+// shapes traffic. A client that leaves meanwhile ends the wait; its slot is
+// not given back, since the bucket already spaced others after it.
+func holdRequest(r *http.Request, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-r.Context().Done():
+		return caddyhttp.Error(statusClientClosedRequest, r.Context().Err())
+	}
+}
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}

@@ -1,0 +1,156 @@
+package ratelimit
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// headerMode selects which rate-limit fields responses carry.
+type headerMode uint8
+
+const (
+	headersBoth headerMode = iota
+	headersX
+	headersIETF
+	headersNone
+)
+
+func parseHeaderMode(s string) (headerMode, error) {
+	switch s {
+	case "", "both":
+		return headersBoth, nil
+	case "x-ratelimit":
+		return headersX, nil
+	case "ietf":
+		return headersIETF, nil
+	case "none":
+		return headersNone, nil
+	}
+	return 0, fmt.Errorf("unknown headers mode %q (want both, x-ratelimit, ietf or none)", s)
+}
+
+// Canonical header names, so other handlers' Header().Get finds them.
+const (
+	hdrLimit      = "X-Ratelimit-Limit"
+	hdrRemaining  = "X-Ratelimit-Remaining"
+	hdrReset      = "X-Ratelimit-Reset"
+	hdrRateLimit  = "Ratelimit"
+	hdrPolicy     = "Ratelimit-Policy"
+	hdrRetryAfter = "Retry-After"
+)
+
+// policyItem is a zone's member of RateLimit-Policy, made once per zone:
+// "<zone>";q=<quota>;w=<window seconds, rounded up, at least 1>.
+func policyItem(name string, p limiter.Policy) string {
+	q, w := p.Quota()
+	b := appendSFString(nil, name)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, q, 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, max(1, ceilSeconds(w)), 10)
+	if p.Algorithm == limiter.Concurrency {
+		b = append(b, `;qu="concurrent-requests"`...)
+	}
+	return string(b)
+}
+
+// appendSFString writes s as an RFC 9651 structured-field String. Zone
+// names are printable ASCII (Validate refuses others), so only the quote
+// and the backslash need escaping.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '"')
+}
+
+// reported is the outcome the single-valued headers describe: the refusing
+// zone, or else the one with the least remaining.
+func (ev *evaluation) reported() *outcome {
+	if ev.denied >= 0 {
+		return &ev.outcomes[ev.denied]
+	}
+	best := &ev.outcomes[0]
+	for i := 1; i < len(ev.outcomes); i++ {
+		if ev.outcomes[i].d.Remaining < best.d.Remaining {
+			best = &ev.outcomes[i]
+		}
+	}
+	return best
+}
+
+// writeHeaders sets the rate-limit fields for every evaluated zone. retry is
+// the Retry-After of a refused request, in seconds, reported as the
+// refusing zone's t.
+func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, now time.Time, retry int64) {
+	if h.headers == headersNone {
+		return
+	}
+	var buf [64]byte
+	if h.headers != headersIETF {
+		o := ev.reported()
+		hdr[hdrLimit] = []string{string(strconv.AppendInt(buf[:0], o.limit.quota, 10))}
+		hdr[hdrRemaining] = []string{string(strconv.AppendInt(buf[:0], o.d.Remaining, 10))}
+		reset := now.Add(o.d.ResetAfter)
+		epoch := reset.Unix()
+		if reset.Nanosecond() > 0 {
+			epoch++
+		}
+		hdr[hdrReset] = []string{string(strconv.AppendInt(buf[:0], epoch, 10))}
+	}
+	if h.headers == headersX {
+		return
+	}
+	if len(ev.outcomes) == 1 {
+		o := &ev.outcomes[0]
+		hdr[hdrPolicy] = []string{o.limit.policyItem}
+		hdr[hdrRateLimit] = []string{string(appendRateLimitItem(buf[:0], o, retry, ev.denied == 0))}
+		return
+	}
+	var policy strings.Builder
+	rl := make([]byte, 0, 128)
+	for i := range ev.outcomes {
+		o := &ev.outcomes[i]
+		if i > 0 {
+			policy.WriteString(", ")
+			rl = append(rl, ", "...)
+		}
+		policy.WriteString(o.limit.policyItem)
+		rl = appendRateLimitItem(rl, o, retry, ev.denied == i)
+	}
+	hdr[hdrPolicy] = []string{policy.String()}
+	hdr[hdrRateLimit] = []string{string(rl)}
+}
+
+// appendRateLimitItem writes a zone's member of RateLimit:
+// "<zone>";r=<remaining>;t=<seconds until reset, or Retry-After if it refused>.
+func appendRateLimitItem(b []byte, o *outcome, retry int64, refused bool) []byte {
+	b = appendSFString(b, o.zone.name)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, o.d.Remaining, 10)
+	b = append(b, ";t="...)
+	t := ceilSeconds(o.d.ResetAfter)
+	if refused {
+		t = retry
+	}
+	return strconv.AppendInt(b, t, 10)
+}
+
+// setPlaceholders makes the decision available to later handlers and logs.
+func setPlaceholders(repl *caddy.Replacer, ev *evaluation, retry int64) {
+	o := ev.reported()
+	repl.Set("http.rate_limit.zone", o.zone.name)
+	repl.Set("http.rate_limit.remaining", o.d.Remaining)
+	repl.Set("http.rate_limit.retry_after", retry)
+}

@@ -1,0 +1,185 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// clientIPPlaceholder is Caddy's client IP, which honours the server's
+// trusted_proxies. The Caddyfile shorthand {client_ip} expands to it.
+const clientIPPlaceholder = "http.vars.client_ip"
+
+// missingKeyNamespace prefixes the client IP that stands in for a missing
+// key, so such requests never share a limit with a key that happens to
+// equal an IP address.
+const missingKeyNamespace = "\x00missing-key\x00"
+
+// maxKeyLength bounds a key template's evaluated length: longer keys are
+// hashed like any other, but a template should not grow without bound.
+const maxTemplateLength = 4096
+
+// keyTemplate is a zone key compiled into literals and placeholders, so a
+// request's key is built without re-parsing the template.
+type keyTemplate struct {
+	parts []keyPart
+	// ipv4Bits and ipv6Bits mask placeholder values that are IP addresses.
+	ipv4Bits, ipv6Bits int
+}
+
+// keyPart is a literal, or a placeholder name when placeholder is set.
+type keyPart struct {
+	text        string
+	placeholder bool
+}
+
+// parseKeyTemplate compiles a key; empty means the client IP. Braces
+// escaped with a backslash are literal, as in Caddy's replacer.
+func parseKeyTemplate(s string) (keyTemplate, error) {
+	if s == "" {
+		s = "{" + clientIPPlaceholder + "}"
+	}
+	if len(s) > maxTemplateLength {
+		return keyTemplate{}, fmt.Errorf("key is longer than %d bytes", maxTemplateLength)
+	}
+	var t keyTemplate
+	var lit strings.Builder
+	flush := func() {
+		if lit.Len() > 0 {
+			t.parts = append(t.parts, keyPart{text: lit.String()})
+			lit.Reset()
+		}
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && i+1 < len(s) && (s[i+1] == '{' || s[i+1] == '}'):
+			lit.WriteByte(s[i+1])
+			i++
+		case c == '{':
+			end := strings.IndexByte(s[i+1:], '}')
+			if end < 0 {
+				return keyTemplate{}, fmt.Errorf("unclosed placeholder in %q", s)
+			}
+			name := s[i+1 : i+1+end]
+			if name == "" || strings.ContainsAny(name, "{ ") {
+				return keyTemplate{}, fmt.Errorf("malformed placeholder {%s} in %q", name, s)
+			}
+			flush()
+			t.parts = append(t.parts, keyPart{text: name, placeholder: true})
+			i += end + 1
+		case c == '}':
+			return keyTemplate{}, fmt.Errorf("unopened } in %q", s)
+		default:
+			lit.WriteByte(c)
+		}
+	}
+	flush()
+	if len(t.parts) == 0 {
+		return keyTemplate{}, errors.New("empty key")
+	}
+	return t, nil
+}
+
+// evaluate builds r's key. It reports false when any placeholder is empty
+// or unknown: a key missing a part is a missing key, never a shared bucket.
+func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer) (string, bool) {
+	if len(t.parts) == 1 {
+		p := t.parts[0]
+		if !p.placeholder {
+			return p.text, true
+		}
+		v := t.value(r, repl, p.text)
+		return v, v != ""
+	}
+	var buf [128]byte
+	key := buf[:0]
+	for _, p := range t.parts {
+		if !p.placeholder {
+			key = append(key, p.text...)
+			continue
+		}
+		v := t.value(r, repl, p.text)
+		if v == "" {
+			return "", false
+		}
+		key = append(key, v...)
+	}
+	return string(key), true
+}
+
+// value is one placeholder's value, grouped by prefix if it is an IP.
+func (t *keyTemplate) value(r *http.Request, repl *caddy.Replacer, name string) string {
+	if name == clientIPPlaceholder {
+		return t.clientIP(r)
+	}
+	v, _ := repl.GetString(name)
+	return t.maskIP(v)
+}
+
+// clientIP is Caddy's client IP for r, grouped by prefix.
+func (t *keyTemplate) clientIP(r *http.Request) string {
+	ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	if ip == "" {
+		ip = r.RemoteAddr
+		if host, _, err := net.SplitHostPort(ip); err == nil {
+			ip = host
+		}
+	}
+	return t.maskIP(ip)
+}
+
+// maskIP groups an IP address to the zone's prefix lengths; any other
+// value is returned unchanged.
+func (t *keyTemplate) maskIP(v string) string {
+	if !maybeIP(v) {
+		return v
+	}
+	addr, err := netip.ParseAddr(v)
+	if err != nil {
+		return v
+	}
+	addr = addr.WithZone("")
+	bits := t.ipv6Bits
+	if addr.Is4In6() || addr.Is4() {
+		addr, bits = addr.Unmap(), t.ipv4Bits
+	}
+	if bits <= 0 || bits >= addr.BitLen() {
+		if s := addr.String(); s != v {
+			return s
+		}
+		return v
+	}
+	p, err := addr.Prefix(bits)
+	if err != nil {
+		return v
+	}
+	return p.Addr().String()
+}
+
+// maybeIP cheaply rules out values that cannot be IP addresses, so API keys
+// and paths never pay for a failed parse.
+func maybeIP(v string) bool {
+	if len(v) < 2 || len(v) > 64 {
+		return false
+	}
+	sep := false
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '.' || c == ':':
+			sep = true
+		case c == '%':
+			return sep
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return sep
+}

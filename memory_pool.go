@@ -1,0 +1,94 @@
+package ratelimit
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// memoryStores keeps memory stores across config reloads: a store is keyed
+// by zone name and policy, so a reload that keeps both finds the old
+// counters, and one that changes the policy starts afresh.
+var memoryStores = caddy.NewUsagePool()
+
+// pooledMemory lets a memory store live in a caddy.UsagePool.
+type pooledMemory struct{ *limiter.Memory }
+
+// Destruct implements caddy.Destructor; a memory store holds nothing but memory.
+func (pooledMemory) Destruct() error { return nil }
+
+// loadMemoryStore returns the memory store of zone name under p, creating it
+// if no running config holds it, and the key to release it by.
+func loadMemoryStore(name string, p limiter.Policy, maxKeys int) (*limiter.Memory, string, error) {
+	key := name + "\x00" + p.String()
+	v, loaded, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		m, err := limiter.NewMemory(p, limiter.MemoryOptions{MaxKeys: maxKeys})
+		if err != nil {
+			return nil, err
+		}
+		return pooledMemory{m}, nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("memory store: %w", err)
+	}
+	m := v.(pooledMemory).Memory
+	if loaded {
+		m.SetMaxKeys(maxKeys)
+	}
+	return m, key, nil
+}
+
+func releaseMemoryStore(key string) {
+	if key != "" {
+		_, _ = memoryStores.Delete(key)
+	}
+}
+
+// sweeper periodically forgets idle keys of a handler's memory stores. It
+// belongs to one handler and stops in its Cleanup.
+type sweeper struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+func startSweeper(interval time.Duration, zones []*zone) *sweeper {
+	var mems []*limiter.Memory
+	for _, z := range zones {
+		mems = append(mems, z.memories()...)
+	}
+	s := &sweeper{done: make(chan struct{})}
+	if len(mems) == 0 {
+		return s
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-t.C:
+				for _, m := range mems {
+					m.Sweep()
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the sweeper's goroutine and waits for it; safe on nil and twice.
+func (s *sweeper) stop() {
+	if s == nil {
+		return
+	}
+	s.once.Do(func() { close(s.done) })
+	s.wg.Wait()
+}
