@@ -1,0 +1,56 @@
+package redistest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestServerLifecycle(t *testing.T) {
+	s := Start(t)
+	c := s.Client(t)
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	s.Pause()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err := c.Ping(short).Err()
+	cancel()
+	if err == nil {
+		t.Fatal("PING answered while the server was paused")
+	}
+	s.Resume()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after resume: %v", err)
+	}
+
+	s.Restart()
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("after restart: exists=%d err=%v, want an empty server", n, err)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	c := StartCluster(t, 3)
+	client := c.Client(t)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+		if err := client.Set(ctx, k, "v", time.Minute).Err(); err != nil {
+			t.Fatalf("set %s: %v", k, err)
+		}
+	}
+	info, err := client.ClusterInfo(ctx).Result()
+	if err != nil || !strings.Contains(info, "cluster_known_nodes:3") {
+		t.Fatalf("cluster info: %v %s", err, info)
+	}
+}
+
+func TestSentinel(t *testing.T) {
+	s := StartSentinel(t)
+	if s.MasterName == "" || s.Addr() == "" {
+		t.Fatalf("sentinel without a master name or address: %+v", s)
+	}
+}

@@ -1,0 +1,343 @@
+package limiter
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/lua"
+)
+
+// DefaultRedisPrefix starts every key a Redis store writes when
+// RedisOptions.Prefix is empty, so Floodgate's keys can be told apart from
+// an application's in a shared database.
+const DefaultRedisPrefix = "floodgate:"
+
+// DefaultRedisTimeout bounds one Redis decision when RedisOptions.Timeout is
+// zero: long enough for a round trip on a local network, short enough that a
+// stalled Redis costs a request little before the zone's fail mode applies.
+const DefaultRedisTimeout = 5 * time.Millisecond
+
+// ErrStoreTimeout is wrapped by every error a store returns because its
+// per-decision timeout (or the caller's deadline) passed before the store
+// answered, so callers can count timeouts apart from other failures with
+// errors.Is. Any error from Take or Return means no decision was made.
+var ErrStoreTimeout = errors.New("store did not answer in time")
+
+// RedisOptions configures a Redis store.
+type RedisOptions struct {
+	// Prefix starts every key; empty means DefaultRedisPrefix.
+	Prefix string
+	// Zone names the zone whose state the store keeps, so zones sharing a
+	// Redis never share keys. Characters that would break a Cluster hash tag
+	// are escaped.
+	Zone string
+	// Timeout bounds each decision; zero means DefaultRedisTimeout.
+	Timeout time.Duration
+
+	// now, when set, replaces Redis TIME with an explicit clock in
+	// microseconds, so tests can step time exactly.
+	now func() int64
+}
+
+// testTTLPad lengthens every TTL, in milliseconds, while a test steps an
+// explicit clock: a step may jump far ahead of the wall clock or stay put
+// while real time passes, and state must not vanish under a test that has
+// not reached its end.
+const testTTLPad = 10 * 60 * 1000
+
+// Redis keeps the state of every key in Redis, so all instances that share a
+// Redis (standalone, Cluster or Sentinel) enforce one limit together. Each
+// decision is one script run, atomic in Redis and timed by the server's
+// clock, so instances with skewed clocks still agree.
+type Redis struct {
+	client  redis.UniversalClient
+	policy  Policy
+	p       params
+	cost    int64 // the largest cost a request may have
+	script  *redis.Script
+	args    []any // the policy's script arguments
+	zone    string
+	keyHead string // prefix, zone and the opening of the hash tag
+	keyTail string // the closing of the hash tag and the algorithm's suffix
+	timeout time.Duration
+	now     func() int64
+	pad     int64
+
+	leaseID  string // this store's random part of every lease id
+	leaseSeq atomic.Uint64
+}
+
+// Exactness bounds of the Redis scripts. Lua numbers are doubles, exact for
+// integers up to 2^53; each check below keeps every product a script forms
+// beneath that, with room for a cost of up to the quota on top.
+const (
+	redisExact     = 1 << 53
+	redisMaxWindow = 1 << 45 // µs, about 407 days: absolute times stay exact
+)
+
+// NewRedis returns a store enforcing p with the state in Redis.
+//
+// The scripts decide exactly, like the memory store, over this range of
+// policies, and NewRedis refuses any other:
+//   - every algorithm: Window at most 2^45 µs (about 407 days);
+//   - token_bucket and leaky_bucket: 4×(B×W' + max_delay×L' + L') <= 2^53,
+//     where L' and W' (in µs) are Events and Window divided by their
+//     greatest common divisor; for 100/1h that is B×36s, far inside;
+//   - sliding_window_counter: 4×L×W <= 2^53 with W in µs, so up to about
+//     625,000 per hour or 26,000 per day.
+//
+// The client must honour context deadlines (ContextTimeoutEnabled, as
+// RedisConfig.NewClient sets it), or a stalled Redis would hold requests
+// for the client's socket timeout instead of Timeout.
+func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis, error) {
+	if client == nil {
+		return nil, fmt.Errorf("redis store for zone %q: no client", opts.Zone)
+	}
+	if err := checkContextTimeouts(client); err != nil {
+		return nil, fmt.Errorf("redis store for zone %q: %w", opts.Zone, err)
+	}
+	params, err := p.compile()
+	if err != nil {
+		return nil, fmt.Errorf("redis store for zone %q: %w", opts.Zone, err)
+	}
+	if err := checkRedisExact(params); err != nil {
+		return nil, fmt.Errorf("redis store for zone %q: policy %s: %w", opts.Zone, p, err)
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("redis store for zone %q: negative timeout %v", opts.Zone, opts.Timeout)
+	}
+	r := &Redis{
+		client:  client,
+		policy:  p,
+		p:       params,
+		cost:    p.MaxCost(),
+		zone:    opts.Zone,
+		timeout: opts.Timeout,
+		now:     opts.now,
+	}
+	if r.timeout == 0 {
+		r.timeout = DefaultRedisTimeout
+	}
+	if r.now != nil {
+		r.pad = testTTLPad
+	}
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultRedisPrefix
+	}
+	r.keyHead = escapeKeyPart(prefix) + escapeKeyPart(opts.Zone) + ":{"
+
+	// Token and leaky bucket compute in time scaled by L; dividing L and W
+	// by their gcd changes no decision and keeps the products small.
+	g := gcd(params.l, params.w)
+	l, w := params.l/g, params.w/g
+	var src, suffix string
+	switch params.alg {
+	case TokenBucket:
+		src, suffix = lua.TokenBucket(), "tb"
+		r.args = []any{l, w, params.b, params.maxAhead}
+	case LeakyBucket:
+		src, suffix = lua.LeakyBucket(), "lb"
+		r.args = []any{l, w, params.maxDelay / g, params.maxAhead}
+	case FixedWindow:
+		src, suffix = lua.FixedWindow(), "fw"
+		r.args = []any{params.l, params.w}
+	case SlidingWindowLog:
+		src, suffix = lua.SlidingWindowLog(), "swl"
+		r.args = []any{params.l, params.w}
+	case SlidingWindowCounter:
+		src, suffix = lua.SlidingWindowCounter(), "swc"
+		r.args = []any{params.l, params.w}
+	case Concurrency:
+		src, suffix = lua.Concurrency(), "cc"
+		r.args = []any{params.l, params.w}
+		var id [8]byte
+		_, _ = rand.Read(id[:]) // never fails: crypto/rand aborts the program instead
+		r.leaseID = hex.EncodeToString(id[:]) + "."
+	}
+	r.keyTail = "}:" + suffix
+	r.script = redis.NewScript(src)
+	return r, nil
+}
+
+// checkRedisExact refuses policies whose arithmetic would leave the range
+// in which Lua's doubles are exact integers.
+func checkRedisExact(p params) error {
+	if p.w > redisMaxWindow {
+		return fmt.Errorf("window %v is longer than the Redis store supports (%v)", microseconds(p.w), microseconds(redisMaxWindow))
+	}
+	switch p.alg {
+	case TokenBucket, LeakyBucket:
+		g := gcd(p.l, p.w)
+		sum := uint64(0)
+		for _, term := range [][2]uint64{{uint64(p.b), uint64(p.w / g)}, {uint64(p.maxDelay / g), 1}, {uint64(p.l / g), 1}} {
+			hi, lo := bits.Mul64(term[0], term[1])
+			var carry uint64
+			sum, carry = bits.Add64(sum, lo, 0)
+			if hi != 0 || carry != 0 {
+				return errors.New("burst, window and max_delay are too large to decide exactly in Redis")
+			}
+		}
+		if sum > redisExact/4 {
+			return errors.New("burst, window and max_delay are too large to decide exactly in Redis")
+		}
+	case SlidingWindowCounter:
+		if hi, lo := bits.Mul64(uint64(p.l), uint64(p.w)); hi != 0 || lo > redisExact/4 {
+			return errors.New("events times window is too large to decide exactly in Redis")
+		}
+	}
+	return nil
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// checkContextTimeouts refuses a client that would ignore the per-decision
+// deadline. Clients of other types are trusted.
+func checkContextTimeouts(client redis.UniversalClient) error {
+	var enabled bool
+	switch c := client.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		enabled = c.Options().ContextTimeoutEnabled
+	default:
+		return nil
+	}
+	if !enabled {
+		return errors.New("the Redis client ignores context deadlines, so the per-decision timeout could not be honoured: set ContextTimeoutEnabled")
+	}
+	return nil
+}
+
+// escapeKeyPart percent-encodes the characters that would end or open a
+// Cluster hash tag, and the escape character itself, so an operator's prefix
+// or zone name can never move a key to another slot.
+func escapeKeyPart(s string) string {
+	if !strings.ContainsAny(s, "{}%") {
+		return s
+	}
+	return strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D").Replace(s)
+}
+
+// Policy is the limit this store enforces.
+func (r *Redis) Policy() Policy { return r.policy }
+
+// Key is the Redis key that holds the state of a client key: the first 16
+// bytes of its SHA-256 in hex, inside a hash tag, so no raw client key (an
+// API key, a token) reaches Redis and every instance computes the same name.
+func (r *Redis) Key(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	var b strings.Builder
+	b.Grow(len(r.keyHead) + 32 + len(r.keyTail))
+	b.WriteString(r.keyHead)
+	var h [32]byte
+	hex.Encode(h[:], sum[:16])
+	b.Write(h[:])
+	b.WriteString(r.keyTail)
+	return b.String()
+}
+
+// Take implements Store with one script run in Redis.
+func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+	if cost < 1 || cost > r.cost {
+		return Decision{}, fmt.Errorf("redis store for zone %q: cost %d outside 1..%d", r.zone, cost, r.cost)
+	}
+	var lease string
+	if r.p.alg == Concurrency {
+		lease = r.leaseID + strconv.FormatUint(r.leaseSeq.Add(1), 36)
+	}
+	d, err := r.run(ctx, "take", key, cost, lease)
+	if err != nil {
+		return Decision{}, fmt.Errorf("redis store for zone %q: take: %w", r.zone, err)
+	}
+	if d.Allowed {
+		d.lease = lease
+	}
+	return d, nil
+}
+
+// Return implements Store: it refunds what taken consumed, or releases its
+// concurrency lease, in one script run.
+func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
+	if cost < 1 || cost > r.cost {
+		return Decision{}, fmt.Errorf("redis store for zone %q: cost %d outside 1..%d", r.zone, cost, r.cost)
+	}
+	var extra any
+	switch r.p.alg {
+	case Concurrency:
+		extra = taken.lease
+	case FixedWindow, SlidingWindowCounter, SlidingWindowLog:
+		extra = taken.at
+	}
+	d, err := r.run(ctx, "return", key, cost, extra)
+	if err != nil {
+		return Decision{}, fmt.Errorf("redis store for zone %q: return: %w", r.zone, err)
+	}
+	return d, nil
+}
+
+// run calls the script for key under the store's timeout and reads its
+// reply {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+func (r *Redis) run(ctx context.Context, op, key string, cost int64, extra any) (Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+
+	args := make([]any, 0, 5+len(r.args))
+	var now any = ""
+	if r.now != nil {
+		now = r.now()
+	}
+	args = append(args, op, cost, now, r.pad)
+	args = append(args, r.args...)
+	if extra != nil {
+		args = append(args, extra)
+	}
+	reply, err := r.script.Run(ctx, r.client, []string{r.Key(key)}, args...).Int64Slice()
+	if err != nil {
+		if isTimeout(err) {
+			return Decision{}, fmt.Errorf("%w: %w", ErrStoreTimeout, err)
+		}
+		return Decision{}, err
+	}
+	if len(reply) != 5 {
+		return Decision{}, fmt.Errorf("script replied with %d values, want 5", len(reply))
+	}
+	return Decision{
+		Allowed:    reply[0] == 1,
+		Remaining:  reply[1],
+		ResetAfter: microseconds(reply[2]),
+		RetryAfter: microseconds(reply[3]),
+		at:         reply[4],
+	}, nil
+}
+
+// isTimeout reports whether err means a deadline passed, whether go-redis
+// returned the context's error or the socket's.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+var _ Store = (*Redis)(nil)

@@ -1,0 +1,66 @@
+-- concurrency.lua: at most L units of a key in flight (DESIGN.md section 4).
+--
+-- State (KEYS[1], a sorted set): one member per unit in flight, named after
+-- the lease that holds it ("<lease>" for its first unit, "<lease>#<i>" for
+-- the others) and scored by when the lease lapses, now + W. An instance that
+-- crashes with requests in flight loses their units for at most W. The key
+-- expires when its last lease lapses.
+--
+-- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
+-- 0 outside tests), L, W (µs, the lease), lease id.
+--
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs};
+-- reset and retry_after are always 0: a unit frees when a response finishes.
+
+local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local l, w, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local key = KEYS[1]
+
+local now = tonumber(ARGV[3])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
+
+-- The members of units first..last of this lease, at most 1000 of them
+-- (unpack is bounded by Lua's C stack).
+local function members(first, last)
+  local m = {}
+  for i = first, last do
+    if i == 1 then
+      m[#m + 1] = lease
+    else
+      m[#m + 1] = lease .. '#' .. i
+    end
+  end
+  return m
+end
+
+if op == 'return' then
+  if lease ~= '' then
+    for first = 1, cost, 1000 do
+      redis.call('ZREM', key, unpack(members(first, math.min(cost, first + 999))))
+    end
+  end
+  return {1, math.max(0, l - redis.call('ZCARD', key)), 0, 0, now}
+end
+
+local inflight = redis.call('ZCARD', key)
+if inflight + cost > l then
+  return {0, math.max(0, l - inflight), 0, 0, now}
+end
+local expiry = string.format('%d', now + w)
+for first = 1, cost, 1000 do
+  local add = {}
+  for _, m in ipairs(members(first, math.min(cost, first + 999))) do
+    add[#add + 1] = expiry
+    add[#add + 1] = m
+  end
+  redis.call('ZADD', key, unpack(add))
+end
+-- The newest lease lapses last, unless a stepped clock left a later one.
+local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+redis.call('PEXPIRE', key, math.ceil((tonumber(last[2]) - now) / 1000) + pad)
+return {1, l - inflight - cost, 0, 0, now}

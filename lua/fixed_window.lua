@@ -1,0 +1,76 @@
+-- fixed_window.lua: the fixed window of DESIGN.md section 4, decided as
+-- limiter/fixed_window.go decides it.
+--
+-- State (KEYS[1], a string): "<window index>:<count>", the units taken in
+-- aligned window ⌊now/W⌋. The key expires at the end of its window.
+--
+-- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
+-- 0 outside tests), L, W (µs), and for "return" the time of the decision
+-- being returned (µs).
+--
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+
+local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local l, w = tonumber(ARGV[5]), tonumber(ARGV[6])
+
+local now = tonumber(ARGV[3])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Floor division exact for |a| < 2^53: the double quotient is off by at most one.
+local function fdiv(a, d)
+  local q = math.floor(a / d)
+  local r = a - q * d
+  if r < 0 then
+    q = q - 1
+  elseif r >= d then
+    q = q + 1
+  end
+  return q
+end
+
+local function index(t)
+  if t < 0 then
+    return 0
+  end
+  return fdiv(t, w)
+end
+
+local win, count = index(now), 0
+local v = redis.call('GET', KEYS[1])
+if v then
+  local sep = string.find(v, ':', 1, true)
+  if sep and tonumber(string.sub(v, 1, sep - 1)) == win then
+    count = tonumber(string.sub(v, sep + 1))
+  end
+end
+local left = (win + 1) * w - now
+
+local function save()
+  if count <= 0 then
+    redis.call('DEL', KEYS[1])
+    return
+  end
+  redis.call('SET', KEYS[1], string.format('%d:%d', win, count), 'PX', fdiv(left + 999, 1000) + pad)
+end
+
+if op == 'return' then
+  if index(tonumber(ARGV[7])) == win and count > 0 then
+    count = math.max(0, count - cost)
+    save()
+  end
+  local reset = 0
+  if count > 0 then
+    reset = left
+  end
+  return {1, math.max(0, l - count), reset, 0, now}
+end
+
+if count + cost > l then
+  return {0, math.max(0, l - count), left, left, now}
+end
+count = count + cost
+save()
+return {1, l - count, left, 0, now}

@@ -1,0 +1,131 @@
+-- sliding_window_counter.lua: the sliding window counter of DESIGN.md
+-- section 4, decided exactly as limiter/sliding_window_counter.go decides it:
+-- est + c <= L is tested as prev×(W - e) + (cur + c)×W <= L×W.
+--
+-- State (KEYS[1], a string): "<window index>:<prev>:<cur>", the counts of
+-- window ⌊now/W⌋ and of the one before it. The key expires at the end of the
+-- next window while cur holds units, else at the end of this one.
+--
+-- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
+-- 0 outside tests), L, W (µs), and for "return" the time of the decision
+-- being returned (µs).
+--
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+
+local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local l, w = tonumber(ARGV[5]), tonumber(ARGV[6])
+
+local now = tonumber(ARGV[3])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Floor division exact for |a| < 2^53: the double quotient is off by at most one.
+local function fdiv(a, d)
+  local q = math.floor(a / d)
+  local r = a - q * d
+  if r < 0 then
+    q = q - 1
+  elseif r >= d then
+    q = q + 1
+  end
+  return q
+end
+
+local function cdiv(a, d)
+  if a <= 0 then
+    return 0
+  end
+  return fdiv(a + d - 1, d)
+end
+
+local function index(t)
+  if t < 0 then
+    return 0
+  end
+  return fdiv(t, w)
+end
+
+-- Roll the stored counts forward to the window now falls in.
+local win, prev, cur = index(now), 0, 0
+local v = redis.call('GET', KEYS[1])
+if v then
+  local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if a then
+    a = tonumber(a)
+    if a == win then
+      prev, cur = tonumber(p), tonumber(c)
+    elseif a + 1 == win then
+      prev = tonumber(c)
+    end
+  end
+end
+local e = now - win * w
+
+local function status(allowed, retry)
+  local est = prev * (w - e) + cur * w
+  local reset = 0
+  if cur > 0 then
+    reset = (win + 2) * w - now
+  elseif prev > 0 then
+    reset = (win + 1) * w - now
+  end
+  return {allowed, math.max(0, fdiv(l * w - est, w)), reset, retry, now}
+end
+
+local function save()
+  local left
+  if cur > 0 then
+    left = (win + 2) * w - now
+  elseif prev > 0 then
+    left = (win + 1) * w - now
+  else
+    redis.call('DEL', KEYS[1])
+    return
+  end
+  redis.call('SET', KEYS[1], string.format('%d:%d:%d', win, prev, cur), 'PX', cdiv(left, 1000) + pad)
+end
+
+if op == 'return' then
+  local taken = index(tonumber(ARGV[7]))
+  if taken == win and cur > 0 then
+    cur = math.max(0, cur - cost)
+    save()
+  elseif taken == win - 1 and prev > 0 then
+    prev = math.max(0, prev - cost)
+    save()
+  end
+  return status(1, 0)
+end
+
+if prev * (w - e) + (cur + cost) * w > l * w then
+  -- The least x with est(now + x) + c <= L, nothing else arriving.
+  local rest = w - e
+  local retry
+  local slack = l - cur - cost
+  if slack >= 0 and prev > 0 then
+    -- Later in this window, as prev's weight decays.
+    local x = cdiv(prev * rest - slack * w, prev)
+    if x < rest then
+      retry = x
+    end
+  end
+  if not retry then
+    if cur == 0 then
+      retry = rest
+    else
+      -- In the next window, at e' into it: cur×(W - e') <= (L - c)×W.
+      local ep = cdiv((cur - l + cost) * w, cur)
+      if ep < w then
+        retry = rest + ep
+      else
+        retry = rest + w
+      end
+    end
+  end
+  return status(0, retry)
+end
+cur = cur + cost
+save()
+return status(1, 0)

@@ -1,0 +1,104 @@
+-- sliding_window_log.lua: the exact sliding window log of DESIGN.md
+-- section 4, decided as limiter/sliding_window_log.go decides it.
+--
+-- State (KEYS[1], a list): one element per unit admitted in (now - W, now],
+-- the admission time in µs, oldest first. A request of cost c appends c
+-- elements, so the count is the list's length. The key expires W after its
+-- newest entry.
+--
+-- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
+-- 0 outside tests), L, W (µs), and for "return" the time of the decision
+-- being returned (µs).
+--
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+
+local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local l, w = tonumber(ARGV[5]), tonumber(ARGV[6])
+local key = KEYS[1]
+
+local now = tonumber(ARGV[3])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+now = math.max(now, 0)
+
+-- Drop the entries that left the window, in batches from the oldest.
+local cutoff, drop = now - w, 0
+while true do
+  local batch = redis.call('LRANGE', key, drop, drop + 63)
+  local k = 0
+  for i = 1, #batch do
+    if tonumber(batch[i]) > cutoff then
+      break
+    end
+    k = i
+  end
+  drop = drop + k
+  if k < 64 then
+    break
+  end
+end
+if drop > 0 then
+  redis.call('LTRIM', key, drop, -1)
+end
+
+local function newest()
+  local last = redis.call('LINDEX', key, -1)
+  if last then
+    return tonumber(last)
+  end
+end
+
+-- remaining = L - count; reset = newest + W - now.
+local function status(allowed, retry, at)
+  local count = redis.call('LLEN', key)
+  local reset = 0
+  local last = newest()
+  if last then
+    reset = math.max(0, last + w - now)
+  end
+  return {allowed, math.max(0, l - count), reset, retry, at}
+end
+
+local function expire()
+  local last = newest()
+  if last then
+    redis.call('PEXPIRE', key, math.ceil((last + w - now) / 1000) + pad)
+  end
+end
+
+if op == 'return' then
+  local at = tonumber(ARGV[7])
+  if at > cutoff and redis.call('LREM', key, -cost, string.format('%d', at)) > 0 then
+    expire()
+  end
+  return status(1, 0, now)
+end
+
+local count = redis.call('LLEN', key)
+if count + cost > l then
+  -- When enough of the oldest entries have left for cost units to fit.
+  local need = count + cost - l
+  local retry = w
+  if need <= count then
+    retry = tonumber(redis.call('LINDEX', key, need - 1)) + w - now
+  end
+  return status(0, retry, now)
+end
+
+-- Keep entries in time order even if the clock stepped back.
+local at = math.max(now, newest() or now)
+local entry = string.format('%d', at)
+local left = cost
+while left > 0 do
+  -- unpack is bounded by Lua's C stack: push at most 1000 at a time.
+  local push = {}
+  for i = 1, math.min(left, 1000) do
+    push[i] = entry
+  end
+  redis.call('RPUSH', key, unpack(push))
+  left = left - #push
+end
+redis.call('PEXPIRE', key, math.ceil((at + w - now) / 1000) + pad)
+return status(1, 0, at)
