@@ -271,6 +271,27 @@ func TestAlgorithmEdges(t *testing.T) {
 			},
 		},
 		{
+			// A clock read just before the boundary that reaches the store
+			// after one read just after it counts in the newer window
+			// instead of restarting the older one's count.
+			name:   "fixed_window late reading of the previous window",
+			policy: Policy{Algorithm: FixedWindow, Events: 2, Window: time.Second},
+			steps: []step{
+				take(1*s, 1, allow(1, 1*s, 0)),
+				take(1*s-1*us, 1, allow(0, 1*s, 0)),
+				take(1*s, 1, deny(0, 1*s, 1*s)),
+			},
+		},
+		{
+			name:   "sliding_window_counter late reading of the previous window",
+			policy: Policy{Algorithm: SlidingWindowCounter, Events: 2, Window: time.Second},
+			steps: []step{
+				take(1*s, 1, allow(1, 2*s, 0)),
+				take(1*s-1*us, 1, allow(0, 2*s, 0)),
+				take(1*s, 1, deny(0, 2*s, 1500*ms)),
+			},
+		},
+		{
 			name:   "concurrency acquire release never negative",
 			policy: Policy{Algorithm: Concurrency, Events: 2, Window: time.Second},
 			steps: []step{

@@ -15,17 +15,28 @@ type fixedWindowState struct {
 	count int64
 }
 
-// roll starts a new count when now has left the stored window.
-func (s *fixedWindowState) roll(p *params, now int64) {
-	if idx := windowIndex(p, now); idx != s.win {
+// roll starts a new count when now has left the stored window, and returns
+// the time to decide at. A now before the stored window is taken as that
+// window's start: concurrent requests read the clock before they take the
+// shard's lock, so one that read it just before a boundary can arrive after
+// one that read it just after. Going back to the older window would restart
+// its count, and the next request would restart the newer one's: each flip
+// admitted up to L more. A clock stepped back is treated the same way, as
+// the sliding log does; the memory store's default clock never steps back.
+func (s *fixedWindowState) roll(p *params, now int64) int64 {
+	switch idx := windowIndex(p, now); {
+	case idx > s.win:
 		s.win, s.count = idx, 0
+	case idx < s.win:
+		now = s.win * p.w
 	}
+	return now
 }
 
 // take: allow iff count + c <= L; remaining = L - count;
 // reset = retry_after = end of the window.
 func (s *fixedWindowState) take(p *params, now, cost int64) Decision {
-	s.roll(p, now)
+	now = s.roll(p, now)
 	end := microseconds((s.win+1)*p.w - now)
 	if s.count+cost > p.l {
 		return Decision{Remaining: max(0, p.l-s.count), ResetAfter: end, RetryAfter: end, at: now}
@@ -35,7 +46,7 @@ func (s *fixedWindowState) take(p *params, now, cost int64) Decision {
 }
 
 func (s *fixedWindowState) undo(p *params, now, cost int64, taken Decision) Decision {
-	s.roll(p, now)
+	now = s.roll(p, now)
 	if windowIndex(p, taken.at) == s.win {
 		s.count = max(0, s.count-cost)
 	}
@@ -43,7 +54,7 @@ func (s *fixedWindowState) undo(p *params, now, cost int64, taken Decision) Deci
 }
 
 func (s *fixedWindowState) status(p *params, now int64) Decision {
-	s.roll(p, now)
+	now = s.roll(p, now)
 	d := Decision{Allowed: true, Remaining: max(0, p.l-s.count)}
 	if s.count > 0 {
 		d.ResetAfter = microseconds((s.win+1)*p.w - now)

@@ -6,15 +6,41 @@ import (
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // DefaultMaxKeys bounds a memory store when MemoryOptions.MaxKeys is zero.
 const DefaultMaxKeys = 1_000_000
 
-// memoryShards is how many independently locked tables a memory store
+// memoryShards is the most independently locked tables a memory store
 // splits its keys over, so concurrent requests for different keys rarely
-// wait on one another.
+// wait on one another. It is a power of two: a key's shard is the top bits
+// of its hash.
 const memoryShards = 64
+
+// minShardKeys is the fewest keys a shard is sized for. Each shard evicts
+// on its own, so a shard's share of MaxKeys must be large enough that the
+// hash spreads keys evenly over the shards: with shares of a handful of
+// keys, one shard would evict while others sat empty, resetting active
+// clients' limits far below MaxKeys (and a tiny MaxKeys would keep up to
+// memoryShards keys). Below memoryShards×minShardKeys a store uses fewer
+// shards; under 2×minShardKeys it uses one, an exact LRU.
+const minShardKeys = 1024
+
+// shardBitsFor is log2 of how many shards a store bounded by maxKeys uses.
+func shardBitsFor(maxKeys int) uint32 {
+	bits := uint32(0)
+	for 1<<(bits+1) <= memoryShards && (1<<(bits+1))*minShardKeys <= maxKeys {
+		bits++
+	}
+	return bits
+}
+
+// Start of the process on both clocks; see memoryClock.now.
+var (
+	processStart   = time.Now()
+	processStartUs = processStart.UnixMicro()
+)
 
 // MemoryOptions tunes a memory store.
 type MemoryOptions struct {
@@ -22,7 +48,9 @@ type MemoryOptions struct {
 	// is forgotten (and starts afresh if it comes back). Zero means
 	// DefaultMaxKeys.
 	MaxKeys int
-	// Clock defaults to SystemClock.
+	// Clock is read on every decision. Nil means the wall clock, as
+	// SystemClock, but read through the monotonic clock (see
+	// memoryClock.now).
 	Clock Clock
 }
 
@@ -32,16 +60,16 @@ type MemoryOptions struct {
 type Memory struct {
 	policy Policy
 	p      params
-	clock  Clock
+	clock  memoryClock
 	seed   maphash.Seed
 	tables memoryTables
 }
 
 // memoryTables is the algorithm-specific part of Memory.
 type memoryTables interface {
-	take(key uint64, p *params, now, cost int64) Decision
-	undo(key uint64, p *params, now, cost int64, taken Decision) Decision
-	sweep(p *params, now int64) int
+	take(key uint64, p *params, clock *memoryClock, cost int64) Decision
+	undo(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
+	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
 	len() int
 }
@@ -52,10 +80,7 @@ func NewMemory(p Policy, opts MemoryOptions) (*Memory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("memory store: %w", err)
 	}
-	m := &Memory{policy: p, p: params, clock: opts.Clock, seed: maphash.MakeSeed()}
-	if m.clock == nil {
-		m.clock = SystemClock
-	}
+	m := &Memory{policy: p, p: params, clock: memoryClock{opts.Clock}, seed: maphash.MakeSeed()}
 	switch params.alg {
 	case TokenBucket, LeakyBucket:
 		m.tables = newShardSet[bucketState]()
@@ -76,7 +101,11 @@ func NewMemory(p Policy, opts MemoryOptions) (*Memory, error) {
 func (m *Memory) Policy() Policy { return m.policy }
 
 // SetMaxKeys changes the bound on keys; a smaller bound takes effect as new
-// keys arrive. Zero means DefaultMaxKeys.
+// keys arrive. Zero means DefaultMaxKeys. The bound is shared among the
+// shards, whose number follows it (see minShardKeys); a change that alters
+// the shard count moves every key while holding every lock, applying a
+// smaller bound at once: a reload-time operation, not one for the request
+// path.
 func (m *Memory) SetMaxKeys(n int) {
 	if n <= 0 {
 		n = DefaultMaxKeys
@@ -84,21 +113,42 @@ func (m *Memory) SetMaxKeys(n int) {
 	m.tables.setMaxKeys(n)
 }
 
+// memoryClock is a memory store's time source. The store reads it with the
+// key's shard locked, so the decisions of a shard see time in the order they
+// are made: read before the lock, a request that read the clock just before
+// a window boundary could reach the state after one that read it just after,
+// or after a Sweep that had already forgotten the key, and be counted in a
+// window that was already full.
+type memoryClock struct{ c Clock }
+
+// now is the store's time in µs. Without an injected clock it is the wall
+// clock at process start advanced by the monotonic clock: time.Now reads
+// two clocks and costs about a third of a decision, time.Since one. Only
+// this process's decisions read it, so it need not follow steps of the
+// wall clock, and not following them keeps windows and buckets from
+// jumping when the wall clock is set.
+func (mc *memoryClock) now() int64 {
+	if mc.c == nil {
+		return processStartUs + time.Since(processStart).Microseconds()
+	}
+	return mc.c.Now().UnixMicro()
+}
+
 // Take implements Store; it never fails.
 func (m *Memory) Take(_ context.Context, key string, cost int64) (Decision, error) {
-	return m.tables.take(maphash.String(m.seed, key), &m.p, m.clock.Now().UnixMicro(), cost), nil
+	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost), nil
 }
 
 // Return implements Store; it never fails. A key forgotten since the Take
 // has nothing to give back.
 func (m *Memory) Return(_ context.Context, key string, cost int64, taken Decision) (Decision, error) {
-	return m.tables.undo(maphash.String(m.seed, key), &m.p, m.clock.Now().UnixMicro(), cost, taken), nil
+	return m.tables.undo(maphash.String(m.seed, key), &m.p, &m.clock, cost, taken), nil
 }
 
 // Sweep forgets every key whose state is back to empty and reports how many
 // it forgot. It locks one shard at a time.
 func (m *Memory) Sweep() int {
-	return m.tables.sweep(&m.p, m.clock.Now().UnixMicro())
+	return m.tables.sweep(&m.p, &m.clock)
 }
 
 // Len is how many keys the store holds.
@@ -112,9 +162,14 @@ type keyState[S any] interface {
 	idle(p *params, now int64) bool
 }
 
-// shardSet spreads keys over memoryShards tables by the top bits of their hash.
+// shardSet spreads keys over 1<<bits tables by the top bits of their hash.
 type shardSet[S any, PS keyState[S]] struct {
 	shards [memoryShards]shard[S, PS]
+	// bits changes only in reshard, which holds every shard's lock, so a
+	// goroutine holding a shard's lock sees it stable.
+	bits atomic.Uint32
+	// resize serializes setMaxKeys.
+	resize sync.Mutex
 }
 
 func newShardSet[S any, PS keyState[S]]() *shardSet[S, PS] {
@@ -125,22 +180,31 @@ func newShardSet[S any, PS keyState[S]]() *shardSet[S, PS] {
 	return set
 }
 
-func (set *shardSet[S, PS]) shard(key uint64) *shard[S, PS] {
-	return &set.shards[key>>(64-6)]
+// lock locks and returns the shard of key. It checks the shard count again
+// under the lock, since a reshard may have moved the key meanwhile.
+func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
+	for {
+		bits := set.bits.Load()
+		sh := &set.shards[key>>(64-bits)] // a shift by 64 gives shard 0
+		sh.mu.Lock()
+		if set.bits.Load() == bits {
+			return sh
+		}
+		sh.mu.Unlock()
+	}
 }
 
-func (set *shardSet[S, PS]) take(key uint64, p *params, now, cost int64) Decision {
-	sh := set.shard(key)
-	sh.mu.Lock()
-	d := PS(&sh.slots[sh.get(key)].st).take(p, now, cost)
+func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost int64) Decision {
+	sh := set.lock(key)
+	d := PS(&sh.slots[sh.get(key)].st).take(p, clock.now(), cost)
 	sh.mu.Unlock()
 	return d
 }
 
-func (set *shardSet[S, PS]) undo(key uint64, p *params, now, cost int64, taken Decision) Decision {
-	sh := set.shard(key)
-	sh.mu.Lock()
+func (set *shardSet[S, PS]) undo(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision {
+	sh := set.lock(key)
 	defer sh.mu.Unlock()
+	now := clock.now()
 	i, ok := sh.index[key]
 	if !ok {
 		var fresh S
@@ -149,11 +213,12 @@ func (set *shardSet[S, PS]) undo(key uint64, p *params, now, cost int64, taken D
 	return PS(&sh.slots[i].st).undo(p, now, cost, taken)
 }
 
-func (set *shardSet[S, PS]) sweep(p *params, now int64) int {
+func (set *shardSet[S, PS]) sweep(p *params, clock *memoryClock) int {
 	n := 0
 	for i := range set.shards {
 		sh := &set.shards[i]
 		sh.mu.Lock()
+		now := clock.now()
 		for key, j := range sh.index {
 			if PS(&sh.slots[j].st).idle(p, now) {
 				sh.remove(key, j)
@@ -165,10 +230,63 @@ func (set *shardSet[S, PS]) sweep(p *params, now int64) int {
 	return n
 }
 
+// setMaxKeys bounds the set to n keys over shardBitsFor(n) shards. Changing
+// the shard count moves every key (reshard).
 func (set *shardSet[S, PS]) setMaxKeys(n int) {
-	per := (n + memoryShards - 1) / memoryShards
+	set.resize.Lock()
+	defer set.resize.Unlock()
+	bits := shardBitsFor(n)
+	if bits != set.bits.Load() {
+		set.reshard(bits, n)
+		return
+	}
+	set.setLimits(bits, n)
+}
+
+// setLimits shares n keys among the 1<<bits shards in use: n>>bits each and
+// one more for the first n mod 1<<bits, so together they hold exactly n.
+func (set *shardSet[S, PS]) setLimits(bits uint32, n int) {
+	per, extra := int64(n>>bits), n&(1<<bits-1)
 	for i := range set.shards {
-		set.shards[i].limit.Store(int64(per))
+		limit := per
+		if i < extra {
+			limit++
+		}
+		set.shards[i].limit.Store(limit)
+	}
+}
+
+// reshard moves every key to the shard it belongs to among 1<<bits, sharing
+// n keys among them, keeping each shard's order of use. When shards
+// merge, the order of use between keys of different old shards is not
+// known, so evictions the smaller bound forces are only roughly LRU.
+func (set *shardSet[S, PS]) reshard(bits uint32, n int) {
+	for i := range set.shards {
+		set.shards[i].mu.Lock()
+	}
+	type entry struct {
+		key uint64
+		st  S
+	}
+	var all []entry
+	for i := range set.shards {
+		sh := &set.shards[i]
+		// Oldest first: prev links lead to more recently used slots.
+		for j := sh.oldest; j != 0; j = sh.slots[j-1].prev {
+			all = append(all, entry{sh.slots[j-1].key, sh.slots[j-1].st})
+		}
+		sh.index = make(map[uint64]uint32)
+		sh.slots = nil
+		sh.newest, sh.oldest, sh.free = 0, 0, 0
+	}
+	set.setLimits(bits, n)
+	set.bits.Store(bits)
+	for _, e := range all {
+		sh := &set.shards[e.key>>(64-bits)]
+		sh.slots[sh.get(e.key)].st = e.st
+	}
+	for i := range set.shards {
+		set.shards[i].mu.Unlock()
 	}
 }
 
@@ -194,14 +312,20 @@ type shard[S any, PS keyState[S]] struct {
 	// newest and oldest are the ends of the use list; free heads the list
 	// of unused slots, linked through next.
 	newest, oldest, free uint32
-	limit                atomic.Int64
-	_                    [40]byte // keep neighbouring shards' locks off one cache line
+	// moves counts pushes to the front of the use list (see touch).
+	moves uint64
+	limit atomic.Int64
+	_     [32]byte // keep neighbouring shards' locks off one cache line
 }
 
 type slot[S any] struct {
 	key        uint64
 	prev, next uint32
-	st         S
+	// moved is the shard's moves when this slot last went to the front:
+	// 8 bytes a key (a uint32 would be padded to the same), bought for the
+	// relinks touch skips. 64 bits so it cannot wrap.
+	moved uint64
+	st    S
 }
 
 // get returns the slot of key, creating it (and evicting the least recently
@@ -211,7 +335,9 @@ func (sh *shard[S, PS]) get(key uint64) uint32 {
 		sh.touch(i)
 		return i
 	}
-	if int64(len(sh.index)) >= sh.limit.Load() && sh.oldest != 0 {
+	// A loop, not an if: after SetMaxKeys lowered the bound, the shard
+	// sheds the excess as new keys arrive.
+	for int64(len(sh.index)) >= sh.limit.Load() && sh.oldest != 0 {
 		sh.remove(sh.slots[sh.oldest-1].key, sh.oldest-1)
 	}
 	var i uint32
@@ -228,8 +354,14 @@ func (sh *shard[S, PS]) get(key uint64) uint32 {
 	return i
 }
 
+// touch marks slot i most recently used. A slot that went to the front
+// within the last limit/16 moves is left where it is: at most that many
+// slots lie before it, so it is far from eviction, and not relinking it
+// spares the writes to its neighbours (two cache misses) on most
+// decisions of an active key. Eviction is thus LRU to within limit/16 keys,
+// and exact for shards of fewer than 16 keys.
 func (sh *shard[S, PS]) touch(i uint32) {
-	if sh.newest == i+1 {
+	if sh.newest == i+1 || sh.moves-sh.slots[i].moved < uint64(sh.limit.Load()>>4) {
 		return
 	}
 	sh.unlink(i)
@@ -237,8 +369,9 @@ func (sh *shard[S, PS]) touch(i uint32) {
 }
 
 func (sh *shard[S, PS]) pushNewest(i uint32) {
+	sh.moves++
 	s := &sh.slots[i]
-	s.prev, s.next = 0, sh.newest
+	s.prev, s.next, s.moved = 0, sh.newest, sh.moves
 	if sh.newest != 0 {
 		sh.slots[sh.newest-1].prev = i + 1
 	}

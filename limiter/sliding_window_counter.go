@@ -7,9 +7,15 @@ type slidingCounterState struct {
 	cur  int64
 }
 
-func (s *slidingCounterState) roll(p *params, now int64) {
+// roll moves the counts on to now's window and returns the time to decide
+// at. As in fixedWindowState.roll, a now before the stored window (a clock
+// read that lost the race for the lock) is taken as that window's start:
+// rolling back would drop both counts and readmit a full quota.
+func (s *slidingCounterState) roll(p *params, now int64) int64 {
 	idx := windowIndex(p, now)
 	switch {
+	case idx < s.win:
+		return s.win * p.w
 	case idx == s.win:
 	case idx == s.win+1:
 		s.prev, s.cur = s.cur, 0
@@ -17,13 +23,14 @@ func (s *slidingCounterState) roll(p *params, now int64) {
 		s.prev, s.cur = 0, 0
 	}
 	s.win = idx
+	return now
 }
 
 // take: est = prev×(W - e)/W + cur where e is how far now is into its
 // window; allow iff est + c <= L, decided exactly as
 // prev×(W - e) + (cur + c)×W <= L×W.
 func (s *slidingCounterState) take(p *params, now, cost int64) Decision {
-	s.roll(p, now)
+	now = s.roll(p, now)
 	e := now - s.win*p.w
 	if s.prev*(p.w-e)+(s.cur+cost)*p.w > p.l*p.w {
 		d := s.status(p, now)
@@ -60,7 +67,7 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 }
 
 func (s *slidingCounterState) undo(p *params, now, cost int64, taken Decision) Decision {
-	s.roll(p, now)
+	now = s.roll(p, now)
 	switch windowIndex(p, taken.at) {
 	case s.win:
 		s.cur = max(0, s.cur-cost)
@@ -73,7 +80,7 @@ func (s *slidingCounterState) undo(p *params, now, cost int64, taken Decision) D
 // status: remaining = ⌊L - est⌋; reset = end of the next window while cur
 // holds units, else end of this one while prev does.
 func (s *slidingCounterState) status(p *params, now int64) Decision {
-	s.roll(p, now)
+	now = s.roll(p, now)
 	e := now - s.win*p.w
 	est := s.prev*(p.w-e) + s.cur*p.w
 	d := Decision{Allowed: true, Remaining: max(0, (p.l*p.w-est)/p.w)}

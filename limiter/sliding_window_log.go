@@ -12,8 +12,8 @@ type slidingLogState struct {
 const logUnitMask = 1<<logUnitBits - 1
 
 func logEntry(at, units int64) uint64 { return uint64(at)<<logUnitBits | uint64(units) }
-func logAt(e uint64) int64           { return int64(e >> logUnitBits) }
-func logUnits(e uint64) int64        { return int64(e & logUnitMask) }
+func logAt(e uint64) int64            { return int64(e >> logUnitBits) }
+func logUnits(e uint64) int64         { return int64(e & logUnitMask) }
 
 // expire drops entries that left the window (now - W, now].
 func (s *slidingLogState) expire(p *params, now int64) {

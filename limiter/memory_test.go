@@ -1,0 +1,388 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// onePerHour is a policy under which a key's first Take passes and every
+// later one is denied, so a Take tells whether the store remembers the key.
+var onePerHour = Policy{Algorithm: FixedWindow, Events: 1, Window: time.Hour}
+
+// remembered reports whether m still holds key's state under onePerHour.
+// It takes, so an unknown key is created (and may evict another).
+func remembered(m *Memory, key string) bool {
+	d, _ := m.Take(context.Background(), key, 1)
+	return !d.Allowed
+}
+
+func TestMemoryLRUEviction(t *testing.T) {
+	m, _ := newTestMemory(t, onePerHour, MemoryOptions{MaxKeys: 3})
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		if d, _ := m.Take(ctx, k, 1); !d.Allowed {
+			t.Fatalf("first take of %s denied", k)
+		}
+	}
+	// Touching a makes b the least recently used.
+	if !remembered(m, "a") {
+		t.Fatal("a forgotten before the store was full")
+	}
+	m.Take(ctx, "d", 1)
+	if n := m.Len(); n != 3 {
+		t.Fatalf("Len = %d after a fourth key, want 3", n)
+	}
+	if !remembered(m, "a") {
+		t.Error("recently used a was evicted")
+	}
+	// b was evicted: it comes back fresh (and evicts c, now the oldest).
+	if remembered(m, "b") {
+		t.Error("least recently used b was kept")
+	}
+	if remembered(m, "c") {
+		t.Error("c, least recently used once b came back, was kept")
+	}
+	if n := m.Len(); n != 3 {
+		t.Fatalf("Len = %d, want 3", n)
+	}
+}
+
+// TestMemoryMaxKeysBound: however many keys arrive, the store never holds
+// more than MaxKeys, and a bound large enough for several shards is
+// nearly used up before keys are evicted.
+func TestMemoryMaxKeysBound(t *testing.T) {
+	for _, n := range []int{1, 3, 100, 2047, 5000, 70_000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			m, _ := newTestMemory(t, onePerHour, MemoryOptions{MaxKeys: n})
+			ctx := context.Background()
+			for i := range 3 * n {
+				m.Take(ctx, fmt.Sprint("key-", i), 1)
+				if i < n && m.Len() != i+1 && n <= 2*minShardKeys {
+					t.Fatalf("one-shard store evicted at %d keys, bound %d", i+1, n)
+				}
+			}
+			got := m.Len()
+			if got > n {
+				t.Fatalf("Len = %d, above MaxKeys %d", got, n)
+			}
+			// Shards fill unevenly by a few standard deviations of their
+			// share at most.
+			if got < n*9/10 {
+				t.Fatalf("Len = %d, under 90%% of MaxKeys %d", got, n)
+			}
+		})
+	}
+}
+
+func TestMemorySetMaxKeys(t *testing.T) {
+	ctx := context.Background()
+	t.Run("smaller bound applies as keys arrive", func(t *testing.T) {
+		m, _ := newTestMemory(t, onePerHour, MemoryOptions{MaxKeys: 1000})
+		for i := range 1000 {
+			m.Take(ctx, fmt.Sprint(i), 1)
+		}
+		m.SetMaxKeys(10)
+		if n := m.Len(); n != 1000 {
+			t.Fatalf("Len = %d right after SetMaxKeys, want the 1000 still held", n)
+		}
+		m.Take(ctx, "new", 1)
+		if n := m.Len(); n != 10 {
+			t.Fatalf("Len = %d after a new key, want 10", n)
+		}
+		// The most recent keys stay.
+		if !remembered(m, "999") || !remembered(m, "991") {
+			t.Error("recent keys were evicted")
+		}
+	})
+	t.Run("shard count change keeps state", func(t *testing.T) {
+		m, _ := newTestMemory(t, onePerHour, MemoryOptions{})
+		for i := range 500 {
+			m.Take(ctx, fmt.Sprint(i), 1)
+		}
+		m.SetMaxKeys(100) // 64 shards to one: applies at once
+		if n := m.Len(); n != 100 {
+			t.Fatalf("Len = %d after SetMaxKeys(100), want 100", n)
+		}
+		m.SetMaxKeys(0) // back to DefaultMaxKeys and 64 shards
+		if n := m.Len(); n != 100 {
+			t.Fatalf("Len = %d after SetMaxKeys(0), want 100", n)
+		}
+		held := 0
+		for i := range 500 {
+			if remembered(m, fmt.Sprint(i)) {
+				held++
+			}
+		}
+		if held != 100 {
+			t.Fatalf("%d keys kept their state across two reshards, want 100", held)
+		}
+	})
+}
+
+// TestMemorySweep: Sweep forgets exactly the keys whose state is back to
+// empty, per algorithm, and leaves the others' state intact.
+func TestMemorySweep(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		alg Algorithm
+		// idle is taken at 0 and is empty from idleFrom on; busy is taken
+		// at busyAt and is not yet empty at sweepAt.
+		idleFrom, busyAt, sweepAt time.Duration
+	}{
+		{TokenBucket, 500 * ms, 900 * ms, 1 * s},            // one token refills in 0.5 s
+		{LeakyBucket, 500 * ms, 900 * ms, 1 * s},            // one unit drains in 0.5 s
+		{FixedWindow, 1 * s, 1500 * ms, 1600 * ms},          // idle's window ends
+		{SlidingWindowLog, 1 * s, 1500 * ms, 1600 * ms},     // idle's entry leaves
+		{SlidingWindowCounter, 2 * s, 1500 * ms, 2500 * ms}, // idle's count loses its weight
+		{Concurrency, 0, 0, 0},                              // idle's unit is released
+	}
+	for _, c := range cases {
+		t.Run(string(c.alg), func(t *testing.T) {
+			p := Policy{Algorithm: c.alg, Events: 2, Window: time.Second}
+			m, clock := newTestMemory(t, p, MemoryOptions{})
+			base := clock.now
+			d, _ := m.Take(ctx, "idle", 1)
+			if c.alg == Concurrency {
+				if n := m.Sweep(); n != 0 {
+					t.Fatalf("Sweep forgot %d keys with a unit in flight", n)
+				}
+				m.Return(ctx, "idle", 1, d)
+			} else {
+				// One µs before idle is empty, nothing goes.
+				clock.now = base.Add(c.idleFrom - us)
+				if n := m.Sweep(); n != 0 {
+					t.Fatalf("early Sweep forgot %d keys, want 0", n)
+				}
+			}
+			clock.now = base.Add(c.busyAt)
+			m.Take(ctx, "busy", 1)
+			clock.now = base.Add(c.sweepAt)
+			if n := m.Sweep(); n != 1 {
+				t.Fatalf("Sweep forgot %d keys, want 1", n)
+			}
+			if n := m.Len(); n != 1 {
+				t.Fatalf("Len = %d after Sweep, want 1", n)
+			}
+			// busy kept its unit: one more fills its quota of 2.
+			if d, _ := m.Take(ctx, "busy", 1); !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("busy after Sweep: %+v, want allowed with 0 remaining", d)
+			}
+		})
+	}
+}
+
+// logCapacity is how many entries key's sliding log has room for, and
+// whether the store holds key at all. It reads the shard without touching.
+func logCapacity(m *Memory, key string) (int, bool) {
+	set := m.tables.(*shardSet[slidingLogState, *slidingLogState])
+	h := maphash.String(m.seed, key)
+	sh := set.lock(h)
+	defer sh.mu.Unlock()
+	i, ok := sh.index[h]
+	if !ok {
+		return 0, false
+	}
+	return cap(sh.slots[i].st.ents), true
+}
+
+// TestMemorySweepShrinksLog: a log that held many entries gives its memory
+// back at Sweep once few remain, and is forgotten once none do.
+func TestMemorySweepShrinksLog(t *testing.T) {
+	ctx := context.Background()
+	p := Policy{Algorithm: SlidingWindowLog, Events: 1000, Window: time.Second}
+	m, clock := newTestMemory(t, p, MemoryOptions{})
+	base := clock.now
+	for i := range 1000 {
+		clock.now = base.Add(time.Duration(i) * ms)
+		m.Take(ctx, "k", 1)
+	}
+	full, _ := logCapacity(m, "k")
+	if full < 1000 {
+		t.Fatalf("capacity %d with 1000 entries", full)
+	}
+	// At 1.990 s, only the entries of 990..999 ms are live.
+	clock.now = base.Add(1990 * ms)
+	if n := m.Sweep(); n != 0 {
+		t.Fatalf("Sweep forgot %d keys with live entries", n)
+	}
+	if c, ok := logCapacity(m, "k"); !ok || c > 100 {
+		t.Fatalf("capacity %d (held %v) after Sweep with 9 live entries, was %d", c, ok, full)
+	}
+	if d, _ := m.Take(ctx, "k", 1); !d.Allowed || d.Remaining != 1000-10 {
+		t.Fatalf("after compaction: %+v, want allowed with 990 remaining", d)
+	}
+	clock.now = base.Add(3 * s)
+	if n := m.Sweep(); n != 1 {
+		t.Fatalf("Sweep forgot %d keys, want the expired log", n)
+	}
+	if _, ok := logCapacity(m, "k"); ok {
+		t.Fatal("expired log still held")
+	}
+}
+
+func TestMemorySeededHash(t *testing.T) {
+	a, _ := NewMemory(onePerHour, MemoryOptions{})
+	b, _ := NewMemory(onePerHour, MemoryOptions{})
+	same := 0
+	for i := range 8 {
+		k := fmt.Sprint("client-", i)
+		if maphash.String(a.seed, k) == maphash.String(b.seed, k) {
+			same++
+		}
+	}
+	if same > 0 {
+		t.Fatalf("two stores hashed %d of 8 keys alike: the seed is not per store", same)
+	}
+}
+
+// TestMemoryReturnForgottenKey: a Return for a key the store has forgotten
+// gives nothing back and creates no state.
+func TestMemoryReturnForgottenKey(t *testing.T) {
+	ctx := context.Background()
+	for _, a := range Algorithms {
+		t.Run(string(a), func(t *testing.T) {
+			m, _ := newTestMemory(t, Policy{Algorithm: a, Events: 2, Window: time.Second}, MemoryOptions{MaxKeys: 1})
+			d, _ := m.Take(ctx, "gone", 1)
+			m.Take(ctx, "other", 1) // evicts gone
+			r, _ := m.Return(ctx, "gone", 1, d)
+			if !r.Allowed || r.Remaining != 2 {
+				t.Fatalf("Return of a forgotten key: %+v, want a fresh state", r)
+			}
+			if n := m.Len(); n != 1 {
+				t.Fatalf("Len = %d, want 1", n)
+			}
+		})
+	}
+}
+
+// atomicClock is a Clock goroutines may read while one advances it.
+type atomicClock struct{ us atomic.Int64 }
+
+func (c *atomicClock) Now() time.Time { return time.UnixMicro(c.us.Load()) }
+
+// TestMemoryConcurrent runs many goroutines taking and returning on
+// overlapping keys while another sweeps and the clock moves, then checks
+// what must hold whatever the interleaving. Run it with -race.
+func TestMemoryConcurrent(t *testing.T) {
+	const (
+		workers = 8
+		ops     = 2000
+		keys    = 5
+		l       = 3
+	)
+	w := 10 * time.Millisecond
+	type admission struct {
+		key int
+		at  int64
+	}
+	for _, a := range []Algorithm{Concurrency, FixedWindow, SlidingWindowLog, TokenBucket} {
+		t.Run(string(a), func(t *testing.T) {
+			ctx := context.Background()
+			clock := &atomicClock{}
+			clock.us.Store(1_700_000_000_000_000)
+			m, err := NewMemory(Policy{Algorithm: a, Events: l, Window: w}, MemoryOptions{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var inFlight [keys]atomic.Int64
+			var mu sync.Mutex
+			var admitted []admission
+			stop := make(chan struct{})
+			var bg sync.WaitGroup
+			bg.Add(1)
+			go func() { // sweeper and clock
+				defer bg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if a != TokenBucket { // the bucket's check needs a frozen clock
+						clock.us.Add(500)
+					}
+					m.Sweep()
+				}
+			}()
+			var wg sync.WaitGroup
+			for g := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 1))
+					for range ops {
+						k := rng.IntN(keys)
+						key := fmt.Sprint("k", k)
+						d, _ := m.Take(ctx, key, 1)
+						if !d.Allowed {
+							continue
+						}
+						switch a {
+						case Concurrency:
+							if n := inFlight[k].Add(1); n > l {
+								t.Errorf("%d in flight for %s, limit %d", n, key, l)
+							}
+							inFlight[k].Add(-1)
+							m.Return(ctx, key, 1, d)
+						case TokenBucket:
+							m.Return(ctx, key, 1, d)
+						default:
+							mu.Lock()
+							admitted = append(admitted, admission{k, d.at})
+							mu.Unlock()
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			bg.Wait()
+
+			switch a {
+			case Concurrency, TokenBucket:
+				// Every unit was given back: each key takes its full quota.
+				for k := range keys {
+					d, _ := m.Take(ctx, fmt.Sprint("k", k), l)
+					if !d.Allowed || d.Remaining != 0 {
+						t.Errorf("k%d after all returns: %+v, want all %d units free", k, d, l)
+					}
+				}
+			case FixedWindow:
+				perWindow := map[[2]int64]int{}
+				for _, ad := range admitted {
+					perWindow[[2]int64{int64(ad.key), ad.at / w.Microseconds()}]++
+				}
+				for kw, n := range perWindow {
+					if n > l {
+						t.Errorf("key k%d window %d admitted %d, limit %d", kw[0], kw[1], n, l)
+					}
+				}
+			case SlidingWindowLog:
+				byKey := map[int][]int64{}
+				for _, ad := range admitted {
+					byKey[ad.key] = append(byKey[ad.key], ad.at)
+				}
+				for k, ats := range byKey {
+					sort.Slice(ats, func(i, j int) bool { return ats[i] < ats[j] })
+					// Any l+1 admissions span more than a window.
+					for i := l; i < len(ats); i++ {
+						if ats[i]-ats[i-l] < w.Microseconds() {
+							t.Errorf("k%d: %d admissions within %dus, limit %d per %v", k, l+1, ats[i]-ats[i-l], l, w)
+							break
+						}
+					}
+				}
+			}
+			if len(admitted) == 0 && (a == FixedWindow || a == SlidingWindowLog) {
+				t.Error("nothing admitted")
+			}
+		})
+	}
+}
