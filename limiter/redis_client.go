@@ -1,0 +1,164 @@
+package limiter
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisConfig is how an operator points the Redis store at a server: the
+// fields of the Caddyfile's redis block, turned into a go-redis client by
+// NewClient, so the adapter and tests build clients the same way.
+type RedisConfig struct {
+	// URL is redis://[user:pass@]host[:port][/db] or rediss:// for TLS,
+	// with go-redis's query options (dial_timeout, pool_size, ...). It names
+	// one standalone server; use Addresses for Cluster or Sentinel.
+	URL string
+	// Addresses are host:port pairs: one is a standalone server, several
+	// are Cluster seeds, or Sentinels when MasterName is set.
+	Addresses []string
+	// MasterName selects Sentinel: the name the Sentinels monitor the
+	// master under.
+	MasterName string
+	// Username and Password authenticate to the data nodes; when set they
+	// override the URL's.
+	Username, Password string
+	// DB selects a database on a standalone or Sentinel master; Cluster
+	// has only database 0. When non-zero it overrides the URL's.
+	DB int
+	// TLS connects with TLS, as a rediss:// URL does.
+	TLS bool
+	// InsecureSkipVerify accepts any server certificate; for testing only.
+	InsecureSkipVerify bool
+	// PoolSize bounds the connections per node; zero is go-redis's default
+	// of ten per CPU.
+	PoolSize int
+	// DialTimeout bounds connecting; zero is go-redis's default of 5s.
+	DialTimeout time.Duration
+}
+
+// NewClient returns a client for c: standalone for a URL or one address,
+// Cluster for several, Sentinel (a failover client) when MasterName is set.
+// The client honours context deadlines, which the Redis store's
+// per-decision timeout depends on. It connects lazily: an unreachable server
+// shows as errors from the store, to which the zone's fail mode applies.
+func (c RedisConfig) NewClient() (redis.UniversalClient, error) {
+	opts, err := c.options()
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(opts), nil
+}
+
+// options maps c onto go-redis's options, refusing contradictions.
+func (c RedisConfig) options() (*redis.UniversalOptions, error) {
+	if c.PoolSize < 0 {
+		return nil, fmt.Errorf("redis config: negative pool_size %d", c.PoolSize)
+	}
+	if c.DialTimeout < 0 {
+		return nil, fmt.Errorf("redis config: negative dial_timeout %v", c.DialTimeout)
+	}
+	if c.DB < 0 {
+		return nil, fmt.Errorf("redis config: negative db %d", c.DB)
+	}
+	var opts *redis.UniversalOptions
+	switch {
+	case c.URL != "" && len(c.Addresses) > 0:
+		return nil, errors.New("redis config: url and addresses are exclusive: give one")
+	case c.URL != "":
+		if c.MasterName != "" {
+			return nil, errors.New("redis config: master_name needs the Sentinels in addresses, not a url")
+		}
+		var err error
+		if opts, err = fromURL(c.URL); err != nil {
+			return nil, err
+		}
+	case len(c.Addresses) > 0:
+		for _, a := range c.Addresses {
+			if a == "" {
+				return nil, errors.New("redis config: empty address")
+			}
+		}
+		opts = &redis.UniversalOptions{Addrs: append([]string(nil), c.Addresses...), MasterName: c.MasterName}
+		if c.DB != 0 && c.MasterName == "" && len(c.Addresses) > 1 {
+			return nil, fmt.Errorf("redis config: db %d: Redis Cluster has only database 0", c.DB)
+		}
+	default:
+		return nil, errors.New("redis config: no url or addresses")
+	}
+	if c.Username != "" {
+		opts.Username = c.Username
+	}
+	if c.Password != "" {
+		opts.Password = c.Password
+	}
+	if c.DB != 0 {
+		opts.DB = c.DB
+	}
+	if c.PoolSize != 0 {
+		opts.PoolSize = c.PoolSize
+	}
+	if c.DialTimeout != 0 {
+		opts.DialTimeout = c.DialTimeout
+	}
+	if c.TLS && opts.TLSConfig == nil {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if c.InsecureSkipVerify {
+		if opts.TLSConfig == nil {
+			return nil, errors.New("redis config: insecure_skip_verify without tls or a rediss:// url")
+		}
+		opts.TLSConfig.InsecureSkipVerify = true
+	}
+	opts.ContextTimeoutEnabled = true
+	return opts, nil
+}
+
+// fromURL parses a redis:// or rediss:// URL with go-redis and keeps the
+// options a standalone client uses.
+func fromURL(raw string) (*redis.UniversalOptions, error) {
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, fmt.Errorf("redis config: url scheme %q: want redis:// or rediss://", u.Scheme)
+	}
+	o, err := redis.ParseURL(raw)
+	if err != nil {
+		// The URL may hold a password: say what is wrong, not what it was.
+		return nil, fmt.Errorf("redis config: parsing url: %w", redactURLError(err))
+	}
+	return &redis.UniversalOptions{
+		Addrs:           []string{o.Addr},
+		ClientName:      o.ClientName,
+		Protocol:        o.Protocol,
+		Username:        o.Username,
+		Password:        o.Password,
+		DB:              o.DB,
+		MaxRetries:      o.MaxRetries,
+		MinRetryBackoff: o.MinRetryBackoff,
+		MaxRetryBackoff: o.MaxRetryBackoff,
+		DialTimeout:     o.DialTimeout,
+		ReadTimeout:     o.ReadTimeout,
+		WriteTimeout:    o.WriteTimeout,
+		PoolFIFO:        o.PoolFIFO,
+		PoolSize:        o.PoolSize,
+		PoolTimeout:     o.PoolTimeout,
+		MinIdleConns:    o.MinIdleConns,
+		MaxIdleConns:    o.MaxIdleConns,
+		MaxActiveConns:  o.MaxActiveConns,
+		ConnMaxIdleTime: o.ConnMaxIdleTime,
+		ConnMaxLifetime: o.ConnMaxLifetime,
+		TLSConfig:       o.TLSConfig,
+	}, nil
+}
+
+// redactURLError drops the URL that net/url quotes in its errors.
+func redactURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+	}
+	return err
+}

@@ -1,0 +1,133 @@
+package limiter
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestRedisConfigOptions(t *testing.T) {
+	tests := []struct {
+		name  string
+		cfg   RedisConfig
+		check func(t *testing.T, o *redis.UniversalOptions)
+	}{
+		{"url", RedisConfig{URL: "redis://user:secret@cache.internal:6380/2?dial_timeout=2s&pool_size=7"},
+			func(t *testing.T, o *redis.UniversalOptions) {
+				if len(o.Addrs) != 1 || o.Addrs[0] != "cache.internal:6380" || o.Username != "user" || o.Password != "secret" ||
+					o.DB != 2 || o.DialTimeout != 2*time.Second || o.PoolSize != 7 || o.TLSConfig != nil {
+					t.Errorf("got %+v", o)
+				}
+			}},
+		{"url default port", RedisConfig{URL: "redis://localhost"},
+			func(t *testing.T, o *redis.UniversalOptions) {
+				if o.Addrs[0] != "localhost:6379" {
+					t.Errorf("addrs %v", o.Addrs)
+				}
+			}},
+		{"rediss", RedisConfig{URL: "rediss://cache.internal", InsecureSkipVerify: true},
+			func(t *testing.T, o *redis.UniversalOptions) {
+				if o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.internal" || !o.TLSConfig.InsecureSkipVerify {
+					t.Errorf("tls %+v", o.TLSConfig)
+				}
+			}},
+		{"fields override url", RedisConfig{URL: "redis://a:b@h/1", Username: "u", Password: "p", DB: 3, PoolSize: 9, DialTimeout: time.Second, TLS: true},
+			func(t *testing.T, o *redis.UniversalOptions) {
+				if o.Username != "u" || o.Password != "p" || o.DB != 3 || o.PoolSize != 9 || o.DialTimeout != time.Second || o.TLSConfig == nil {
+					t.Errorf("got %+v", o)
+				}
+			}},
+		{"one address", RedisConfig{Addresses: []string{"127.0.0.1:6379"}, DB: 4},
+			func(t *testing.T, o *redis.UniversalOptions) {
+				if len(o.Addrs) != 1 || o.MasterName != "" || o.DB != 4 {
+					t.Errorf("got %+v", o)
+				}
+			}},
+		{"cluster", RedisConfig{Addresses: []string{"a:1", "b:2", "c:3"}, Password: "p"},
+			func(t *testing.T, o *redis.UniversalOptions) {
+				if len(o.Addrs) != 3 || o.MasterName != "" || o.Password != "p" {
+					t.Errorf("got %+v", o)
+				}
+			}},
+		{"sentinel", RedisConfig{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster", DB: 1},
+			func(t *testing.T, o *redis.UniversalOptions) {
+				if o.MasterName != "mymaster" || len(o.Addrs) != 2 || o.DB != 1 {
+					t.Errorf("got %+v", o)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := tt.cfg.options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !o.ContextTimeoutEnabled {
+				t.Error("ContextTimeoutEnabled is off: the store's timeout would not apply")
+			}
+			tt.check(t, o)
+		})
+	}
+}
+
+func TestRedisConfigClientKinds(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  RedisConfig
+		want string
+	}{
+		{RedisConfig{URL: "redis://127.0.0.1:1"}, "*redis.Client"},
+		{RedisConfig{Addresses: []string{"127.0.0.1:1"}}, "*redis.Client"},
+		{RedisConfig{Addresses: []string{"127.0.0.1:1", "127.0.0.1:2"}}, "*redis.ClusterClient"},
+		{RedisConfig{Addresses: []string{"127.0.0.1:1"}, MasterName: "m"}, "*redis.Client"},
+	} {
+		c, err := tt.cfg.NewClient()
+		if err != nil {
+			t.Fatalf("%+v: %v", tt.cfg, err)
+		}
+		var got string
+		switch c.(type) {
+		case *redis.Client:
+			got = "*redis.Client"
+		case *redis.ClusterClient:
+			got = "*redis.ClusterClient"
+		default:
+			got = "other"
+		}
+		if got != tt.want {
+			t.Errorf("%+v: client %s, want %s", tt.cfg, got, tt.want)
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}
+}
+
+func TestRedisConfigErrors(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  RedisConfig
+		want string
+	}{
+		{RedisConfig{}, "no url or addresses"},
+		{RedisConfig{URL: "redis://h", Addresses: []string{"h:1"}}, "exclusive"},
+		{RedisConfig{URL: "redis://h", MasterName: "m"}, "master_name"},
+		{RedisConfig{URL: "unix:///tmp/redis.sock"}, "scheme"},
+		{RedisConfig{URL: "http://h"}, "scheme"},
+		{RedisConfig{URL: "redis://u:hunter2@h/x"}, "database"},
+		{RedisConfig{URL: "redis://u:hunter2@h:port/0"}, "parsing url"},
+		{RedisConfig{Addresses: []string{"a:1", "b:2"}, DB: 1}, "only database 0"},
+		{RedisConfig{Addresses: []string{""}}, "empty address"},
+		{RedisConfig{Addresses: []string{"a:1"}, InsecureSkipVerify: true}, "insecure_skip_verify"},
+		{RedisConfig{Addresses: []string{"a:1"}, PoolSize: -1}, "pool_size"},
+		{RedisConfig{Addresses: []string{"a:1"}, DialTimeout: -time.Second}, "dial_timeout"},
+	} {
+		_, err := tt.cfg.NewClient()
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%+v: error %v, want one containing %q", tt.cfg, err, tt.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%+v: error %q reveals the password", tt.cfg, err)
+		}
+	}
+}
