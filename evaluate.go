@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -36,6 +37,23 @@ type evaluation struct {
 	denied int
 	// hold is the longest time a leaky bucket asked the request to wait.
 	hold time.Duration
+}
+
+// evaluations recycles evaluation buffers: the request path allocates
+// none of its own.
+var evaluations = sync.Pool{New: func() any { return &evaluation{outcomes: make([]outcome, 0, 4)} }}
+
+func getEvaluation() *evaluation {
+	ev := evaluations.Get().(*evaluation)
+	ev.denied, ev.hold = -1, 0
+	return ev
+}
+
+// putEvaluation recycles ev, dropping its references to keys and zones.
+func putEvaluation(ev *evaluation) {
+	clear(ev.outcomes)
+	ev.outcomes = ev.outcomes[:0]
+	evaluations.Put(ev)
 }
 
 // evaluate decides every zone that matches r, in name order, stopping at the

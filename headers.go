@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -92,45 +91,70 @@ func (ev *evaluation) reported() *outcome {
 
 // writeHeaders sets the rate-limit fields for every evaluated zone. retry is
 // the Retry-After of a refused request, in seconds, reported as the
-// refusing zone's t.
+// refusing zone's t. All values are written into one buffer and share one
+// backing array, so the headers cost two allocations whatever their number.
 func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, now time.Time, retry int64) {
 	if h.headers == headersNone {
 		return
 	}
-	var buf [64]byte
+	var (
+		buf   [256]byte
+		b     = buf[:0]
+		names [5]string
+		ends  [5]int // end of each value in b; -1 for policy, which is not in b
+		n     int
+	)
+	field := func(name string, end int) {
+		names[n], ends[n] = name, end
+		n++
+	}
 	if h.headers != headersIETF {
 		o := ev.reported()
-		hdr[hdrLimit] = []string{string(strconv.AppendInt(buf[:0], o.limit.quota, 10))}
-		hdr[hdrRemaining] = []string{string(strconv.AppendInt(buf[:0], o.d.Remaining, 10))}
+		b = strconv.AppendInt(b, o.limit.quota, 10)
+		field(hdrLimit, len(b))
+		b = strconv.AppendInt(b, o.d.Remaining, 10)
+		field(hdrRemaining, len(b))
 		reset := now.Add(o.d.ResetAfter)
 		epoch := reset.Unix()
 		if reset.Nanosecond() > 0 {
 			epoch++
 		}
-		hdr[hdrReset] = []string{string(strconv.AppendInt(buf[:0], epoch, 10))}
+		b = strconv.AppendInt(b, epoch, 10)
+		field(hdrReset, len(b))
 	}
-	if h.headers == headersX {
-		return
-	}
-	if len(ev.outcomes) == 1 {
-		o := &ev.outcomes[0]
-		hdr[hdrPolicy] = []string{o.limit.policyItem}
-		hdr[hdrRateLimit] = []string{string(appendRateLimitItem(buf[:0], o, retry, ev.denied == 0))}
-		return
-	}
-	var policy strings.Builder
-	rl := make([]byte, 0, 128)
-	for i := range ev.outcomes {
-		o := &ev.outcomes[i]
-		if i > 0 {
-			policy.WriteString(", ")
-			rl = append(rl, ", "...)
+	single := len(ev.outcomes) == 1
+	if h.headers != headersX {
+		for i := range ev.outcomes {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendRateLimitItem(b, &ev.outcomes[i], retry, ev.denied == i)
 		}
-		policy.WriteString(o.limit.policyItem)
-		rl = appendRateLimitItem(rl, o, retry, ev.denied == i)
+		field(hdrRateLimit, len(b))
+		if single {
+			// A single zone's policy was made once; use it as is.
+			field(hdrPolicy, -1)
+		} else {
+			for i := range ev.outcomes {
+				if i > 0 {
+					b = append(b, ", "...)
+				}
+				b = append(b, ev.outcomes[i].limit.policyItem...)
+			}
+			field(hdrPolicy, len(b))
+		}
 	}
-	hdr[hdrPolicy] = []string{policy.String()}
-	hdr[hdrRateLimit] = []string{string(rl)}
+	all := string(b)
+	vals := make([]string, n)
+	start := 0
+	for i := range n {
+		if ends[i] < 0 {
+			vals[i] = ev.outcomes[0].limit.policyItem
+		} else {
+			vals[i], start = all[start:ends[i]], ends[i]
+		}
+		hdr[names[i]] = vals[i : i+1 : i+1]
+	}
 }
 
 // appendRateLimitItem writes a zone's member of RateLimit:
@@ -150,7 +174,7 @@ func appendRateLimitItem(b []byte, o *outcome, retry int64, refused bool) []byte
 // setPlaceholders makes the decision available to later handlers and logs.
 func setPlaceholders(repl *caddy.Replacer, ev *evaluation, retry int64) {
 	o := ev.reported()
-	repl.Set("http.rate_limit.zone", o.zone.name)
+	repl.Set("http.rate_limit.zone", o.zone.placeholder)
 	repl.Set("http.rate_limit.remaining", o.d.Remaining)
 	repl.Set("http.rate_limit.retry_after", retry)
 }

@@ -144,16 +144,16 @@ func (t *keyTemplate) maskIP(v string) string {
 	if err != nil {
 		return v
 	}
+	if addr.Is4() && t.ipv4Bits >= 32 {
+		return v // dotted decimal parses only in its canonical form
+	}
 	addr = addr.WithZone("")
 	bits := t.ipv6Bits
 	if addr.Is4In6() || addr.Is4() {
 		addr, bits = addr.Unmap(), t.ipv4Bits
 	}
 	if bits <= 0 || bits >= addr.BitLen() {
-		if s := addr.String(); s != v {
-			return s
-		}
-		return v
+		return addr.String()
 	}
 	p, err := addr.Prefix(bits)
 	if err != nil {

@@ -216,9 +216,9 @@ func (h *Handler) releaseZones() {
 // ServeHTTP evaluates every zone that matches r, refuses r if any zone
 // denies it, and otherwise holds it for any leaky bucket and passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	var buf [4]outcome
-	ev := evaluation{outcomes: buf[:0]}
-	if err := h.evaluate(r, &ev); err != nil {
+	ev := getEvaluation()
+	defer putEvaluation(ev)
+	if err := h.evaluate(r, ev); err != nil {
 		ev.refund(r)
 		return err
 	}
@@ -229,10 +229,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	now := time.Now()
 	if ev.denied >= 0 {
 		ev.refund(r)
-		return h.deny(w, r, repl, &ev, now)
+		return h.deny(w, r, repl, ev, now)
 	}
-	h.writeHeaders(w.Header(), &ev, now, 0)
-	setPlaceholders(repl, &ev, 0)
+	h.writeHeaders(w.Header(), ev, now, 0)
+	setPlaceholders(repl, ev, 0)
 	if ev.hold > 0 {
 		if err := holdRequest(r, ev.hold); err != nil {
 			ev.release(r)

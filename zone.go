@@ -34,6 +34,8 @@ type zone struct {
 	limit    limit
 	// exceeded is the error a denial wraps, made once.
 	exceeded error
+	// placeholder is the name boxed once for the replacer.
+	placeholder any
 }
 
 // limit is a policy with its store and what the headers say about it.
@@ -155,6 +157,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		dryRun:   cfg.DryRun,
 		exceeded: fmt.Errorf("rate limit exceeded in zone %q", name),
 	}
+	z.placeholder = name
 	if z.missing == "" {
 		z.missing = missingIP
 	}

@@ -1,0 +1,311 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// provisionHandler parses a rate_limit directive and provisions it as Caddy
+// would, releasing it when the test ends.
+func provisionHandler(t testing.TB, input string) *Handler {
+	t.Helper()
+	h := new(Handler)
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	if err := h.Provision(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = h.Cleanup()
+		cancel()
+	})
+	return h
+}
+
+var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	w.WriteHeader(http.StatusOK)
+	return nil
+})
+
+// serve runs one request through h and returns the recorder and the
+// status: the handler's error status for refusals, else the written one.
+func serve(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, int) {
+	w := httptest.NewRecorder()
+	err := h.ServeHTTP(w, r, next)
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		return w, he.StatusCode
+	}
+	if err != nil {
+		return w, -1
+	}
+	return w, w.Code
+}
+
+func TestHandlerMultipleZonesRefund(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone a_wide {
+			key ip
+			algorithm fixed_window
+			rate 100/1h
+		}
+		zone b_narrow {
+			key ip
+			algorithm fixed_window
+			rate 2/1h
+		}
+	}`)
+	var codes []int
+	for range 4 {
+		r, _ := newKeyRequest("198.51.100.1", nil)
+		_, code := serve(h, r, okHandler)
+		codes = append(codes, code)
+	}
+	if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
+	}
+	// The wide zone gave back what the refused requests took: two spent.
+	r, _ := newKeyRequest("198.51.100.1", nil)
+	w, _ := serve(h, r, okHandler)
+	if got := w.Header().Get("RateLimit"); !strings.Contains(got, `"a_wide";r=98;`) {
+		t.Fatalf("RateLimit %q: refused requests consumed from a_wide", got)
+	}
+}
+
+func TestHandlerHeaders(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone "we\"ird\zone" {
+			algorithm token_bucket
+			rate 100/1m
+			burst 20
+		}
+	}`)
+	r, _ := newKeyRequest("198.51.100.2", nil)
+	w, code := serve(h, r, okHandler)
+	if code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	hdr := w.Header()
+	if got, want := hdr.Get("RateLimit-Policy"), `"we\"ird\\zone";q=20;w=12`; got != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got, want)
+	}
+	if got, want := hdr.Get("RateLimit"), `"we\"ird\\zone";r=19;t=1`; got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+	if hdr.Get("X-RateLimit-Limit") != "20" || hdr.Get("X-RateLimit-Remaining") != "19" {
+		t.Errorf("X-RateLimit: %v", hdr)
+	}
+	reset, err := strconv.ParseInt(hdr.Get("X-RateLimit-Reset"), 10, 64)
+	if now := time.Now().Unix(); err != nil || reset < now || reset > now+2 {
+		t.Errorf("X-RateLimit-Reset %q not within a second or two of now", hdr.Get("X-RateLimit-Reset"))
+	}
+	for range 19 {
+		r, _ := newKeyRequest("198.51.100.2", nil)
+		serve(h, r, okHandler)
+	}
+	r, repl := newKeyRequest("198.51.100.2", nil)
+	w, code = serve(h, r, okHandler)
+	if code != 429 {
+		t.Fatalf("21st request: status %d", code)
+	}
+	if got := w.Header().Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After %q, want 1 (0.6s rounded up)", got)
+	}
+	if got := w.Header().Get("RateLimit"); got != `"we\"ird\\zone";r=0;t=1` {
+		t.Errorf("RateLimit on 429: %q", got)
+	}
+	if v, _ := repl.GetString("http.rate_limit.exceeded.name"); v != `we"ird\zone` {
+		t.Errorf("exceeded.name placeholder %q", v)
+	}
+	if v, _ := repl.GetString("http.rate_limit.retry_after"); v != "1" {
+		t.Errorf("retry_after placeholder %q", v)
+	}
+}
+
+func TestHandlerHeaderModes(t *testing.T) {
+	for mode, want := range map[string][2]bool{"both": {true, true}, "x-ratelimit": {true, false}, "ietf": {false, true}, "none": {false, false}} {
+		h := provisionHandler(t, "rate_limit {\n zone z {\n  rate 5/s\n }\n headers "+mode+"\n}")
+		r, _ := newKeyRequest("198.51.100.3", nil)
+		w, _ := serve(h, r, okHandler)
+		x, ietf := w.Header().Get("X-RateLimit-Limit") != "", w.Header().Get("RateLimit") != ""
+		if x != want[0] || ietf != want[1] {
+			t.Errorf("headers %s: x-ratelimit %v, ietf %v", mode, x, ietf)
+		}
+	}
+}
+
+func TestHandlerMissingKey(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		codes []int
+	}{
+		{"deny", []int{429, 429}},
+		{"skip", []int{200, 200, 200}},
+		{"ip", []int{200, 429}},
+	} {
+		// Zones of one name and policy share state across handlers, so
+		// each case has its own zone.
+		h := provisionHandler(t, "rate_limit {\n zone missing_"+tc.mode+" {\n  key header X-API-Key\n  rate 1/1h\n  missing_key "+tc.mode+"\n }\n}")
+		var codes []int
+		for range tc.codes {
+			r, _ := newKeyRequest("198.51.100.4", nil)
+			_, code := serve(h, r, okHandler)
+			codes = append(codes, code)
+		}
+		if !equalInts(codes, tc.codes) {
+			t.Errorf("missing_key %s: codes %v, want %v", tc.mode, codes, tc.codes)
+		}
+		// A real key is limited on its own, whatever the missing ones did.
+		r, _ := newKeyRequest("198.51.100.4", map[string]string{"X-API-Key": "k"})
+		if _, code := serve(h, r, okHandler); code != 200 {
+			t.Errorf("missing_key %s: keyed request got %d", tc.mode, code)
+		}
+	}
+}
+
+func TestHandlerDryRun(t *testing.T) {
+	h := provisionHandler(t, "rate_limit {\n zone dry {\n  rate 1/1h\n  dry_run\n }\n}")
+	for i := range 3 {
+		r, _ := newKeyRequest("198.51.100.5", nil)
+		w, code := serve(h, r, okHandler)
+		if code != 200 {
+			t.Fatalf("dry run refused request %d", i)
+		}
+		if i > 0 && w.Header().Get("X-RateLimit-Remaining") != "0" {
+			t.Fatalf("dry run request %d: remaining %q", i, w.Header().Get("X-RateLimit-Remaining"))
+		}
+	}
+}
+
+func TestHandlerConcurrencyReleases(t *testing.T) {
+	h := provisionHandler(t, "rate_limit {\n zone conc {\n  algorithm concurrency\n  events 2\n }\n}")
+	release := make(chan struct{})
+	started := make(chan struct{}, 2)
+	slow := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		started <- struct{}{}
+		<-release
+		return nil
+	})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, _ := newKeyRequest("198.51.100.6", nil)
+			serve(h, r, slow)
+		}()
+	}
+	<-started
+	<-started
+	r, _ := newKeyRequest("198.51.100.6", nil)
+	w, code := serve(h, r, okHandler)
+	if code != 429 {
+		t.Fatalf("third concurrent request: %d", code)
+	}
+	if got := w.Header().Get("RateLimit-Policy"); !strings.Contains(got, `qu="concurrent-requests"`) {
+		t.Errorf("RateLimit-Policy %q lacks qu", got)
+	}
+	close(release)
+	wg.Wait()
+	for range 3 {
+		r, _ := newKeyRequest("198.51.100.6", nil)
+		if _, code := serve(h, r, okHandler); code != 200 {
+			t.Fatalf("after release: %d", code)
+		}
+	}
+}
+
+func TestHandlerLeakyBucketHolds(t *testing.T) {
+	h := provisionHandler(t, "rate_limit {\n zone leaky_hold {\n  algorithm leaky_bucket\n  rate 10/s\n  max_delay 200ms\n }\n}")
+	// Four requests at once: three are admitted, held 0, 100 and 200ms so
+	// they continue 1/r apart; the fourth would wait 300ms and is refused.
+	start := time.Now()
+	type result struct {
+		code int
+		at   time.Duration
+	}
+	results := make(chan result, 4)
+	for range 4 {
+		go func() {
+			r, _ := newKeyRequest("198.51.100.7", nil)
+			_, code := serve(h, r, okHandler)
+			results <- result{code, time.Since(start)}
+		}()
+	}
+	var admitted []time.Duration
+	refused := 0
+	for range 4 {
+		res := <-results
+		switch res.code {
+		case 200:
+			admitted = append(admitted, res.at)
+		case 429:
+			refused++
+		default:
+			t.Fatalf("status %d", res.code)
+		}
+	}
+	if len(admitted) != 3 || refused != 1 {
+		t.Fatalf("admitted %d, refused %d; want 3 and 1", len(admitted), refused)
+	}
+	slices.Sort(admitted)
+	if admitted[1] < 90*time.Millisecond || admitted[2] < 190*time.Millisecond {
+		t.Fatalf("admitted at %v; want holds of about 0, 100ms and 200ms", admitted)
+	}
+}
+
+func TestHandlerLeakyHoldCancelled(t *testing.T) {
+	h := provisionHandler(t, "rate_limit {\n zone leaky_cancel {\n  algorithm leaky_bucket\n  rate 1/1m\n  max_delay 1h\n }\n}")
+	r, _ := newKeyRequest("198.51.100.8", nil)
+	serve(h, r, okHandler)
+	r, _ = newKeyRequest("198.51.100.8", nil)
+	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, code := serve(h, r.WithContext(ctx), okHandler)
+	if code != statusClientClosedRequest || time.Since(start) > time.Second {
+		t.Fatalf("cancelled hold: status %d after %v", code, time.Since(start))
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// BenchmarkHandlerIPKey is one allowed request through the handler, keyed
+// by client IP: the cost the handler adds in front of every request.
+func BenchmarkHandlerIPKey(b *testing.B) {
+	h := provisionHandler(b, "rate_limit {\n zone z {\n  key ip\n  algorithm token_bucket\n  rate 1000000000/1s\n }\n}")
+	r, _ := newKeyRequest("198.51.100.9", nil)
+	w := httptest.NewRecorder()
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(w.Header())
+		if err := h.ServeHTTP(w, r, okHandler); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
