@@ -167,6 +167,11 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		_, _ = rand.Read(id[:]) // never fails: crypto/rand aborts the program instead
 		r.leaseID = hex.EncodeToString(id[:]) + "."
 	}
+	if (params.alg == TokenBucket || params.alg == LeakyBucket) && l != 1 {
+		// A bucket's state counts fractions of a microsecond in units of
+		// 1/L': a key written under one L' must not be read under another.
+		suffix += strconv.FormatInt(l, 10)
+	}
 	r.keyTail = "}:" + suffix
 	r.script = redis.NewScript(src)
 	return r, nil

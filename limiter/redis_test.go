@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"runtime"
 	"strings"
@@ -153,7 +154,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		alg := suffixes[k[strings.LastIndexByte(k, ':')+1:]]
+		alg := suffixes[strings.TrimRight(k[strings.LastIndexByte(k, ':')+1:], "0123456789")]
 		if ttl <= 0 || ttl > longest[alg]+time.Millisecond {
 			t.Errorf("key %s (%s): TTL %v, want in (0, %v]", k, alg, ttl, longest[alg])
 		}
@@ -173,7 +174,7 @@ func TestRedisKeyNames(t *testing.T) {
 			}
 		}
 	}
-	pattern := regexp.MustCompile(`^fg%7Bx%7D:api%7Bv2%7D%25:\{[0-9a-f]{32}\}:(tb|lb|fw|swl|swc|cc)$`)
+	pattern := regexp.MustCompile(`^fg%7Bx%7D:api%7Bv2%7D%25:\{[0-9a-f]{32}\}:(tb|lb|fw|swl|swc|cc)[0-9]*$`)
 	keys := scanKeys(t, client)
 	if len(keys) != len(secrets)*len(Algorithms) {
 		t.Errorf("found %d keys, want %d", len(keys), len(secrets)*len(Algorithms))
@@ -547,6 +548,86 @@ func BenchmarkRedisTake(b *testing.B) {
 			})
 			if n := failed.Load(); n > 0 {
 				b.Fatalf("%d decisions failed", n)
+			}
+		})
+	}
+}
+
+// TestRedisMatchesMemory steps the memory store and the Redis store through
+// the same random requests and refunds under policies chosen to stress the
+// arithmetic (large and coprime L and W, bursts, long delays, a quota that
+// needs the wide state form), and wants the same decision every time.
+func TestRedisMatchesMemory(t *testing.T) {
+	s := redistest.Start(t)
+	client := s.Client(t)
+	ctx := context.Background()
+	delay := 1500 * time.Millisecond
+	policies := []Policy{
+		{Algorithm: TokenBucket, Events: 10_000_019, Window: 3 * time.Microsecond, Burst: 6},
+		{Algorithm: TokenBucket, Events: 7, Window: 24 * time.Hour, Burst: 13},
+		{Algorithm: TokenBucket, Events: 999_983, Window: time.Hour, Burst: 100},
+		{Algorithm: LeakyBucket, Events: 13, Window: 7 * time.Second},
+		{Algorithm: LeakyBucket, Events: 4099, Window: time.Minute, Burst: 50, MaxDelay: &delay},
+		{Algorithm: FixedWindow, Events: 9, Window: 1234567 * time.Microsecond},
+		{Algorithm: SlidingWindowLog, Events: 9, Window: 1234567 * time.Microsecond},
+		{Algorithm: SlidingWindowCounter, Events: 11, Window: 1234567 * time.Microsecond},
+		{Algorithm: SlidingWindowCounter, Events: 20_000, Window: 24 * time.Hour},
+		{Algorithm: Concurrency, Events: 3, Window: time.Hour},
+	}
+	for i, p := range policies {
+		t.Run(p.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(i), 42))
+			var now int64 = 1_763_800_000_000_000 // a real epoch, so absolute times are large
+			clock := &manualClock{}
+			mem, err := NewMemory(p, MemoryOptions{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			red := newTestRedis(t, client, p, RedisOptions{Zone: fmt.Sprintf("diff%d", i), Timeout: 5 * time.Second, now: func() int64 { return now }})
+			var memTaken, redTaken []Decision
+			var costs []int64
+			// Half the steps keep the time, the others advance it by about
+			// the time one unit takes to come back, so quotas run out and
+			// refill; concurrency leases must not lapse, which memory lacks.
+			span := 2*p.Window.Microseconds()/p.Events + 2
+			if p.Algorithm == Concurrency {
+				span = 1000
+			}
+			// Costs up to a twentieth of the quota exhaust large quotas too.
+			maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
+			outcomes := map[bool]int{}
+			for step := range 400 {
+				if rng.IntN(2) == 0 {
+					now += rng.Int64N(span)
+				}
+				clock.set(now)
+				var dm, dr Decision
+				var errm, errr error
+				if len(memTaken) > 0 && rng.IntN(4) == 0 {
+					j := rng.IntN(len(memTaken))
+					dm, errm = mem.Return(ctx, "k", costs[j], memTaken[j])
+					dr, errr = red.Return(ctx, "k", costs[j], redTaken[j])
+					memTaken = append(memTaken[:j], memTaken[j+1:]...)
+					redTaken = append(redTaken[:j], redTaken[j+1:]...)
+					costs = append(costs[:j], costs[j+1:]...)
+				} else {
+					cost := 1 + rng.Int64N(maxCost)
+					dm, errm = mem.Take(ctx, "k", cost)
+					dr, errr = red.Take(ctx, "k", cost)
+					if dm.Allowed && dr.Allowed {
+						memTaken, redTaken, costs = append(memTaken, dm), append(redTaken, dr), append(costs, cost)
+					}
+				}
+				if errm != nil || errr != nil {
+					t.Fatalf("step %d: %v %v", step, errm, errr)
+				}
+				outcomes[dm.Allowed]++
+				if dm.Allowed != dr.Allowed || dm.Remaining != dr.Remaining || dm.ResetAfter != dr.ResetAfter || dm.RetryAfter != dr.RetryAfter {
+					t.Fatalf("step %d at %dus: memory %+v, redis %+v", step, now, dm, dr)
+				}
+			}
+			if outcomes[true] == 0 || outcomes[false] == 0 {
+				t.Errorf("%d allowed, %d denied: the steps should exercise both", outcomes[true], outcomes[false])
 			}
 		})
 	}

@@ -2,9 +2,9 @@
 -- as limiter/token_bucket.go decides it.
 --
 -- State (KEYS[1], a string): the theoretical arrival time tat, the moment the
--- bucket is full again, as "<tat µs>" or "<tat µs>:<frac>" where frac < L is
--- the part of a microsecond in units of 1/L µs. Time scaled by L makes one
--- unit cost exactly W, so every quantity below is an integer.
+-- bucket is full again, in µs plus frac < L in units of 1/L µs. Time scaled
+-- by L makes one unit cost exactly W, so every quantity below is an integer.
+-- See encode for how tat and frac are packed into one integer.
 --
 -- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
 -- 0 outside tests), L, W, B, max ahead (µs). L and W arrive divided by their
@@ -40,24 +40,60 @@ local function cdiv(a, d)
   return fdiv(a + d - 1, d)
 end
 
+-- The state is the one integer tat×L + frac, which Redis keeps in the 8
+-- bytes of an integer-encoded string (while below 2^63, i.e. for L up to a
+-- few thousand), so a key costs no more than one holding a plain counter.
+-- Doubles cannot hold it exactly, so it is handled in 9-digit halves: exact
+-- while L×10^9 < 2^53. Beyond that the state is written as "<tat>:<frac>".
+-- The key's name carries L (see limiter/redis.go), so a value is never read
+-- with another L than it was written with.
+local E9 = 1000000000
+local packed = l * E9 < 9007199254740992
+
+local function encode(tat, frac)
+  if not packed then
+    return string.format('%d:%d', tat, frac)
+  end
+  local th = fdiv(tat, E9)
+  local low = (tat - th * E9) * l + frac
+  local carry = fdiv(low, E9)
+  local high = th * l + carry
+  low = low - carry * E9
+  if high == 0 then
+    return string.format('%d', low)
+  end
+  return string.format('%d%09d', high, low)
+end
+
+local function decode(v)
+  local sep = string.find(v, ':', 1, true)
+  if sep then
+    return tonumber(string.sub(v, 1, sep - 1)), tonumber(string.sub(v, sep + 1))
+  end
+  local n = #v
+  local hi, lo = 0, tonumber(v)
+  if n > 9 then
+    hi, lo = tonumber(string.sub(v, 1, n - 9)), tonumber(string.sub(v, n - 8))
+  end
+  -- hi×10^9 + lo = (qh×10^9 + ql)×L + frac, by long division.
+  local qh = fdiv(hi, l)
+  local rest = (hi - qh * l) * E9 + lo
+  local ql = fdiv(rest, l)
+  return qh * E9 + ql, rest - ql * l
+end
+
 -- debt = (B - tokens) × W: how far tat lies ahead of now, scaled by L.
 local debt = 0
 local v = redis.call('GET', KEYS[1])
 if v then
-  local sep = string.find(v, ':', 1, true)
-  local tat, frac
-  if sep then
-    tat, frac = tonumber(string.sub(v, 1, sep - 1)), tonumber(string.sub(v, sep + 1))
-  else
-    tat, frac = tonumber(v), 0
-  end
+  local tat, frac = decode(v)
   local d = tat - now
   if d >= 0 then
     -- A clock stepped backwards must not leave tat unboundedly ahead.
     if d > ahead then
       d = ahead
     end
-    debt = d * l + math.min(frac, l - 1)
+    debt = d * l + frac
   end
 end
 
@@ -68,14 +104,7 @@ local function save(x)
     return
   end
   local q = fdiv(x, l)
-  local frac = x - q * l
-  local val
-  if frac == 0 then
-    val = string.format('%d', now + q)
-  else
-    val = string.format('%d:%d', now + q, frac)
-  end
-  redis.call('SET', KEYS[1], val, 'PX', cdiv(x, l * 1000) + pad)
+  redis.call('SET', KEYS[1], encode(now + q, x - q * l), 'PX', cdiv(x, l * 1000) + pad)
 end
 
 local full = b * w

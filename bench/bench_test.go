@@ -1,0 +1,188 @@
+// Package bench compares Floodgate's Redis store with go-redis/redis_rate on
+// one redis-server, in a module of its own so the root module never depends
+// on redis_rate. Run it with redis.sh, or point REDIS_ADDR at a server of
+// your own; without either it starts one with internal/redistest.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// callers is how many goroutines call the limiter at once.
+const callers = 64
+
+// clients is how many distinct client keys the calls spread over.
+const clients = 10_000
+
+// serverAddr is REDIS_ADDR, or a server started for this test.
+func serverAddr(t testing.TB) string {
+	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+		return addr
+	}
+	return redistest.Start(t).Addr()
+}
+
+func newClient(t testing.TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: callers, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", addr, err)
+	}
+	return c
+}
+
+// parallel runs take with callers concurrent goroutines, each call for one
+// of clients keys, and fails b if any call failed.
+func parallel(b *testing.B, take func(ctx context.Context, key string) error) {
+	var seq, failed atomic.Int64
+	b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if err := take(ctx, "client-"+strconv.FormatInt(seq.Add(1)%clients, 10)); err != nil {
+				failed.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d calls failed", n)
+	}
+}
+
+// BenchmarkCompare runs redis_rate's GCRA Allow and Floodgate's token
+// bucket, the same limit (1000 per minute, burst 1000), back to back on the
+// same server with the same client settings.
+func BenchmarkCompare(b *testing.B) {
+	client := newClient(b, serverAddr(b))
+	b.Run("redis_rate", func(b *testing.B) {
+		rl := redis_rate.NewLimiter(client)
+		limit := redis_rate.PerMinute(1000)
+		parallel(b, func(ctx context.Context, key string) error {
+			_, err := rl.Allow(ctx, key, limit)
+			return err
+		})
+	})
+	b.Run("floodgate_token_bucket", func(b *testing.B) {
+		store, err := limiter.NewRedis(client, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 1000, Window: time.Minute},
+			limiter.RedisOptions{Zone: "bench", Timeout: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		parallel(b, func(ctx context.Context, key string) error {
+			_, err := store.Take(ctx, key, 1)
+			return err
+		})
+	})
+}
+
+// TestMemoryPerKey fills 10,000 keys per algorithm, each with one request of
+// state, and prints the average MEMORY USAGE per key, redis_rate's included.
+// The token bucket must stay within 120 bytes a key.
+func TestMemoryPerKey(t *testing.T) {
+	client := newClient(t, serverAddr(t))
+	ctx := context.Background()
+	const n = 10_000
+
+	type measured struct {
+		name  string
+		keys  []string
+		bytes float64
+	}
+	var rows []measured
+
+	// fill calls take for client keys 0..n-1 from 16 goroutines.
+	fill := func(take func(key string) error) {
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for g := range 16 {
+			wg.Go(func() {
+				for i := g; i < n; i += 16 {
+					if err := take(fmt.Sprintf("mem-client-%d", i)); err != nil {
+						failed.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if failed.Load() > 0 {
+			t.Fatalf("%d takes failed", failed.Load())
+		}
+	}
+
+	policies := []struct {
+		name string
+		p    limiter.Policy
+	}{
+		// 7 per hour does not divide an hour into whole microseconds per
+		// unit, so the bucket's state keeps a fraction beside tat.
+		{"token_bucket 7/h", limiter.Policy{Algorithm: limiter.TokenBucket, Events: 7, Window: time.Hour}},
+	}
+	for _, alg := range limiter.Algorithms {
+		policies = append(policies, struct {
+			name string
+			p    limiter.Policy
+		}{string(alg), limiter.Policy{Algorithm: alg, Events: 100, Window: time.Hour}})
+	}
+	for i, pol := range policies {
+		// Zone names of one length, so key names weigh the same.
+		store, err := limiter.NewRedis(client, pol.p, limiter.RedisOptions{Zone: fmt.Sprintf("zone%d", i), Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(func(key string) error {
+			_, err := store.Take(ctx, key, 1)
+			return err
+		})
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = store.Key(fmt.Sprintf("mem-client-%d", i))
+		}
+		rows = append(rows, measured{name: pol.name, keys: keys})
+	}
+	rl := redis_rate.NewLimiter(client)
+	fill(func(key string) error {
+		_, err := rl.Allow(ctx, key, redis_rate.PerHour(100))
+		return err
+	})
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "rate:" + fmt.Sprintf("mem-client-%d", i)
+	}
+	rows = append(rows, measured{name: "redis_rate (GCRA)", keys: keys})
+
+	fmt.Printf("%-24s %12s %s\n", "algorithm", "bytes/key", "example key")
+	for i := range rows {
+		r := &rows[i]
+		var total int64
+		for _, k := range r.keys {
+			b, err := client.MemoryUsage(ctx, k, 0).Result()
+			if err != nil {
+				t.Fatalf("%s: MEMORY USAGE %s: %v", r.name, k, err)
+			}
+			total += b
+		}
+		r.bytes = float64(total) / float64(len(r.keys))
+		fmt.Printf("%-24s %12.1f %s\n", r.name, r.bytes, r.keys[0])
+	}
+	for _, r := range rows[:2] {
+		if r.bytes > 120 {
+			t.Errorf("%s: %.1f bytes per key, want at most 120", r.name, r.bytes)
+		}
+	}
+}
