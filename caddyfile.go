@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -30,7 +31,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	rate_limit [<matcher>] {
 //		zone <name> {
 //			match { <matchers> }
-//			key ip | header <name> | <template>
+//			key ip | header <name> | jwt_claim <claim> | <template>
 //			algorithm <name>
 //			events <n>
 //			window <duration>
@@ -46,6 +47,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := map[string]bool{}
+	zoneLines := map[string]int{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		if opt != "zone" {
@@ -57,7 +59,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "zone":
-			err = h.parseZone(d)
+			err = h.parseZone(d, zoneLines)
+		case "redis":
+			h.Redis = new(RedisConfig)
+			err = h.Redis.UnmarshalCaddyfile(d)
+		case "jwt":
+			h.JWT = new(JWTConfig)
+			err = h.JWT.UnmarshalCaddyfile(d)
 		case "headers":
 			err = parseStringArg(d, &h.Headers)
 			if err == nil {
@@ -92,11 +100,20 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(h.RateLimits) == 0 {
 		return d.Err("rate_limit needs at least one zone")
 	}
+	// Checks that span blocks, reported at the zone's line.
+	for name, z := range h.RateLimits {
+		if z.Store == storeRedis && h.Redis == nil {
+			return zoneError(d, zoneLines[name], name, errors.New("store redis needs a redis block in this rate_limit"))
+		}
+		if z.usesJWTClaimKey && h.JWT == nil {
+			return zoneError(d, zoneLines[name], name, errors.New("key jwt_claim needs a jwt block in this rate_limit"))
+		}
+	}
 	return nil
 }
 
 // parseZone parses `zone <name> { ... }`.
-func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
+func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error {
 	line := d.Line()
 	if !d.NextArg() {
 		return d.ArgErr()
@@ -161,6 +178,10 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
 			}
 		case "store":
 			err = parseStringArg(d, &z.Store)
+		case "fail":
+			err = parseStringArg(d, &z.Fail)
+		case "tier":
+			err = parseTier(d, z)
 		case "missing_key":
 			err = parseStringArg(d, &z.MissingKey)
 		case "ipv4_prefix":
@@ -183,6 +204,37 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser) error {
 		h.RateLimits = make(map[string]*Zone)
 	}
 	h.RateLimits[name] = z
+	lines[name] = line
+	return nil
+}
+
+// parseTier reads `tier <placeholder> { <value> <n>/<duration> ... }`.
+func parseTier(d *caddyfile.Dispenser, z *Zone) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	t := &Tier{Placeholder: d.Val(), Limits: map[string]TierLimit{}}
+	if _, err := parseKeyTemplate(t.Placeholder); err != nil || !strings.Contains(t.Placeholder, "{") {
+		return d.Errf("tier: %q is not a placeholder such as {plan} or {jwt.plan}", t.Placeholder)
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		value := d.Val()
+		if _, dup := t.Limits[value]; dup {
+			return d.Errf("tier: value %q listed twice", value)
+		}
+		var tz Zone
+		if err := parseRate(d, &tz); err != nil {
+			return err
+		}
+		t.Limits[value] = TierLimit{MaxEvents: tz.MaxEvents, Window: tz.Window}
+	}
+	if len(t.Limits) == 0 {
+		return d.Err("tier: list at least one <value> <n>/<duration>")
+	}
+	z.Tier = t
 	return nil
 }
 
@@ -198,6 +250,12 @@ func parseKey(d *caddyfile.Dispenser, z *Zone) error {
 	switch {
 	case len(args) == 1 && args[0] == "ip":
 		z.Key = "{" + clientIPPlaceholder + "}"
+	case len(args) == 2 && args[0] == "jwt_claim":
+		if strings.ContainsAny(args[1], "{} ") || args[1] == "" {
+			return d.Errf("claim name %q is not valid", args[1])
+		}
+		z.Key = "{jwt." + args[1] + "}"
+		z.usesJWTClaimKey = true
 	case len(args) == 2 && args[0] == "header":
 		if strings.ContainsAny(args[1], "{} ") {
 			return d.Errf("header name %q is not valid", args[1])

@@ -23,6 +23,8 @@ const statusClientClosedRequest = 499
 type outcome struct {
 	zone  *zone
 	limit *limit
+	// store decided: the limit's own, or its local fallback.
+	store limiter.Store
 	key   string
 	d     limiter.Decision
 	// taken is true when the store consumed units that must be given back
@@ -37,6 +39,9 @@ type evaluation struct {
 	denied int
 	// hold is the longest time a leaky bucket asked the request to wait.
 	hold time.Duration
+	// failed is the store error of a `fail closed` zone, which refuses
+	// the request with 503.
+	failed error
 }
 
 // evaluations recycles evaluation buffers: the request path allocates
@@ -45,7 +50,7 @@ var evaluations = sync.Pool{New: func() any { return &evaluation{outcomes: make(
 
 func getEvaluation() *evaluation {
 	ev := evaluations.Get().(*evaluation)
-	ev.denied, ev.hold = -1, 0
+	ev.denied, ev.hold, ev.failed = -1, 0, nil
 	return ev
 }
 
@@ -58,9 +63,7 @@ func putEvaluation(ev *evaluation) {
 
 // evaluate decides every zone that matches r, in name order, stopping at the
 // first that refuses it.
-func (h *Handler) evaluate(r *http.Request, ev *evaluation) error {
-	ev.denied = -1
-	var repl *caddy.Replacer
+func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation) error {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -71,10 +74,7 @@ func (h *Handler) evaluate(r *http.Request, ev *evaluation) error {
 				continue
 			}
 		}
-		if repl == nil {
-			repl = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-		}
-		l := &z.limit
+		l := z.limitFor(r, repl)
 		key, ok := z.key.evaluate(r, repl)
 		if !ok {
 			switch z.missing {
@@ -91,11 +91,24 @@ func (h *Handler) evaluate(r *http.Request, ev *evaluation) error {
 				key = missingKeyNamespace + z.key.clientIP(r)
 			}
 		}
-		d, err := l.store.Take(r.Context(), key, z.cost)
+		store := l.store
+		d, err := store.Take(r.Context(), key, z.cost)
 		if err != nil {
-			return caddyhttp.Error(http.StatusServiceUnavailable, err)
+			h.logStoreFailure(z, err)
+			switch {
+			case z.fail == failClosed:
+				ev.failed = err
+				return nil
+			case z.fail == failLocal && l.local != nil:
+				store = l.local
+				if d, err = store.Take(r.Context(), key, z.cost); err != nil {
+					continue
+				}
+			default: // open: this zone does not limit, nor report
+				continue
+			}
 		}
-		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, key: key, d: d, taken: d.Allowed})
+		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: key, d: d, taken: d.Allowed})
 		switch {
 		case !d.Allowed && z.dryRun:
 			h.logDenial(r, z, key, d, true)
@@ -119,7 +132,7 @@ func (ev *evaluation) refund(r *http.Request) {
 		}
 		o.taken = false
 		// Report the state after the refund, not the units it gave back.
-		if st, err := o.limit.store.Return(ctx, o.key, o.zone.cost, o.d); err == nil {
+		if st, err := o.store.Return(ctx, o.key, o.zone.cost, o.d); err == nil {
 			o.d.Remaining, o.d.ResetAfter = st.Remaining, st.ResetAfter
 		}
 	}
@@ -134,7 +147,7 @@ func (ev *evaluation) release(r *http.Request) {
 			if ctx == nil {
 				ctx = context.WithoutCancel(r.Context())
 			}
-			_, _ = o.limit.store.Return(ctx, o.key, o.zone.cost, o.d)
+			_, _ = o.store.Return(ctx, o.key, o.zone.cost, o.d)
 			o.taken = false
 		}
 	}
@@ -156,6 +169,21 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	repl.Set("http.rate_limit.exceeded.name", o.zone.name)
 	h.logDenial(r, o.zone, o.key, o.d, false)
 	return caddyhttp.Error(http.StatusTooManyRequests, o.zone.exceeded)
+}
+
+// failLogInterval is how often a zone logs that its store is failing.
+const failLogInterval = 10 * time.Second
+
+// logStoreFailure logs that a zone's store failed and which fail mode
+// applies, at most once per failLogInterval per zone.
+func (h *Handler) logStoreFailure(z *zone, err error) {
+	now := time.Now().UnixNano()
+	last := z.failLogged.Load()
+	if now-last < int64(failLogInterval) || !z.failLogged.CompareAndSwap(last, now) {
+		return
+	}
+	h.logger.Warn("rate limit store failed; applying fail mode",
+		zap.String("zone", z.name), zap.String("fail", z.fail), zap.Error(err))
 }
 
 // logDenial logs a refusal at debug level: under a flood, one line per

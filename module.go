@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
@@ -54,6 +56,13 @@ type Handler struct {
 	// adds up to 20%), so refused clients do not all retry at once.
 	Jitter float64 `json:"jitter,omitempty"`
 
+	// Redis is where zones with `store redis` keep their state.
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	// JWT verifies bearer tokens so zones can key on their claims
+	// (`key jwt_claim sub`, `{jwt.sub}` in templates and tiers).
+	JWT *JWTConfig `json:"jwt,omitempty"`
+
 	// DisableMetrics turns off this handler's Prometheus metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
@@ -70,6 +79,10 @@ type Handler struct {
 	headers headerMode
 	logger  *zap.Logger
 	sweeper *sweeper
+	jwt     *jwtVerifier
+	// redis is the shared client of the redis block and its pool key.
+	redis    redis.UniversalClient
+	redisKey string
 }
 
 // Zone is one rate limit.
@@ -109,8 +122,21 @@ type Zone struct {
 	// requests at once.
 	MaxDelay *caddy.Duration `json:"max_delay,omitempty"`
 
-	// Store is "memory" (default: this instance only).
+	// Store is "memory" (default: this instance only) or "redis" (shared
+	// by every instance using the handler's redis block).
 	Store string `json:"store,omitempty"`
+
+	// Fail says what a redis zone does when Redis errs or does not answer
+	// within its timeout: "open" (default) lets the request through with
+	// no headers from this zone; "closed" answers 503 with Retry-After: 1;
+	// "local" decides with an in-memory limit of the same policy on this
+	// instance until Redis answers again.
+	Fail string `json:"fail,omitempty"`
+
+	// Tier picks the limit per request from a value, such as a plan set
+	// by Caddy's `map` from an API key, or a JWT claim. Values not listed
+	// use the zone's own limit. Each tier has counters of its own.
+	Tier *Tier `json:"tier,omitempty"`
 
 	// MissingKey says what happens when the key evaluates empty: "ip"
 	// (default) limits the request by client IP instead, in a namespace of
@@ -128,6 +154,24 @@ type Zone struct {
 
 	// DryRun decides, counts, logs and sets headers, but never refuses.
 	DryRun bool `json:"dry_run,omitempty"`
+
+	// usesJWTClaimKey records `key jwt_claim`, which needs a jwt block.
+	usesJWTClaimKey bool
+}
+
+// Tier is a zone's per-request choice of limit.
+type Tier struct {
+	// Placeholder is evaluated per request, e.g. "{plan}" or "{jwt.plan}".
+	Placeholder string `json:"placeholder"`
+	// Limits maps a value to its limit.
+	Limits map[string]TierLimit `json:"limits"`
+}
+
+// TierLimit is the quota of one tier; the zone's algorithm, cost and
+// max_delay apply, and a bucket's burst is the tier's events.
+type TierLimit struct {
+	MaxEvents int64          `json:"max_events"`
+	Window    caddy.Duration `json:"window"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -148,6 +192,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.logger.Warn("the distributed and storage options of mholt/caddy-ratelimit are accepted but not used; set `store redis` on a zone to share its limit between instances")
 	}
 	h.headers, _ = parseHeaderMode(h.Headers)
+	if h.JWT == nil {
+		for name, z := range h.RateLimits {
+			if strings.Contains(z.Key, "{jwt.") || (z.Tier != nil && strings.Contains(z.Tier.Placeholder, "{jwt.")) {
+				h.logger.Warn("zone uses {jwt.*} placeholders but this rate_limit has no jwt block: they are empty unless another module provides them, and such requests follow missing_key",
+					zap.String("zone", name))
+			}
+		}
+	}
+	if err := h.provisionShared(ctx); err != nil {
+		h.releaseShared()
+		return err
+	}
 
 	names := make([]string, 0, len(h.RateLimits))
 	for name := range h.RateLimits {
@@ -158,6 +214,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		z, err := h.provisionZone(ctx, name, h.RateLimits[name])
 		if err != nil {
 			h.releaseZones()
+			h.releaseShared()
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
 		h.zones = append(h.zones, z)
@@ -188,12 +245,25 @@ func (h *Handler) Validate() error {
 	if len(h.RateLimits) == 0 {
 		return fmt.Errorf("at least one zone is required")
 	}
+	if h.Redis != nil {
+		if err := h.Redis.validate(); err != nil {
+			return err
+		}
+	}
+	if h.JWT != nil {
+		if err := h.JWT.Validate(); err != nil {
+			return fmt.Errorf("jwt: %w", err)
+		}
+	}
 	for name, z := range h.RateLimits {
 		if z == nil {
 			return fmt.Errorf("zone %q: empty", name)
 		}
 		if err := z.validate(name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
+		}
+		if z.Store == storeRedis && h.Redis == nil {
+			return fmt.Errorf("zone %q: store redis needs a redis block", name)
 		}
 	}
 	return nil
@@ -203,7 +273,37 @@ func (h *Handler) Validate() error {
 func (h *Handler) Cleanup() error {
 	h.sweeper.stop()
 	h.releaseZones()
+	h.releaseShared()
 	return nil
+}
+
+// provisionShared opens what all zones share: the Redis client and the
+// JWT verifier.
+func (h *Handler) provisionShared(ctx caddy.Context) error {
+	if h.Redis != nil {
+		c, key, err := loadRedisClient(h.Redis.resolved())
+		if err != nil {
+			return err
+		}
+		h.redis, h.redisKey = c, key
+	}
+	if h.JWT != nil {
+		v, err := h.JWT.provision(ctx, h.logger)
+		if err != nil {
+			return fmt.Errorf("jwt: %w", err)
+		}
+		h.jwt = v
+	}
+	return nil
+}
+
+func (h *Handler) releaseShared() {
+	if h.jwt != nil {
+		h.jwt.close()
+		h.jwt = nil
+	}
+	releaseRedisClient(h.redisKey)
+	h.redis, h.redisKey = nil, ""
 }
 
 func (h *Handler) releaseZones() {
@@ -216,16 +316,24 @@ func (h *Handler) releaseZones() {
 // ServeHTTP evaluates every zone that matches r, refuses r if any zone
 // denies it, and otherwise holds it for any leaky bucket and passes it on.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.jwt != nil {
+		provideJWTPlaceholders(repl, r, h.jwt)
+	}
 	ev := getEvaluation()
 	defer putEvaluation(ev)
-	if err := h.evaluate(r, ev); err != nil {
+	if err := h.evaluate(r, repl, ev); err != nil {
 		ev.refund(r)
 		return err
+	}
+	if ev.failed != nil {
+		ev.refund(r)
+		w.Header().Set(hdrRetryAfter, "1")
+		return caddyhttp.Error(http.StatusServiceUnavailable, ev.failed)
 	}
 	if len(ev.outcomes) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	now := time.Now()
 	if ev.denied >= 0 {
 		ev.refund(r)

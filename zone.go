@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -14,6 +16,11 @@ import (
 // Zone option values.
 const (
 	storeMemory = "memory"
+	storeRedis  = "redis"
+
+	failOpen   = "open"
+	failClosed = "closed"
+	failLocal  = "local"
 
 	missingIP   = "ip"
 	missingDeny = "deny"
@@ -31,7 +38,15 @@ type zone struct {
 	missing  string
 	cost     int64
 	dryRun   bool
+	fail     string
 	limit    limit
+	// tierKey picks a tier's limit from tiers; requests whose value is
+	// not listed use limit.
+	tierKey *keyTemplate
+	tiers   map[string]*limit
+	// failLogged is when a store failure was last logged (Unix ns), so a
+	// Redis outage logs a line every few seconds, not one per request.
+	failLogged atomic.Int64
 	// exceeded is the error a denial wraps, made once.
 	exceeded error
 	// placeholder is the name boxed once for the replacer.
@@ -47,8 +62,10 @@ type limit struct {
 	quota      int64
 	window     time.Duration
 	policyItem string
-	// poolKey names the store in memoryStores; empty for other stores.
-	poolKey string
+	// local decides for a redis zone with `fail local` while Redis is away.
+	local limiter.Store
+	// poolKeys name the memory stores this limit holds in memoryStores.
+	poolKeys []string
 }
 
 // policy builds the limiter policy the zone describes.
@@ -105,8 +122,20 @@ func (z *Zone) validate(name string) error {
 	}
 	switch z.Store {
 	case "", storeMemory:
+		if z.Fail != "" {
+			return fmt.Errorf("fail applies only to store redis")
+		}
+	case storeRedis:
 	default:
-		return fmt.Errorf("unknown store %q (want memory)", z.Store)
+		return fmt.Errorf("unknown store %q (want memory or redis)", z.Store)
+	}
+	switch z.Fail {
+	case "", failOpen, failClosed, failLocal:
+	default:
+		return fmt.Errorf("unknown fail mode %q (want open, closed or local)", z.Fail)
+	}
+	if err := z.validateTier(p); err != nil {
+		return err
 	}
 	switch z.MissingKey {
 	case "", missingIP, missingDeny, missingSkip:
@@ -126,6 +155,39 @@ func (z *Zone) validate(name string) error {
 		return err
 	}
 	return nil
+}
+
+// validateTier checks every tier's limit as the zone's own is checked.
+func (z *Zone) validateTier(p limiter.Policy) error {
+	if z.Tier == nil {
+		return nil
+	}
+	if _, err := parseKeyTemplate(z.Tier.Placeholder); err != nil || z.Tier.Placeholder == "" {
+		return fmt.Errorf("tier: placeholder %q is not valid", z.Tier.Placeholder)
+	}
+	if len(z.Tier.Limits) == 0 {
+		return fmt.Errorf("tier: at least one value and limit is required")
+	}
+	for value, tl := range z.Tier.Limits {
+		tp := tierPolicy(p, tl)
+		if tl.MaxEvents <= 0 || tl.Window <= 0 {
+			return fmt.Errorf("tier %q: events and window must be positive", value)
+		}
+		if err := tp.Validate(); err != nil {
+			return fmt.Errorf("tier %q: %w", value, err)
+		}
+		if c := z.cost(); c > tp.MaxCost() {
+			return fmt.Errorf("tier %q: cost %d exceeds what the tier can ever admit (%d)", value, c, tp.MaxCost())
+		}
+	}
+	return nil
+}
+
+// tierPolicy is the zone's policy with a tier's quota: the algorithm and
+// max_delay stay, a bucket's burst becomes the tier's events.
+func tierPolicy(p limiter.Policy, tl TierLimit) limiter.Policy {
+	p.Events, p.Window, p.Burst = tl.MaxEvents, time.Duration(tl.Window), 0
+	return p
 }
 
 func (z *Zone) cost() int64 {
@@ -161,6 +223,10 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 	if z.missing == "" {
 		z.missing = missingIP
 	}
+	z.fail = cfg.Fail
+	if z.fail == "" {
+		z.fail = failOpen
+	}
 	if cfg.MatcherSetsRaw != nil {
 		sets, err := ctx.LoadModule(cfg, "MatcherSetsRaw")
 		if err != nil {
@@ -181,33 +247,111 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 	if z.key.ipv6Bits == 0 {
 		z.key.ipv6Bits = 64
 	}
-	if z.limit, err = h.newLimit(name, cfg.policy()); err != nil {
+	p := cfg.policy()
+	if z.limit, err = h.newLimit(name, "", cfg, p); err != nil {
+		z.release()
 		return nil, err
+	}
+	if cfg.Tier != nil {
+		tk, err := parseKeyTemplate(cfg.Tier.Placeholder)
+		if err != nil {
+			z.release()
+			return nil, fmt.Errorf("tier: %w", err)
+		}
+		tk.ipv4Bits, tk.ipv6Bits = 32, 128
+		z.tierKey, z.tiers = &tk, make(map[string]*limit, len(cfg.Tier.Limits))
+		for value, tl := range cfg.Tier.Limits {
+			l, err := h.newLimit(name, value, cfg, tierPolicy(p, tl))
+			if err != nil {
+				z.release()
+				return nil, fmt.Errorf("tier %q: %w", value, err)
+			}
+			z.tiers[value] = &l
+		}
 	}
 	return z, nil
 }
 
-// newLimit opens the store of one policy of a zone.
-func (h *Handler) newLimit(name string, p limiter.Policy) (limit, error) {
+// newLimit opens the stores of one policy of a zone: the zone's own
+// (tier "") or a tier's, whose state is always kept apart.
+func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limit, error) {
 	q, w := p.Quota()
 	l := limit{policy: p, quota: q, window: w, policyItem: policyItem(name, p)}
-	mem, key, err := loadMemoryStore(name, p, h.MaxKeys)
-	if err != nil {
-		return limit{}, err
+	stateName := name
+	if tier != "" {
+		stateName = name + "\x00tier=" + tier
 	}
-	l.store, l.poolKey = mem, key
+	if cfg.Store != storeRedis {
+		mem, key, err := loadMemoryStore(stateName, p, h.MaxKeys)
+		if err != nil {
+			return limit{}, err
+		}
+		l.store, l.poolKeys = mem, []string{key}
+		return l, nil
+	}
+	redisZone := name
+	if tier != "" {
+		redisZone = name + "#tier=" + tier
+	}
+	rs, err := limiter.NewRedis(h.redis, p, limiter.RedisOptions{
+		Prefix:  h.Redis.KeyPrefix,
+		Zone:    redisZone,
+		Timeout: time.Duration(h.Redis.Timeout),
+	})
+	if err != nil {
+		return limit{}, fmt.Errorf("redis store: %w", err)
+	}
+	l.store = rs
+	if cfg.Fail == failLocal {
+		mem, key, err := loadMemoryStore(stateName+"\x00local", p, h.MaxKeys)
+		if err != nil {
+			return limit{}, err
+		}
+		l.local, l.poolKeys = mem, []string{key}
+	}
 	return l, nil
+}
+
+// limits lists the zone's own limit and its tiers'.
+func (z *zone) limits() []*limit {
+	ls := []*limit{&z.limit}
+	for _, l := range z.tiers {
+		ls = append(ls, l)
+	}
+	return ls
 }
 
 // release gives back what provisionZone acquired.
 func (z *zone) release() {
-	releaseMemoryStore(z.limit.poolKey)
+	for _, l := range z.limits() {
+		for _, key := range l.poolKeys {
+			releaseMemoryStore(key)
+		}
+		l.poolKeys = nil
+	}
 }
 
 // memories lists the zone's memory stores, for the sweeper.
 func (z *zone) memories() []*limiter.Memory {
-	if m, ok := z.limit.store.(*limiter.Memory); ok {
-		return []*limiter.Memory{m}
+	var mems []*limiter.Memory
+	for _, l := range z.limits() {
+		for _, s := range []limiter.Store{l.store, l.local} {
+			if m, ok := s.(*limiter.Memory); ok {
+				mems = append(mems, m)
+			}
+		}
 	}
-	return nil
+	return mems
+}
+
+// limitFor is the limit that applies to r: a tier's, or the zone's own.
+func (z *zone) limitFor(r *http.Request, repl *caddy.Replacer) *limit {
+	if z.tierKey != nil {
+		if v, ok := z.tierKey.evaluate(r, repl); ok {
+			if l := z.tiers[v]; l != nil {
+				return l
+			}
+		}
+	}
+	return &z.limit
 }

@@ -1,0 +1,201 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// RedisConfig is the `redis` block: where zones with `store redis` keep
+// their state, so every instance pointed at the same Redis enforces one
+// shared limit. Values may hold placeholders such as {env.REDIS_URL}; they
+// are resolved when the config loads.
+type RedisConfig struct {
+	// URL is redis://[user:pass@]host[:port][/db], or rediss:// for TLS.
+	URL string `json:"url,omitempty"`
+	// Addresses are host:port pairs: one is a standalone server, several
+	// are Cluster seeds, or Sentinels when master_name is set.
+	Addresses []string `json:"addresses,omitempty"`
+	// MasterName selects Sentinel: the name the Sentinels monitor.
+	MasterName string `json:"master_name,omitempty"`
+	// Username and Password authenticate to Redis.
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+	// DB selects the database (not on Cluster).
+	DB int `json:"db,omitempty"`
+	// TLS connects with TLS.
+	TLS bool `json:"tls,omitempty"`
+	// InsecureSkipVerify accepts any server certificate; for testing only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+	// Timeout bounds each decision; past it the zone's fail mode applies.
+	// Default: 5ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// PoolSize bounds connections per node. Default: go-redis's, 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+	// KeyPrefix starts every key Floodgate writes. Default: "floodgate:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+}
+
+// validate refuses a block that cannot reach any server.
+func (c *RedisConfig) validate() error {
+	if c.URL == "" && len(c.Addresses) == 0 {
+		return errors.New("redis: url or addresses is required")
+	}
+	if c.URL != "" && len(c.Addresses) > 0 {
+		return errors.New("redis: url and addresses cannot both be set")
+	}
+	if c.MasterName != "" && len(c.Addresses) == 0 {
+		return errors.New("redis: master_name needs the Sentinel addresses")
+	}
+	if c.Timeout < 0 || c.PoolSize < 0 || c.DB < 0 {
+		return errors.New("redis: timeout, pool_size and db must not be negative")
+	}
+	return nil
+}
+
+// resolved is c with placeholders replaced, in the limiter's terms.
+func (c *RedisConfig) resolved() limiter.RedisConfig {
+	repl := caddy.NewReplacer()
+	r := limiter.RedisConfig{
+		URL:                repl.ReplaceKnown(c.URL, ""),
+		MasterName:         repl.ReplaceKnown(c.MasterName, ""),
+		Username:           repl.ReplaceKnown(c.Username, ""),
+		Password:           repl.ReplaceKnown(c.Password, ""),
+		DB:                 c.DB,
+		TLS:                c.TLS,
+		InsecureSkipVerify: c.InsecureSkipVerify,
+		PoolSize:           c.PoolSize,
+	}
+	for _, a := range c.Addresses {
+		r.Addresses = append(r.Addresses, repl.ReplaceKnown(a, ""))
+	}
+	return r
+}
+
+// redisClients shares one client among every handler whose redis block
+// resolves to the same settings, so a config reload that keeps the block
+// keeps its connections, and the last config to let go closes it.
+var redisClients = caddy.NewUsagePool()
+
+type pooledRedis struct{ redis.UniversalClient }
+
+// Destruct closes the client once no config uses it.
+func (p pooledRedis) Destruct() error { return p.Close() }
+
+// loadRedisClient returns the shared client for cfg and the key to release
+// it by. The client connects lazily: an unreachable Redis does not stop
+// Caddy from starting; the zones' fail modes apply until it answers.
+func loadRedisClient(cfg limiter.RedisConfig) (redis.UniversalClient, string, error) {
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("redis: %w", err)
+	}
+	key := string(raw)
+	v, _, err := redisClients.LoadOrNew(key, func() (caddy.Destructor, error) {
+		c, err := cfg.NewClient()
+		if err != nil {
+			return nil, err
+		}
+		return pooledRedis{c}, nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("redis: %w", err)
+	}
+	return v.(pooledRedis).UniversalClient, key, nil
+}
+
+func releaseRedisClient(key string) {
+	if key != "" {
+		_, _ = redisClients.Delete(key)
+	}
+}
+
+// UnmarshalCaddyfile parses the `redis` block; the dispenser is on `redis`.
+func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("redis: %s specified twice", opt)
+		}
+		seen[opt] = true
+		var err error
+		switch opt {
+		case "url":
+			err = parseStringArg(d, &c.URL)
+		case "addresses":
+			c.Addresses = d.RemainingArgs()
+			if len(c.Addresses) == 0 {
+				return d.ArgErr()
+			}
+		case "master_name":
+			err = parseStringArg(d, &c.MasterName)
+		case "username":
+			err = parseStringArg(d, &c.Username)
+		case "password":
+			err = parseStringArg(d, &c.Password)
+		case "db":
+			err = parseIntArg(d, &c.DB, 0, 1<<16)
+		case "tls":
+			c.TLS = true
+			switch args := d.RemainingArgs(); {
+			case len(args) == 0:
+			case len(args) == 1 && args[0] == "insecure_skip_verify":
+				c.InsecureSkipVerify = true
+			default:
+				return d.Errf("redis: tls takes only insecure_skip_verify")
+			}
+		case "timeout":
+			err = parseDurationArg(d, &c.Timeout)
+		case "pool_size":
+			var n int64
+			if err = parsePositiveArg(d, &n); err == nil {
+				c.PoolSize = int(n)
+			}
+		case "key_prefix":
+			err = parseStringArg(d, &c.KeyPrefix)
+		default:
+			return d.Errf("redis: unknown option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := c.validate(); err != nil {
+		return d.Err(err.Error())
+	}
+	if c.URL != "" {
+		if _, err := (limiter.RedisConfig{URL: c.URL}).NewClient(); err != nil && !hasPlaceholder(c.URL) {
+			return d.Errf("redis: url: %v", err)
+		}
+	}
+	return nil
+}
+
+func hasPlaceholder(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '{' {
+			return true
+		}
+	}
+	return false
+}
+
+// timeoutString renders a decision timeout for logs.
+func timeoutString(d caddy.Duration) string {
+	if d == 0 {
+		return limiter.DefaultRedisTimeout.String()
+	}
+	return time.Duration(d).String() + " (" + strconv.FormatInt(int64(d), 10) + "ns)"
+}
