@@ -32,6 +32,7 @@ package caddyproc
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -78,6 +79,7 @@ type Instance struct {
 	t       testing.TB
 	dir     string
 	adapter string
+	env     []string // extra "NAME=value" for the process (WithEnv)
 
 	mu    sync.Mutex
 	addrs map[string]string // placeholder name -> 127.0.0.1:port
@@ -86,24 +88,35 @@ type Instance struct {
 	log   *lockedBuffer
 }
 
+// Option changes how an instance's process is run.
+type Option func(*Instance)
+
+// WithEnv adds environment variables ("NAME=value") to the Caddy process
+// only, so a config can read {env.NAME} (a JWT secret, say) without the
+// test setting it process-wide, which t.Setenv forbids in parallel tests.
+// Later entries win over earlier ones and over the test's own environment.
+func WithEnv(vars ...string) Option {
+	return func(i *Instance) { i.env = append(i.env, vars...) }
+}
+
 // Start runs Caddy with caddyfile (placeholders filled, see the package
 // documentation) and returns once its admin endpoint and every referenced
 // HTTP listener accept connections. The process is stopped by t.Cleanup.
-func Start(t testing.TB, caddyfile string) *Instance {
+func Start(t testing.TB, caddyfile string, opts ...Option) *Instance {
 	t.Helper()
-	return start(t, caddyfile, "caddyfile")
+	return start(t, caddyfile, "caddyfile", opts)
 }
 
 // StartJSON is Start for a JSON config, such as the output of `caddy
 // adapt`; the same placeholders are filled in it.
-func StartJSON(t testing.TB, config string) *Instance {
+func StartJSON(t testing.TB, config string, opts ...Option) *Instance {
 	t.Helper()
-	return start(t, config, "json")
+	return start(t, config, "json", opts)
 }
 
 // start launches Caddy, retrying with fresh ports when one it picked was
 // taken by another process before Caddy could bind it.
-func start(t testing.TB, config, adapter string) *Instance {
+func start(t testing.TB, config, adapter string, opts []Option) *Instance {
 	t.Helper()
 	if !strings.Contains(config, "{{admin}}") {
 		t.Fatalf("caddyproc: the config must set its admin endpoint to {{admin}}, so parallel instances do not share localhost:2019")
@@ -115,6 +128,9 @@ func start(t testing.TB, config, adapter string) *Instance {
 	var last error
 	for range 3 {
 		inst := &Instance{t: t, dir: t.TempDir(), adapter: adapter, addrs: map[string]string{}, log: new(lockedBuffer)}
+		for _, opt := range opts {
+			opt(inst)
+		}
 		last = inst.launch(bin, config)
 		if last == nil {
 			t.Cleanup(inst.Stop)
@@ -156,6 +172,8 @@ func (i *Instance) launch(bin, template string) error {
 		"XDG_DATA_HOME="+filepath.Join(home, "data"),
 		"XDG_CONFIG_HOME="+filepath.Join(home, "config"),
 	)
+	// exec uses the last value of a repeated name, so these override.
+	cmd.Env = append(cmd.Env, i.env...)
 	cmd.Stdout, cmd.Stderr = i.log, i.log
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("running %s: %w", bin, err)
@@ -299,6 +317,14 @@ func (i *Instance) Load(caddyfile string) error {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode >= 400 {
+		// The admin API answers {"error": "..."}; its text is what an
+		// operator reads, so that is what tests match against.
+		var apiErr struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(body, &apiErr) == nil && apiErr.Error != "" {
+			return fmt.Errorf("POST /load: %s: %s", resp.Status, apiErr.Error)
+		}
 		return fmt.Errorf("POST /load: %s: %s", resp.Status, bytes.TrimSpace(body))
 	}
 	return nil
