@@ -82,6 +82,7 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 				continue
 			case missingDeny:
 				ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: limiter.Decision{RetryAfter: l.window}})
+				z.metrics.count(false, z.dryRun)
 				if !z.dryRun {
 					ev.denied = len(ev.outcomes) - 1
 					return nil
@@ -94,6 +95,7 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 		store := l.store
 		d, err := store.Take(r.Context(), key, z.cost)
 		if err != nil {
+			z.metrics.failure()
 			h.logStoreFailure(z, err)
 			switch {
 			case z.fail == failClosed:
@@ -109,6 +111,7 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 			}
 		}
 		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: key, d: d, taken: d.Allowed})
+		z.metrics.count(d.Allowed, z.dryRun)
 		switch {
 		case !d.Allowed && z.dryRun:
 			h.logDenial(r, z, key, d, true)

@@ -205,6 +205,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 
+	var metrics *metricVecs
+	if !h.DisableMetrics {
+		var err error
+		if metrics, err = registerMetrics(ctx); err != nil {
+			h.releaseShared()
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+	}
 	names := make([]string, 0, len(h.RateLimits))
 	for name := range h.RateLimits {
 		names = append(names, name)
@@ -217,6 +225,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.releaseShared()
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
+		z.metrics = metrics.forZone(name, z.fail)
 		h.zones = append(h.zones, z)
 	}
 

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -190,12 +188,4 @@ func hasPlaceholder(s string) bool {
 		}
 	}
 	return false
-}
-
-// timeoutString renders a decision timeout for logs.
-func timeoutString(d caddy.Duration) string {
-	if d == 0 {
-		return limiter.DefaultRedisTimeout.String()
-	}
-	return time.Duration(d).String() + " (" + strconv.FormatInt(int64(d), 10) + "ns)"
 }

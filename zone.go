@@ -47,6 +47,7 @@ type zone struct {
 	// failLogged is when a store failure was last logged (Unix ns), so a
 	// Redis outage logs a line every few seconds, not one per request.
 	failLogged atomic.Int64
+	metrics    *zoneMetrics
 	// exceeded is the error a denial wraps, made once.
 	exceeded error
 	// placeholder is the name boxed once for the replacer.
