@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -307,5 +308,36 @@ func BenchmarkHandlerIPKey(b *testing.B) {
 		if err := h.ServeHTTP(w, r, okHandler); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestCleanupStopsGoroutines provisions handlers with every kind of zone
+// and checks that Cleanup leaves no goroutine of theirs running.
+func TestCleanupStopsGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for i := range 5 {
+		h := new(Handler)
+		input := "rate_limit {\n zone leak_" + strconv.Itoa(i) + " {\n  rate 5/s\n }\n sweep_interval 1ms\n}"
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		if err := h.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, _ := newKeyRequest("198.51.100.30", nil)
+		serve(h, r, okHandler)
+		time.Sleep(5 * time.Millisecond) // let the sweeper run
+		if err := h.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Fatalf("%d goroutines after Cleanup, %d before", n, before)
 	}
 }
