@@ -209,7 +209,8 @@ func (j *JWTConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // no way to check signatures (without allow_unverified), several ways,
 // allow_unverified together with a key, a token source naming not exactly
 // one place, negative durations, jwks_refresh without jwks_url, and a
-// jwks_url that is not an absolute http(s) URL.
+// jwks_url that is not an absolute http(s) URL. Messages do not repeat
+// "jwt": the handler prefixes them.
 func (j *JWTConfig) Validate() error {
 	keys := 0
 	for _, s := range []string{j.Secret, j.PublicKey, j.JWKSURL} {
@@ -219,11 +220,11 @@ func (j *JWTConfig) Validate() error {
 	}
 	switch {
 	case j.AllowUnverified && keys > 0:
-		return errors.New("jwt: allow_unverified reads claims without checking signatures; it cannot be combined with secret, public_key or jwks_url")
+		return errors.New("allow_unverified reads claims without checking signatures; it cannot be combined with secret, public_key or jwks_url")
 	case !j.AllowUnverified && keys == 0:
-		return errors.New("jwt: one of secret, public_key or jwks_url is required (or allow_unverified, to read claims without checking signatures)")
+		return errors.New("one of secret, public_key or jwks_url is required (or allow_unverified, to read claims without checking signatures)")
 	case keys > 1:
-		return errors.New("jwt: only one of secret, public_key and jwks_url may be set")
+		return errors.New("only one of secret, public_key and jwks_url may be set")
 	}
 	if f := j.From; f != nil {
 		set := 0
@@ -233,25 +234,25 @@ func (j *JWTConfig) Validate() error {
 			}
 		}
 		if set != 1 {
-			return errors.New("jwt: from must name exactly one of header, cookie or query")
+			return errors.New("from must name exactly one of header, cookie or query")
 		}
 	}
 	if j.Leeway < 0 {
-		return fmt.Errorf("jwt: leeway %s is negative", time.Duration(j.Leeway))
+		return fmt.Errorf("leeway %s is negative", time.Duration(j.Leeway))
 	}
 	if j.JWKSRefresh < 0 {
-		return fmt.Errorf("jwt: jwks_refresh %s is negative", time.Duration(j.JWKSRefresh))
+		return fmt.Errorf("jwks_refresh %s is negative", time.Duration(j.JWKSRefresh))
 	}
 	if j.JWKSRefresh != 0 && j.JWKSURL == "" {
-		return errors.New("jwt: jwks_refresh needs jwks_url")
+		return errors.New("jwks_refresh needs jwks_url")
 	}
 	if j.JWKSURL != "" {
 		u, err := url.Parse(j.JWKSURL)
 		if err != nil {
-			return fmt.Errorf("jwt: jwks_url: %w", err)
+			return fmt.Errorf("jwks_url: %w", err)
 		}
 		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("jwt: jwks_url %q is not an absolute http or https URL", j.JWKSURL)
+			return fmt.Errorf("jwks_url %q is not an absolute http or https URL", j.JWKSURL)
 		}
 	}
 	return nil
@@ -351,7 +352,7 @@ func (j *JWTConfig) provision(ctx caddy.Context, logger *zap.Logger) (*jwtVerifi
 	case j.Secret != "":
 		secret, err := caddy.NewReplacer().ReplaceOrErr(j.Secret, true, true)
 		if err != nil {
-			return nil, fmt.Errorf("jwt: resolving secret: %w", err)
+			return nil, fmt.Errorf("resolving secret: %w", err)
 		}
 		if len(secret) < 32 {
 			logger.Warn("jwt: HMAC secret is shorter than 32 bytes; it may be guessed offline from any token", zap.Int("length", len(secret)))
@@ -361,11 +362,11 @@ func (j *JWTConfig) provision(ctx caddy.Context, logger *zap.Logger) (*jwtVerifi
 	case j.PublicKey != "":
 		key, err := loadPEMPublicKey(j.PublicKey)
 		if err != nil {
-			return nil, fmt.Errorf("jwt: public_key: %w", err)
+			return nil, fmt.Errorf("public_key: %w", err)
 		}
 		algs, err := jwtPublicKeyAlgs(key)
 		if err != nil {
-			return nil, fmt.Errorf("jwt: public_key %s: %w", j.PublicKey, err)
+			return nil, fmt.Errorf("public_key %s: %w", j.PublicKey, err)
 		}
 		v.static = newJWTKeySet([]*jwtKey{{key: key, algs: algs}}, true, 0)
 		methods = algs
