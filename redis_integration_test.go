@@ -884,8 +884,21 @@ func TestRedisKilled(t *testing.T) {
 	srv.Stop()
 	killed := time.Now()
 
+	// A refused connection is an error at once: the fail mode must apply
+	// then, not after most of the 2s timeout has gone on redialing.
+	var slowest time.Duration
+	failFast := func(rs []redisResp) {
+		t.Helper()
+		for i, r := range rs {
+			slowest = max(slowest, r.took())
+			if r.took() > time.Second {
+				t.Errorf("response %d took %v with Redis down, want the fail mode well within the 2s timeout", i+1, r.took())
+			}
+		}
+	}
 	for _, inst := range []*caddyproc.Instance{a, b} {
 		rs := redisSequence(t, c, 5, inst.URL("/open"), "")
+		failFast(rs)
 		wantRedisCodes(t, "fail open", rs, 200, 200, 200, 200, 200)
 		for i, r := range rs {
 			if r.hasRateLimitHeaders() {
@@ -894,6 +907,7 @@ func TestRedisKilled(t *testing.T) {
 		}
 
 		rs = redisSequence(t, c, 3, inst.URL("/closed"), "")
+		failFast(rs)
 		wantRedisCodes(t, "fail closed", rs, 503, 503, 503)
 		for i, r := range rs {
 			if got := r.header.Get("Retry-After"); got != "1" {
@@ -904,11 +918,13 @@ func TestRedisKilled(t *testing.T) {
 		// Redis had one unit left of the shared three; each instance's
 		// local limit starts empty and allows three on its own.
 		rs = redisSequence(t, c, 4, inst.URL("/local"), "")
+		failFast(rs)
 		wantRedisCodes(t, "fail local", rs, 200, 200, 200, 429)
 		wantRedisRemaining(t, "fail local", rs, "local", 2, 1, 0, 0)
 		checkRedisDenial(t, rs[3], "local", 3000, 3600)
 	}
-	t.Logf("after the kill: 24 requests answered in %v", time.Since(killed).Round(time.Millisecond))
+	t.Logf("after the kill: 24 requests answered in %v, the slowest in %v",
+		time.Since(killed).Round(time.Millisecond), slowest.Round(time.Millisecond))
 	if t.Failed() {
 		t.Logf("caddy log:\n%s", a.Log())
 	}

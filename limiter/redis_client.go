@@ -115,6 +115,11 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		opts.TLSConfig.InsecureSkipVerify = true
 	}
 	opts.ContextTimeoutEnabled = true
+	// One dial per attempt: go-redis otherwise redials a refused or
+	// unreachable server 5 times 100ms apart, which hides a dead Redis from
+	// the zone until most of its timeout has passed, so every request
+	// waits that long before the fail mode applies.
+	opts.DialerRetries = 1
 	return opts, nil
 }
 
