@@ -1,0 +1,167 @@
+package ratelimit
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Handler benchmarks keyed by a JWT claim, to set beside
+// BenchmarkHandlerIPKey: what verifying identities costs per request, once
+// a token is cached and the first time it is seen.
+//
+// Each request gets a replacer of its own, as in Caddy: the handler maps
+// {jwt.*} on the request's replacer, and reusing one replacer would answer
+// every later lookup from the first request's memo without touching the
+// verifier's cache. Requests are therefore built in batches with the timer
+// stopped; only ServeHTTP is timed.
+
+// benchJWTBatch is how many requests are prepared per stop of the timer.
+const benchJWTBatch = 1024
+
+// benchJWTHandler provisions a handler with the jwt block jwtConf and one
+// zone keyed by the verified sub, limited far above what a benchmark sends
+// so every request is admitted. zone names the zone, so benchmarks never
+// share state through the memory-store pool.
+func benchJWTHandler(b *testing.B, zone, jwtConf string) *Handler {
+	b.Helper()
+	return provisionHandler(b, "rate_limit {\n jwt {\n  "+jwtConf+"\n }\n zone "+zone+" {\n  key jwt_claim sub\n  algorithm token_bucket\n  rate 1000000000/1s\n }\n}")
+}
+
+// benchJWTRequests fills reqs with one request per token, each with its
+// own replacer (Caddy's HTTP providers, then whatever the handler maps), from
+// the same client IP as BenchmarkHandlerIPKey's. Requests are shallow
+// copies of one per token, so preparing them allocates little and the
+// garbage collector, which runs while the timer does, is not charged for
+// much more than the handler's own allocations.
+func benchJWTRequests(reqs []*http.Request, bases []*http.Request) {
+	for i := range reqs {
+		r := new(http.Request)
+		*r = *bases[i%len(bases)]
+		caddyhttp.NewTestReplacer(r)
+		reqs[i] = r
+	}
+}
+
+// benchJWTBases builds the request each token is sent in.
+func benchJWTBases(tokens []string) []*http.Request {
+	bases := make([]*http.Request, len(tokens))
+	for i, tok := range tokens {
+		bases[i], _ = newKeyRequest("198.51.100.9", map[string]string{"Authorization": "Bearer " + tok})
+	}
+	return bases
+}
+
+// benchServe runs one request through h, clearing the headers the
+// previous one left, as BenchmarkHandlerIPKey does.
+func benchServe(b *testing.B, h *Handler, w *httptest.ResponseRecorder, r *http.Request) {
+	clear(w.Header())
+	if err := h.ServeHTTP(w, r, okHandler); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchCheckVerified fails unless r's token verified through h, so a
+// benchmark cannot pass while timing the missing-key path.
+func benchCheckVerified(b *testing.B, h *Handler, r *http.Request) {
+	b.Helper()
+	if _, ok := h.jwt.claims(r); !ok {
+		b.Fatal("the benchmark token does not verify")
+	}
+}
+
+// BenchmarkHandlerJWTCached is one allowed request keyed by `jwt_claim sub`
+// with the same valid RS256 token every time: after the first request the
+// verification is a cache hit, so this is the steady-state cost for a
+// client reusing its token. Compare with BenchmarkHandlerIPKey.
+func BenchmarkHandlerJWTCached(b *testing.B) {
+	k := keys(b)
+	path := filepath.Join(b.TempDir(), "rsa.pem")
+	if err := os.WriteFile(path, k.rsaPEM, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	h := benchJWTHandler(b, "bench_jwt_cached", "public_key "+path)
+	token := sign(b, jwt.SigningMethodRS256, k.rsa, "", claimsAt(time.Now(), jwt.MapClaims{"sub": "bench-user"}))
+	bases := benchJWTBases([]string{token})
+	reqs := make([]*http.Request, benchJWTBatch)
+	benchJWTRequests(reqs, bases)
+	benchCheckVerified(b, h, reqs[0])
+	w := httptest.NewRecorder()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if i%benchJWTBatch == 0 && i > 0 {
+			b.StopTimer()
+			benchJWTRequests(reqs, bases)
+			b.StartTimer()
+		}
+		benchServe(b, h, w, reqs[i%benchJWTBatch])
+	}
+}
+
+// BenchmarkHandlerJWTFirstSight is one allowed request whose token the
+// handler has never seen: a full signature check per request, per
+// algorithm. Signing is slower than verifying, so a pool of distinct tokens
+// (distinct subjects too, so each is a new bucket) is signed before the
+// timer and reused with the verifier's caches emptied, timer stopped,
+// before each pass.
+func BenchmarkHandlerJWTFirstSight(b *testing.B) {
+	k := keys(b)
+	dir := b.TempDir()
+	pemFile := func(name string, data []byte) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			b.Fatal(err)
+		}
+		return path
+	}
+	for _, tc := range []struct {
+		name    string
+		jwtConf string
+		method  jwt.SigningMethod
+		key     any
+	}{
+		{"HS256", "secret " + string(k.hmac), jwt.SigningMethodHS256, k.hmac},
+		{"RS256", "public_key " + pemFile("rsa.pem", k.rsaPEM), jwt.SigningMethodRS256, k.rsa},
+		{"ES256", "public_key " + pemFile("ec256.pem", k.ec256PE), jwt.SigningMethodES256, k.ec256},
+		{"EdDSA", "public_key " + pemFile("ed25519.pem", k.edPEM), jwt.SigningMethodEdDSA, k.ed},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := benchJWTHandler(b, "bench_jwt_first_"+tc.name, tc.jwtConf)
+			now := time.Now()
+			tokens := make([]string, benchJWTBatch)
+			for i := range tokens {
+				tokens[i] = sign(b, tc.method, tc.key, "", claimsAt(now, jwt.MapClaims{"sub": fmt.Sprintf("user-%d", i), "jti": i}))
+			}
+			bases := benchJWTBases(tokens)
+			reqs := make([]*http.Request, benchJWTBatch)
+			benchJWTRequests(reqs, bases)
+			benchCheckVerified(b, h, reqs[0])
+			w := httptest.NewRecorder()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if i%benchJWTBatch == 0 {
+					b.StopTimer()
+					h.jwt.good, h.jwt.bad = newJWTCache(jwtCacheSize), newJWTCache(jwtFailureCacheSize)
+					if i > 0 {
+						benchJWTRequests(reqs, bases)
+					}
+					b.StartTimer()
+				}
+				benchServe(b, h, w, reqs[i%benchJWTBatch])
+			}
+			b.StopTimer()
+			if misses := h.jwt.verifyMisses.Load(); misses < int64(b.N) {
+				b.Fatalf("%d verifications for %d requests: some were cache hits", misses, b.N)
+			}
+		})
+	}
+}
