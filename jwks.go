@@ -152,6 +152,9 @@ func (s *jwtKeySet) find(kid string, hasKid bool, m jwt.SigningMethod) (key any,
 	if hasKid && !s.ignoreKid {
 		var ok bool
 		if candidates, ok = s.byKid[kid]; !ok {
+			if len(kid) > 64 {
+				kid = kid[:64] + "..."
+			}
 			return nil, true, fmt.Errorf("no key with kid %q", kid)
 		}
 	}

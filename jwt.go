@@ -511,6 +511,9 @@ func (v *jwtVerifier) claims(r *http.Request) (claims map[string]any, ok bool) {
 	}
 	v.verifyMisses.Add(1)
 	mc, until, err := v.verify(token, now, set)
+	// The token may be a slice of a much larger header, cookie or query
+	// string; the cache keeps a copy so it never pins the request's memory.
+	token = strings.Clone(token)
 	if err != nil {
 		v.logger.Debug("jwt: token rejected", zap.Error(err))
 		v.bad.put(h, token, nil, now.Add(jwtFailureTTL).UnixNano(), gen)
@@ -541,9 +544,40 @@ func (v *jwtVerifier) extract(r *http.Request) string {
 		if r.URL == nil {
 			return ""
 		}
-		val = r.URL.Query().Get(v.name)
+		val = queryValue(r.URL.RawQuery, v.name)
 	}
 	return strings.TrimSpace(val)
+}
+
+// queryValue returns the first value of the query parameter name, as
+// url.Values.Get would, without building the whole map on every request.
+func queryValue(rawQuery, name string) string {
+	for rest := rawQuery; rest != ""; {
+		var pair string
+		pair, rest, _ = strings.Cut(rest, "&")
+		if strings.Contains(pair, ";") {
+			continue // refused by url.ParseQuery too
+		}
+		key, val, _ := strings.Cut(pair, "=")
+		if strings.ContainsAny(key, "%+") {
+			var err error
+			if key, err = url.QueryUnescape(key); err != nil {
+				continue
+			}
+		}
+		if key != name {
+			continue
+		}
+		if strings.ContainsAny(val, "%+") {
+			unescaped, err := url.QueryUnescape(val)
+			if err != nil {
+				continue
+			}
+			val = unescaped
+		}
+		return val
+	}
+	return ""
 }
 
 // verify parses and checks token at now against the key set set. On success
@@ -553,7 +587,8 @@ func (v *jwtVerifier) verify(token string, now time.Time, set *jwtKeySet) (claim
 	defer func() {
 		if p := recover(); p != nil {
 			v.panics.Add(1)
-			claims, err = nil, fmt.Errorf("jwt: verifying token panicked: %v", p)
+			claims, err = nil, fmt.Errorf("verifying token panicked: %v", p)
+			v.logger.Error("jwt: recovered from a panic while verifying a token; the token is refused", zap.Any("panic", p))
 		}
 	}()
 	mc := jwt.MapClaims{}

@@ -150,6 +150,15 @@ func FuzzJWTClaims(f *testing.F) {
 				t.Fatal("token accepted without the Bearer scheme")
 			}
 		}
+		if len(piece) < 4096 {
+			want := ""
+			if vals, _ := url.ParseQuery(piece); len(vals["t"]) > 0 {
+				want = vals["t"][0]
+			}
+			if got := queryValue(piece, "t"); got != want {
+				t.Fatalf("queryValue(%q) = %q, url.Values gives %q", piece, got, want)
+			}
+		}
 		for _, v := range verifiers {
 			if n := v.panics.Load(); n != 0 {
 				t.Fatalf("%d panics recovered while verifying", n)

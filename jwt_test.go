@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -346,6 +347,21 @@ func TestJWTTokenSources(t *testing.T) {
 		t.Error("nil verifier accepted a token")
 	}
 	nilV.close()
+}
+
+func TestQueryValueMatchesURLValues(t *testing.T) {
+	for _, q := range []string{
+		"", "t=a", "a=1&t=b&t=c", "t", "t=", "x=1;t=2&t=3", "t%3D=1&t=2", "%74=esc", "t=a%2Bb+c",
+		"t=%zz&t=ok", "%zz=1&t=ok", "&&t=x&&", "tt=1&t=2", "t=a=b",
+	} {
+		want := ""
+		if vals, _ := url.ParseQuery(q); len(vals["t"]) > 0 {
+			want = vals["t"][0]
+		}
+		if got := queryValue(q, "t"); got != want {
+			t.Errorf("queryValue(%q) = %q, url.Values gives %q", q, got, want)
+		}
+	}
 }
 
 func TestJWTAllowUnverified(t *testing.T) {
