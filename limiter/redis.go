@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -306,17 +307,23 @@ func (r *Redis) run(ctx context.Context, op, key string, cost int64, extra any) 
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 
-	args := make([]any, 0, 5+len(r.args))
+	// go-redis copies the arguments into its command, so the slice can be
+	// reused: one allocation less on every decision.
+	args := scriptArgs.Get().(*[]any)
+	defer func() {
+		clear(*args)
+		scriptArgs.Put(args)
+	}()
 	var now any = ""
 	if r.now != nil {
 		now = r.now()
 	}
-	args = append(args, op, cost, now, r.pad)
-	args = append(args, r.args...)
+	*args = append((*args)[:0], op, cost, now, r.pad)
+	*args = append(*args, r.args...)
 	if extra != nil {
-		args = append(args, extra)
+		*args = append(*args, extra)
 	}
-	reply, err := r.script.Run(ctx, r.client, []string{r.Key(key)}, args...).Int64Slice()
+	reply, err := r.script.Run(ctx, r.client, []string{r.Key(key)}, *args...).Int64Slice()
 	if err != nil {
 		if isTimeout(err) {
 			return Decision{}, fmt.Errorf("%w: %w", ErrStoreTimeout, err)
@@ -334,6 +341,9 @@ func (r *Redis) run(ctx context.Context, op, key string, cost int64, extra any) 
 		at:         reply[4],
 	}, nil
 }
+
+// scriptArgs recycles the argument slices of script runs.
+var scriptArgs = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
 
 // isTimeout reports whether err means a deadline passed, whether go-redis
 // returned the context's error or the socket's.

@@ -4,15 +4,25 @@
 -- State (KEYS[1], a string): the theoretical arrival time tat, the moment the
 -- bucket is full again, in µs plus frac < L in units of 1/L µs. Time scaled
 -- by L makes one unit cost exactly W, so every quantity below is an integer.
--- See encode for how tat and frac are packed into one integer.
+-- tat and frac are packed into the one integer tat×L + frac, which Redis
+-- keeps in the 8 bytes of an integer-encoded string (while below 2^63, i.e.
+-- for L up to a few thousand), so a key costs no more than a plain counter.
+-- Doubles cannot hold that integer exactly, so it is split into 9-digit
+-- halves: exact while L×10^9 < 2^53; beyond that the state is written as
+-- "<tat>:<frac>". The key's name carries L (see limiter/redis.go), so a value
+-- is never read with another L than it was written with.
 --
 -- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
 -- 0 outside tests), L, W, B, max ahead (µs). L and W arrive divided by their
 -- greatest common divisor, which changes no decision and keeps products small.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+--
+-- The script runs on every request and the interpreter is most of its cost,
+-- so it is written straight through: two helper functions, and no packing
+-- arithmetic when L is 1, as it is for most policies (100/1m, 5/s, ...).
 
-local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local cost, pad = tonumber(ARGV[2]), tonumber(ARGV[4])
 local l, w, b, ahead = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
 local now = tonumber(ARGV[3])
@@ -23,6 +33,9 @@ end
 
 -- Floor division exact for |a| < 2^53: the double quotient is off by at most one.
 local function fdiv(a, d)
+  if d == 1 then
+    return a
+  end
   local q = math.floor(a / d)
   local r = a - q * d
   if r < 0 then
@@ -40,53 +53,30 @@ local function cdiv(a, d)
   return fdiv(a + d - 1, d)
 end
 
--- The state is the one integer tat×L + frac, which Redis keeps in the 8
--- bytes of an integer-encoded string (while below 2^63, i.e. for L up to a
--- few thousand), so a key costs no more than one holding a plain counter.
--- Doubles cannot hold it exactly, so it is handled in 9-digit halves: exact
--- while L×10^9 < 2^53. Beyond that the state is written as "<tat>:<frac>".
--- The key's name carries L (see limiter/redis.go), so a value is never read
--- with another L than it was written with.
 local E9 = 1000000000
 local packed = l * E9 < 9007199254740992
-
-local function encode(tat, frac)
-  if not packed then
-    return string.format('%d:%d', tat, frac)
-  end
-  local th = fdiv(tat, E9)
-  local low = (tat - th * E9) * l + frac
-  local carry = fdiv(low, E9)
-  local high = th * l + carry
-  low = low - carry * E9
-  if high == 0 then
-    return string.format('%d', low)
-  end
-  return string.format('%d%09d', high, low)
-end
-
-local function decode(v)
-  local sep = string.find(v, ':', 1, true)
-  if sep then
-    return tonumber(string.sub(v, 1, sep - 1)), tonumber(string.sub(v, sep + 1))
-  end
-  local n = #v
-  local hi, lo = 0, tonumber(v)
-  if n > 9 then
-    hi, lo = tonumber(string.sub(v, 1, n - 9)), tonumber(string.sub(v, n - 8))
-  end
-  -- hi×10^9 + lo = (qh×10^9 + ql)×L + frac, by long division.
-  local qh = fdiv(hi, l)
-  local rest = (hi - qh * l) * E9 + lo
-  local ql = fdiv(rest, l)
-  return qh * E9 + ql, rest - ql * l
-end
 
 -- debt = (B - tokens) × W: how far tat lies ahead of now, scaled by L.
 local debt = 0
 local v = redis.call('GET', KEYS[1])
 if v then
-  local tat, frac = decode(v)
+  local tat, frac = tonumber(v), 0
+  if l ~= 1 then
+    local sep = string.find(v, ':', 1, true)
+    if sep then
+      tat, frac = tonumber(string.sub(v, 1, sep - 1)), tonumber(string.sub(v, sep + 1))
+    else
+      -- hi×10^9 + lo = (qh×10^9 + ql)×L + frac, by long division.
+      local n, hi, lo = #v, 0, tat
+      if n > 9 then
+        hi, lo = tonumber(string.sub(v, 1, n - 9)), tonumber(string.sub(v, n - 8))
+      end
+      local qh = fdiv(hi, l)
+      local rest = (hi - qh * l) * E9 + lo
+      local ql = fdiv(rest, l)
+      tat, frac = qh * E9 + ql, rest - ql * l
+    end
+  end
   local d = tat - now
   if d >= 0 then
     -- A clock stepped backwards must not leave tat unboundedly ahead.
@@ -97,26 +87,39 @@ if v then
   end
 end
 
--- Moves tat to now + debt/L and keeps the key exactly as long as tat.
-local function save(x)
-  if x <= 0 then
-    redis.call('DEL', KEYS[1])
-    return
-  end
-  local q = fdiv(x, l)
-  redis.call('SET', KEYS[1], encode(now + q, x - q * l), 'PX', cdiv(x, l * 1000) + pad)
-end
-
 local full = b * w
-if op == 'return' then
+if ARGV[1] == 'return' then
   debt = math.max(0, debt - cost * w)
-  save(debt)
-  return {1, fdiv(full - debt, w), cdiv(debt, l), 0, now}
+else
+  local need = debt + cost * w
+  if need > full then
+    return {0, fdiv(full - debt, w), cdiv(debt, l), cdiv(need - full, l), now}
+  end
+  debt = need
 end
 
-local need = debt + cost * w
-if need > full then
-  return {0, fdiv(full - debt, w), cdiv(debt, l), cdiv(need - full, l), now}
+-- Move tat to now + debt/L; the key lives exactly as long as tat.
+if debt <= 0 then
+  redis.call('DEL', KEYS[1])
+else
+  local q = fdiv(debt, l)
+  local tat, frac, val = now + q, debt - q * l, nil
+  if l == 1 then
+    val = string.format('%d', tat)
+  elseif packed then
+    local th = fdiv(tat, E9)
+    local low = (tat - th * E9) * l + frac
+    local carry = fdiv(low, E9)
+    local high = th * l + carry
+    low = low - carry * E9
+    if high == 0 then
+      val = string.format('%d', low)
+    else
+      val = string.format('%d%09d', high, low)
+    end
+  else
+    val = string.format('%d:%d', tat, frac)
+  end
+  redis.call('SET', KEYS[1], val, 'PX', cdiv(debt, l * 1000) + pad)
 end
-save(need)
-return {1, fdiv(full - need, w), cdiv(need, l), 0, now}
+return {1, fdiv(full - debt, w), cdiv(debt, l), 0, now}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Compares Floodgate's Redis token bucket with go-redis/redis_rate on one
+# redis-server started here on a free 127.0.0.1 port, then prints a table of
+# throughput at 64 concurrent callers and of Redis memory per key.
+#
+#   bench/redis.sh [benchtime] [count]     defaults: 2s 5
+set -euo pipefail
+cd "$(dirname "$0")"
+benchtime=${1:-2s}
+count=${2:-5}
+
+command -v redis-server >/dev/null || { echo "redis-server is not on PATH" >&2; exit 1; }
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+	shuf -i 20000-60000 -n 1)
+dir=$(mktemp -d)
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize no >"$dir/redis.log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 200); do
+	redis-cli -p "$port" ping >/dev/null 2>&1 && break
+	kill -0 "$pid" 2>/dev/null || { cat "$dir/redis.log" >&2; exit 1; }
+	sleep 0.05
+done
+export REDIS_ADDR=127.0.0.1:$port
+echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on $REDIS_ADDR; $(lscpu | grep 'Model name' | sed 's/  */ /g'); $(nproc) CPUs"
+echo
+
+# One test binary, run count times: each run measures redis_rate and then
+# Floodgate, so the two alternate and share whatever else the machine does.
+go test -c -o "$dir/bench.test" . >/dev/null
+runs=""
+for _ in $(seq "$count"); do
+	runs+=$("$dir/bench.test" -test.run '^$' -test.bench 'BenchmarkCompare' -test.benchtime "$benchtime") || { echo "$runs" >&2; exit 1; }
+	runs+=$'\n'
+done
+echo "Token bucket, 64 concurrent callers, 10,000 client keys, 1000/min: median of $count alternating runs of -benchtime $benchtime"
+echo "$runs" | awk '
+	/^BenchmarkCompare\// {
+		name = $1; sub(/^BenchmarkCompare\//, "", name); sub(/-[0-9]+$/, "", name)
+		if (!(name in seen)) { seen[name] = 1; names[++k] = name }
+		i = ++n[name]; ns[name, i] = $3; cl[name, i] = $5; rd[name, i] = $7
+	}
+	function median(arr, name, m,    i, j, t, v) {
+		for (i = 1; i <= m; i++) v[i] = arr[name, i]
+		for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+		return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+	}
+	END {
+		printf "%-24s %10s %12s %16s %16s\n", "limiter", "ns/op", "decisions/s", "client CPU µs/op", "Redis CPU µs/op"
+		for (i = 1; i <= k; i++) {
+			nm = names[i]; m = median(ns, nm, n[nm])
+			printf "%-24s %10.0f %12.0f %16.2f %16.2f\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm])
+		}
+	}'
+echo
+
+mem=$(go test -run 'TestMemoryPerKey' -v -count 1 . 2>&1) || { echo "$mem" >&2; exit 1; }
+echo "Redis MEMORY USAGE per key, averaged over 10,000 keys (100/h unless named):"
+echo "$mem" | sed -n '/^algorithm/,/^---/p' | grep -v '^---'
