@@ -131,7 +131,11 @@ func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "url":
-			err = parseStringArg(d, &c.URL)
+			if err = parseStringArg(d, &c.URL); err == nil && !hasPlaceholder(c.URL) {
+				if uerr := checkRedisURL(c.URL); uerr != nil {
+					err = d.Errf("redis: url: %v", uerr)
+				}
+			}
 		case "addresses":
 			c.Addresses = d.RemainingArgs()
 			if len(c.Addresses) == 0 {
@@ -173,11 +177,19 @@ func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := c.validate(); err != nil {
 		return d.Err(err.Error())
 	}
-	if c.URL != "" {
-		if _, err := (limiter.RedisConfig{URL: c.URL}).NewClient(); err != nil && !hasPlaceholder(c.URL) {
-			return d.Errf("redis: url: %v", err)
-		}
+	return nil
+}
+
+// checkRedisURL refuses a url go-redis cannot parse, so the error names the
+// url's line. The client built to check it has not connected, but it has
+// started go-redis's background goroutines: closing it at once keeps every
+// parse (each reload through the admin API) from leaking them.
+func checkRedisURL(raw string) error {
+	client, err := (limiter.RedisConfig{URL: raw}).NewClient()
+	if err != nil {
+		return err
 	}
+	_ = client.Close()
 	return nil
 }
 

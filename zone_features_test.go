@@ -154,7 +154,7 @@ func TestRedisConfigErrorsNameLine(t *testing.T) {
 	}{
 		{"store redis without block", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n }\n}", []string{`"a"`, "redis block", ":2"}},
 		{"unknown redis option", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url redis://127.0.0.1:6379\n  flavour cherry\n }\n}", []string{"flavour", ":7"}},
-		{"bad url", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url http://nope\n }\n}", []string{"url", ":7"}},
+		{"bad url", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url http://nope\n }\n}", []string{"url", ":6"}},
 		{"no address", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  timeout 1s\n }\n}", []string{"url or addresses", ":7"}},
 		{"fail on memory", "rate_limit {\n zone a {\n  rate 1/s\n  fail closed\n }\n}", []string{`"a"`, "fail", ":2"}},
 		{"bad fail mode", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n  fail maybe\n }\n redis {\n  url redis://127.0.0.1:1\n }\n}", []string{`"a"`, "fail", ":2"}},
