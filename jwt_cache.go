@@ -24,7 +24,7 @@ type jwtCache struct {
 type jwtCacheShard struct {
 	mu sync.RWMutex
 	m  map[uint64]jwtCacheEntry
-	_  [40]byte // keep neighbouring shards' locks off one cache line
+	_  [32]byte // pad to 64 bytes: neighbouring shards' locks on separate cache lines
 }
 
 type jwtCacheEntry struct {
