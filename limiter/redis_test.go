@@ -274,6 +274,7 @@ func TestRedisTimeoutWhenPaused(t *testing.T) {
 		if !errors.Is(err, ErrStoreTimeout) {
 			t.Errorf("take %d: error %v does not wrap ErrStoreTimeout", i, err)
 		}
+		t.Logf("take %d failed after %v: %v", i, took, err)
 		if took > timeout+100*time.Millisecond {
 			t.Errorf("take %d: failed after %v, want within %v and a small margin", i, took, timeout)
 		}
@@ -630,5 +631,25 @@ func TestRedisMatchesMemory(t *testing.T) {
 				t.Errorf("%d allowed, %d denied: the steps should exercise both", outcomes[true], outcomes[false])
 			}
 		})
+	}
+}
+
+func TestRedisUnreachable(t *testing.T) {
+	s := redistest.Start(t)
+	client := s.Client(t)
+	const timeout = 50 * time.Millisecond
+	r := newTestRedis(t, client, Policy{Algorithm: TokenBucket, Events: 10, Window: time.Minute}, RedisOptions{Zone: "down", Timeout: timeout})
+	s.Stop()
+	for i := range 3 {
+		start := time.Now()
+		_, err := r.Take(context.Background(), "k", 1)
+		took := time.Since(start)
+		t.Logf("take %d failed after %v: %v", i, took, err)
+		if err == nil {
+			t.Fatal("Take answered with Redis stopped")
+		}
+		if took > timeout+100*time.Millisecond {
+			t.Errorf("take %d: failed after %v, want within %v and a small margin", i, took, timeout)
+		}
 	}
 }
