@@ -2,8 +2,12 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"path"
+	"reflect"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -171,7 +175,56 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	setPlaceholders(repl, ev, retry)
 	repl.Set("http.rate_limit.exceeded.name", o.zone.name)
 	h.logDenial(r, o.zone, o.key, o.d, false)
-	return caddyhttp.Error(http.StatusTooManyRequests, o.zone.exceeded)
+	return refusal(o.zone.exceeded)
+}
+
+// refusal is the 429 error caddyhttp.Error(http.StatusTooManyRequests, err)
+// would return: a fresh ID to correlate logs and a Trace naming where it
+// was raised. caddyhttp.Error finds that place with runtime.Caller on every
+// call, which under a flood of refused requests costs more than the rest of
+// the refusal; it is always deny, so it is found once.
+func refusal(err error) error {
+	return caddyhttp.HandlerError{
+		ID:         newErrorID(),
+		StatusCode: http.StatusTooManyRequests,
+		Err:        err,
+		Trace:      denyTrace(),
+	}
+}
+
+// denyTrace is deny's location in caddyhttp.Error's Trace format,
+// "<package>.<function> (<file>:<line>)", found on first use.
+func denyTrace() string {
+	denyTraceOnce.Do(func() {
+		f := runtime.FuncForPC(reflect.ValueOf((*Handler).deny).Pointer())
+		if f == nil {
+			return
+		}
+		file, line := f.FileLine(f.Entry())
+		denyTraceText = fmt.Sprintf("%s (%s:%d)", path.Base(f.Name()), path.Base(file), line)
+	})
+	return denyTraceText
+}
+
+var (
+	denyTraceOnce sync.Once
+	denyTraceText string
+)
+
+// errorIDChars are the characters of Caddy's error IDs (lower case, no
+// look-alikes), so refusals' IDs look like every other error's.
+const errorIDChars = "abcdefghijkmnpqrstuvwxyz23456789"
+
+// newErrorID returns a random 9-character error ID, as caddyhttp.Error
+// makes, from a single random number.
+func newErrorID() string {
+	var b [9]byte
+	x := rand.Uint64()
+	for i := range b {
+		b[i] = errorIDChars[x&31]
+		x >>= 5
+	}
+	return string(b[:])
 }
 
 // failLogInterval is how often a zone logs that its store is failing.

@@ -736,7 +736,7 @@ http://{{http}} {
 	respond "zone={http.rate_limit.zone} remaining={http.rate_limit.remaining} retry={http.rate_limit.retry_after}"
 	handle_errors {
 		header Content-Type application/json
-		respond `+"`"+`{"error":"{http.rate_limit.exceeded.name}","zone":"{http.rate_limit.zone}","remaining":{http.rate_limit.remaining},"retry_after":{http.rate_limit.retry_after},"status":{http.error.status_code}}`+"`"+` 429
+		respond `+"`"+`{"error":"{http.rate_limit.exceeded.name}","zone":"{http.rate_limit.zone}","remaining":{http.rate_limit.remaining},"retry_after":{http.rate_limit.retry_after},"status":{http.error.status_code},"id":"{http.error.id}"}`+"`"+` 429
 	}
 }
 http://{{http2}} {
@@ -761,6 +761,7 @@ http://{{http2}} {
 		Remaining  int64  `json:"remaining"`
 		RetryAfter int64  `json:"retry_after"`
 		Status     int    `json:"status"`
+		ID         string `json:"id"`
 	}
 	if err := json.Unmarshal([]byte(rs[1].body), &body); err != nil {
 		t.Fatalf("handle_errors body %q is not JSON: %v", rs[1].body, err)
@@ -768,6 +769,10 @@ http://{{http2}} {
 	retry := checkDenial(t, rs[1], "tiny", 3500, 3600)
 	if body.Error != "tiny" || body.Zone != "tiny" || body.Remaining != 0 || body.RetryAfter != retry || body.Status != 429 {
 		t.Errorf("handle_errors body %+v, want zone tiny, remaining 0, retry_after %d, status 429", body, retry)
+	}
+	// Like every Caddy error, the refusal has an ID to find it in the logs.
+	if len(body.ID) != 9 || strings.Trim(body.ID, "abcdefghijkmnpqrstuvwxyz23456789") != "" {
+		t.Errorf("error ID %q, want 9 characters as caddyhttp.Error makes", body.ID)
 	}
 	if ct := rs[1].header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type %q from handle_errors, want application/json", ct)
