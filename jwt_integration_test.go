@@ -115,6 +115,30 @@ http://{{http}} {` +
 		route("/bad-deny", "public_key "+rsaPath, bySub("bad_deny", 2, "deny")) +
 		route("/bad-skip", "public_key "+rsaPath, bySub("bad_skip", 2, "skip")) +
 		route("/jwks", "jwks_url "+f.jwks.URL+"/jwks", bySub("jwt_jwks", 100, "deny")) + `
+	route /two {
+		rate_limit {
+			jwt {
+				allow_unverified
+			}
+			zone two_outer {
+				key jwt_claim sub
+				rate 100/1h
+			}
+		}
+		rate_limit {
+			jwt {
+				public_key ` + rsaPath + `
+				issuer https://issuer.test
+				audience floodgate
+			}
+			zone two_inner {
+				key jwt_claim sub
+				rate 1/1h
+				missing_key deny
+			}
+		}
+		respond "ok"
+	}
 }
 `
 	f.inst = caddyproc.Start(t, config, caddyproc.WithEnv("JWT_SECRET="+string(f.secret)))
@@ -275,6 +299,22 @@ func TestLiveJWT(t *testing.T) {
 				f.checkBadTokens(t, mode)
 			})
 		}
+	})
+
+	t.Run("two handlers", func(t *testing.T) {
+		t.Parallel()
+		// An outer rate_limit reads claims unverified; the inner one
+		// verifies with the RSA key. The inner zones must be keyed by
+		// what the inner jwt block verified, not by the outer's view.
+		for i, tok := range []string{
+			f.token(t, jwt.SigningMethodRS256, f.attacker, "", "forged-1", nil),
+			f.token(t, jwt.SigningMethodHS256, []byte("attacker-chosen-secret-0123456789"), "", "forged-2", nil),
+			f.token(t, jwt.SigningMethodES256, k.ec256, "", "forged-3", nil),
+		} {
+			f.codes(t, fmt.Sprintf("token %d not verified by the inner jwt block", i), "/two", tok, 429)
+		}
+		alice := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "alice", nil)
+		f.codes(t, "genuine alice", "/two", alice, 200, 429)
 	})
 
 	t.Run("jwks rotation", func(t *testing.T) {
