@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# HTTP end-to-end throughput of the rate_limit handler: one Caddy serves
-# three loopback sites, and wrk drives them in turn, so each limited site is
-# compared with a plain one measured moments before under the same load.
+# HTTP end-to-end cost of the rate_limit handler: one Caddy serves four
+# loopback sites and wrk drives them in turn, round after round, so each
+# limited site is compared with a plain one measured seconds before, under
+# the same load from elsewhere.
 #
 #   plain  respond "ok"
 #   allow  a token bucket so large it never refuses (the cost of admitting)
 #   deny   one event a day: everything after the first request is a 429
-#          (the cost of refusing, which must be cheap under a flood)
+#          (the cost of refusing, which must stay cheap under a flood)
+#   error  `error 429` and no rate_limit: Caddy's own path for a handler
+#          that returns an error, which every refusal takes (so that
+#          handle_errors can render it); a reference, not a goal
 #
 # Goals: allow >= 0.97 x plain, deny >= 0.95 x plain.
+#
+# Two measures: requests/s, and Caddy's CPU time per request (user + system,
+# all threads, from /proc). On a shared machine requests/s swings with what
+# else runs; CPU per request barely does, and plain µs / site µs is the
+# throughput ratio a CPU-bound Caddy would show.
 #
 # Usage: bench/http.sh [rounds] [seconds per run]
 # Env:   CONNS (default 32), THREADS (1), PIN (1: caddy on CPU 0, wrk on
 #        CPU 1 with taskset when there are at least two CPUs; 0: no pinning),
 #        CADDY_BIN (a prebuilt Caddy with Floodgate instead of go build),
 #        PPROF (a directory: after the rounds, CPU profiles of Caddy while wrk
-#        drives each site are written there, as plain.pprof, allow.pprof
-#        and deny.pprof; the admin API then listens on a private loopback
-#        port, since pprof is served there)
+#        drives each site are written there as <site>.pprof, with the binary;
+#        the admin API then listens on a private loopback port for pprof)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +34,7 @@ secs=${2:-5}
 conns=${CONNS:-32}
 threads=${THREADS:-1}
 pin=${PIN:-1}
+sites=(plain allow deny error)
 
 if ! command -v wrk >/dev/null 2>&1; then
 	sudo=""
@@ -52,10 +61,11 @@ else
 	go build -o "$work/caddy" ./cmd/caddy
 fi
 
-# Free loopback ports, asked of the kernel.
-read -r p_plain p_allow p_deny p_admin < <(python3 -c '
+# Free loopback ports, asked of the kernel: one per site and the admin's.
+declare -A port
+read -r port[plain] port[allow] port[deny] port[error] p_admin < <(python3 -c '
 import socket
-socks = [socket.socket() for _ in range(4)]
+socks = [socket.socket() for _ in range(5)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
 for s in socks: s.close()')
@@ -71,10 +81,10 @@ cat >"$work/Caddyfile" <<CADDY
 	auto_https off
 	persist_config off
 }
-http://:$p_plain {
+http://:${port[plain]} {
 	respond "ok"
 }
-http://:$p_allow {
+http://:${port[allow]} {
 	rate_limit {
 		zone allow {
 			key ip
@@ -84,7 +94,7 @@ http://:$p_allow {
 	}
 	respond "ok"
 }
-http://:$p_deny {
+http://:${port[deny]} {
 	rate_limit {
 		zone deny {
 			key ip
@@ -93,6 +103,9 @@ http://:$p_deny {
 		}
 	}
 	respond "ok"
+}
+http://:${port[error]} {
+	error 429
 }
 CADDY
 
@@ -105,82 +118,101 @@ fi
 HOME="$work" XDG_DATA_HOME="$work/data" XDG_CONFIG_HOME="$work/config" \
 	"${caddy_cpu[@]}" "$work/caddy" run --config "$work/Caddyfile" --adapter caddyfile >"$work/caddy.log" 2>&1 &
 caddy_pid=$!
-for port in "$p_plain" "$p_allow" "$p_deny"; do
+for site in "${sites[@]}"; do
 	for _ in $(seq 100); do
-		if curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null; then break; fi
+		if curl -s -o /dev/null "http://127.0.0.1:${port[$site]}/" 2>/dev/null; then break; fi
 		if ! kill -0 "$caddy_pid" 2>/dev/null; then cat "$work/caddy.log"; exit 1; fi
 		sleep 0.1
 	done
 done
 # The deny site's one admission is spent by the readiness probe above.
-code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p_deny/")
-[ "$code" = 429 ] || { echo "deny site answered $code, want 429"; exit 1; }
-code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p_allow/")
-[ "$code" = 200 ] || { echo "allow site answered $code, want 200"; exit 1; }
+for want in deny:429 allow:200 plain:200 error:429; do
+	code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${port[${want%%:*}]}/")
+	[ "$code" = "${want#*:}" ] || { echo "${want%%:*} site answered $code, want ${want#*:}"; exit 1; }
+done
 
-# run SITE PORT DURATION: prints requests/s and the count of non-2xx.
+# cpu_ticks: user + system CPU time Caddy has used, all threads, in ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$caddy_pid/stat"; }
+tick_us=$((1000000 / $(getconf CLK_TCK)))
+
+# run PORT DURATION: prints requests/s, the count of non-2xx responses, and
+# Caddy's CPU time per request in µs.
 run() {
-	local out
-	out=$("${wrk_cpu[@]}" wrk -t"$threads" -c"$conns" -d"$3"s "http://127.0.0.1:$2/")
-	local rps non2xx
-	rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-	non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
-	echo "$rps ${non2xx:-0}"
+	local out t0 t1
+	t0=$(cpu_ticks)
+	out=$("${wrk_cpu[@]}" wrk -t"$threads" -c"$conns" -d"$2"s "http://127.0.0.1:$1/")
+	t1=$(cpu_ticks)
+	awk -v ticks="$((t1 - t0))" -v tick_us="$tick_us" '
+		/^Requests\/sec:/ {rps = $2}
+		/ requests in / {n = $1}
+		/Non-2xx or 3xx responses:/ {non2xx = $5}
+		END {printf "%s %d %.2f\n", rps, non2xx, n ? ticks * tick_us / n : 0}' <<<"$out"
 }
 
-echo "== $(lscpu | grep 'Model name' | sed 's/  */ /g')"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+
+echo "== $(lscpu | grep 'Model name' | sed 's/  */ /g'), $(nproc) CPUs"
 echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "== wrk -t$threads -c$conns -d${secs}s, $rounds rounds, pinned: ${caddy_cpu[*]:-no} / ${wrk_cpu[*]:-no}"
-for site in plain allow deny; do # warm up connections, caches and the heap
-	port_var="p_$site"
-	run "$site" "${!port_var}" 1 >/dev/null
+echo "== wrk -t$threads -c$conns -d${secs}s per run, $rounds rounds of ${sites[*]}; pinned: ${caddy_cpu[*]:-no} (caddy) / ${wrk_cpu[*]:-no} (wrk)"
+for site in "${sites[@]}"; do # warm up connections, caches and the heap
+	run "${port[$site]}" 1 >/dev/null
 done
 
-declare -A results
-printf '%-6s %12s %12s %12s %10s %12s %11s\n' round plain allow deny deny-429s allow/plain deny/plain
+declare -A all
+printf '%-6s %9s %9s %9s %9s | %8s %8s %8s %8s | %6s %6s %6s\n' \
+	round 'plain/s' 'allow/s' 'deny/s' 'error/s' 'plain µs' 'allow µs' 'deny µs' 'error µs' a/p d/p e/p
 for r in $(seq "$rounds"); do
-	row=()
-	for site in plain allow deny; do
-		port_var="p_$site"
-		read -r rps non2xx < <(run "$site" "${!port_var}" "$secs")
-		results[$site]+="$rps "
-		row+=("$rps")
-		if [ "$site" = allow ] && [ "$non2xx" != 0 ]; then
-			echo "allow site refused $non2xx requests" >&2
-			exit 1
-		fi
-		if [ "$site" = deny ]; then deny429=$non2xx; fi
+	declare -A rps=() cpu=()
+	for site in "${sites[@]}"; do
+		read -r rps[$site] non2xx cpu[$site] < <(run "${port[$site]}" "$secs")
+		all[rps_$site]+="${rps[$site]} "
+		all[cpu_$site]+="${cpu[$site]} "
+		case $site in
+		plain | allow) [ "$non2xx" = 0 ] || { echo "$site site answered $non2xx non-2xx" >&2; exit 1; } ;;
+		*) [ "$non2xx" -gt 0 ] || { echo "$site site answered no 429" >&2; exit 1; } ;;
+		esac
 	done
-	ra=$(awk -v p="${row[0]}" -v a="${row[1]}" 'BEGIN {printf "%.3f", a/p}')
-	rd=$(awk -v p="${row[0]}" -v d="${row[2]}" 'BEGIN {printf "%.3f", d/p}')
-	results[ra]+="$ra "
-	results[rd]+="$rd "
-	printf '%-6s %12s %12s %12s %10s %12s %11s\n' "$r" "${row[@]}" "$deny429" "$ra" "$rd"
+	row=()
+	for site in allow deny error; do
+		row+=("$(ratio "${rps[$site]}" "${rps[plain]}")")
+		all[rr_$site]+="${row[-1]} "
+		all[cr_$site]+="$(ratio "${cpu[plain]}" "${cpu[$site]}") "
+	done
+	printf '%-6s %9s %9s %9s %9s | %8s %8s %8s %8s | %6s %6s %6s\n' "$r" \
+		"${rps[plain]}" "${rps[allow]}" "${rps[deny]}" "${rps[error]}" \
+		"${cpu[plain]}" "${cpu[allow]}" "${cpu[deny]}" "${cpu[error]}" "${row[@]}"
 done
 
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}'; }
-m_plain=$(median "${results[plain]}")
-m_allow=$(median "${results[allow]}")
-m_deny=$(median "${results[deny]}")
-printf '%-6s %12s %12s %12s\n' median "$m_plain" "$m_allow" "$m_deny"
-# Ratios of the medians, and medians of each round's ratios: the second
-# compares runs made seconds apart, so it resists load from elsewhere.
-awk -v p="$m_plain" -v a="$m_allow" -v d="$m_deny" 'BEGIN {
-	printf "ratio of medians:  allow/plain %.3f (goal >= 0.97)   deny/plain %.3f (goal >= 0.95)\n", a/p, d/p
-}'
-echo "median of ratios:  allow/plain $(median "${results[ra]}")   deny/plain $(median "${results[rd]}")"
+printf '%-6s %9s %9s %9s %9s | %8s %8s %8s %8s\n' median \
+	"$(median "${all[rps_plain]}")" "$(median "${all[rps_allow]}")" "$(median "${all[rps_deny]}")" "$(median "${all[rps_error]}")" \
+	"$(median "${all[cpu_plain]}")" "$(median "${all[cpu_allow]}")" "$(median "${all[cpu_deny]}")" "$(median "${all[cpu_error]}")"
+echo
+echo "                                  allow/plain  deny/plain  error/plain"
+for m in rps:"requests/s, ratio of medians" rr:"requests/s, median of ratios" cr:"CPU/request, median of ratios"; do
+	key=${m%%:*}
+	printf '%-32s' "${m#*:}"
+	for site in allow deny error; do
+		case $key in
+		rps) v=$(ratio "$(median "${all[rps_$site]}")" "$(median "${all[rps_plain]}")") ;;
+		*) v=$(median "${all[${key}_$site]}") ;;
+		esac
+		printf '  %11s' "$v"
+	done
+	echo
+done
+echo "goals: allow/plain >= 0.97, deny/plain >= 0.95 (CPU ratio = plain µs / site µs)"
 echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ -n "${PPROF:-}" ]; then
 	mkdir -p "$PPROF"
-	for site in plain allow deny; do
-		port_var="p_$site"
-		run "$site" "${!port_var}" "$((secs + 2))" >/dev/null &
+	cp "$work/caddy" "$PPROF/caddy"
+	for site in "${sites[@]}"; do
+		run "${port[$site]}" "$((secs + 2))" >/dev/null &
 		wrk_pid=$!
 		sleep 1
 		curl -s -o "$PPROF/$site.pprof" "http://127.0.0.1:$p_admin/debug/pprof/profile?seconds=$secs"
 		wait "$wrk_pid"
-		echo "== profile: $PPROF/$site.pprof (go tool pprof -top $work/caddy ... ; the binary is kept as $PPROF/caddy)"
 	done
-	cp "$work/caddy" "$PPROF/caddy"
+	echo "== profiles: go tool pprof -top $PPROF/caddy $PPROF/<site>.pprof"
 fi
