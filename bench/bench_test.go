@@ -99,29 +99,46 @@ func parallel(b *testing.B, client *redis.Client, take func(ctx context.Context,
 }
 
 // BenchmarkCompare runs redis_rate's GCRA Allow and Floodgate's token
-// bucket, the same limit (1000 per minute, burst 1000), back to back on the
-// same server with the same client settings.
+// bucket, the same limit, back to back on the same server with the same
+// client settings, in two settings:
+//
+//   - steady: 60/min with a burst of 1000. Each key is hit about every 0.4 s
+//     and its state lives longer than that, so every call updates a key
+//     that exists, in both limiters.
+//   - expiring: 1000/min with a burst of 1000. One token comes back in
+//     60 ms, so Floodgate's key (whose TTL is exactly what the state needs)
+//     has expired before the next hit, and most calls delete an expired key
+//     and create a new one; redis_rate rounds its TTL up to whole seconds
+//     and keeps most keys alive.
 func BenchmarkCompare(b *testing.B) {
 	client := newClient(b, serverAddr(b))
-	b.Run("redis_rate", func(b *testing.B) {
-		rl := redis_rate.NewLimiter(client)
-		limit := redis_rate.PerMinute(1000)
-		parallel(b, client, func(ctx context.Context, key string) error {
-			_, err := rl.Allow(ctx, key, limit)
-			return err
+	for _, set := range []struct {
+		name          string
+		events, burst int
+	}{
+		{"steady", 60, 1000},
+		{"expiring", 1000, 1000},
+	} {
+		b.Run(set.name+"/redis_rate", func(b *testing.B) {
+			rl := redis_rate.NewLimiter(client)
+			limit := redis_rate.Limit{Rate: set.events, Burst: set.burst, Period: time.Minute}
+			parallel(b, client, func(ctx context.Context, key string) error {
+				_, err := rl.Allow(ctx, set.name+key, limit)
+				return err
+			})
 		})
-	})
-	b.Run("floodgate_token_bucket", func(b *testing.B) {
-		store, err := limiter.NewRedis(client, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 1000, Window: time.Minute},
-			limiter.RedisOptions{Zone: "bench", Timeout: 10 * time.Second})
-		if err != nil {
-			b.Fatal(err)
-		}
-		parallel(b, client, func(ctx context.Context, key string) error {
-			_, err := store.Take(ctx, key, 1)
-			return err
+		b.Run(set.name+"/floodgate_token_bucket", func(b *testing.B) {
+			p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: int64(set.events), Window: time.Minute, Burst: int64(set.burst)}
+			store, err := limiter.NewRedis(client, p, limiter.RedisOptions{Zone: "bench-" + set.name, Timeout: 10 * time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			parallel(b, client, func(ctx context.Context, key string) error {
+				_, err := store.Take(ctx, key, 1)
+				return err
+			})
 		})
-	})
+	}
 }
 
 // TestMemoryPerKey fills 10,000 keys per algorithm, each with one request of

@@ -33,7 +33,8 @@ for _ in $(seq "$count"); do
 	runs+=$("$dir/bench.test" -test.run '^$' -test.bench 'BenchmarkCompare' -test.benchtime "$benchtime") || { echo "$runs" >&2; exit 1; }
 	runs+=$'\n'
 done
-echo "Token bucket, 64 concurrent callers, 10,000 client keys, 1000/min: median of $count alternating runs of -benchtime $benchtime"
+echo "Token bucket, 64 concurrent callers, 10,000 client keys: median of $count alternating runs of -benchtime $benchtime"
+echo "(steady: 60/min burst 1000, keys outlive the gaps between hits; expiring: 1000/min burst 1000, Floodgate's exact TTLs lapse between hits)"
 echo "$runs" | awk '
 	/^BenchmarkCompare\// {
 		name = $1; sub(/^BenchmarkCompare\//, "", name); sub(/-[0-9]+$/, "", name)
@@ -46,10 +47,10 @@ echo "$runs" | awk '
 		return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
 	}
 	END {
-		printf "%-24s %10s %12s %16s %16s\n", "limiter", "ns/op", "decisions/s", "client CPU µs/op", "Redis CPU µs/op"
+		printf "%-34s %10s %12s %16s %16s\n", "setting/limiter", "ns/op", "decisions/s", "client CPU µs/op", "Redis CPU µs/op"
 		for (i = 1; i <= k; i++) {
 			nm = names[i]; m = median(ns, nm, n[nm])
-			printf "%-24s %10.0f %12.0f %16.2f %16.2f\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm])
+			printf "%-34s %10.0f %12.0f %16.2f %16.2f\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm])
 		}
 	}'
 echo
