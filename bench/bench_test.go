@@ -127,6 +127,18 @@ func BenchmarkCompare(b *testing.B) {
 				return err
 			})
 		})
+		// The same, under the per-call context timeout the Redis store
+		// applies to every decision: what the timeout itself costs.
+		b.Run(set.name+"/redis_rate_with_timeout", func(b *testing.B) {
+			rl := redis_rate.NewLimiter(client)
+			limit := redis_rate.Limit{Rate: set.events, Burst: set.burst, Period: time.Minute}
+			parallel(b, client, func(ctx context.Context, key string) error {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				_, err := rl.Allow(ctx, set.name+"t"+key, limit)
+				return err
+			})
+		})
 		b.Run(set.name+"/floodgate_token_bucket", func(b *testing.B) {
 			p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: int64(set.events), Window: time.Minute, Burst: int64(set.burst)}
 			store, err := limiter.NewRedis(client, p, limiter.RedisOptions{Zone: "bench-" + set.name, Timeout: 10 * time.Second})
