@@ -155,15 +155,6 @@ func (f *liveJWT) token(t *testing.T, m jwt.SigningMethod, key any, kid, sub str
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	c["jti"] = hex.EncodeToString(id[:])
-	if extra != nil {
-		if v, ok := extra["sub"]; ok {
-			if v == nil {
-				delete(c, "sub")
-			} else {
-				c["sub"] = v
-			}
-		}
-	}
 	return sign(t, m, key, kid, c)
 }
 
