@@ -5,6 +5,8 @@
 // TIME as the clock, and mirrors the exact integer arithmetic of the memory
 // store in package limiter, so the two stores agree decision for decision.
 // The argument and reply layout is documented at the top of each file.
+// Each script is self-contained, since Redis runs one script per call and
+// scripts cannot share code: the small exact-division helpers repeat.
 package lua
 
 import _ "embed"

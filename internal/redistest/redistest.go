@@ -39,7 +39,7 @@ type Server struct {
 	bin  string
 	dir  string
 	port int
-	args []string // beyond the port, bind and dir
+	args func(s *Server) ([]string, error) // the command line for s
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -66,14 +66,32 @@ func Start(t testing.TB) *Server {
 	return start(t, nil)
 }
 
-// start starts redis-server with extra arguments, retrying with another port
-// if the free port it picked was taken before the server could bind it.
+// start starts redis-server with extra arguments after the common ones.
 func start(t testing.TB, extra []string) *Server {
+	t.Helper()
+	return startWith(t, func(s *Server) ([]string, error) {
+		return append([]string{
+			"--port", strconv.Itoa(s.port),
+			"--bind", "127.0.0.1",
+			"--dir", s.dir,
+			"--save", "",
+			"--appendonly", "no",
+			"--protected-mode", "yes",
+			"--daemonize", "no",
+			"--repl-diskless-sync-delay", "0",
+		}, extra...), nil
+	})
+}
+
+// startWith starts redis-server with the arguments args gives for a fresh
+// port and directory, retrying with another port if the free port it picked
+// was taken before the server could bind it. Restart reuses args.
+func startWith(t testing.TB, args func(s *Server) ([]string, error)) *Server {
 	t.Helper()
 	bin := Binary(t)
 	var last error
 	for range 3 {
-		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), args: extra}
+		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), args: args}
 		if last = s.launch(); last == nil {
 			t.Cleanup(s.Stop)
 			return s
@@ -85,16 +103,10 @@ func start(t testing.TB, extra []string) *Server {
 
 // launch starts the process on s.port and waits until it answers PING.
 func (s *Server) launch() error {
-	args := append([]string{
-		"--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1",
-		"--dir", s.dir,
-		"--save", "",
-		"--appendonly", "no",
-		"--protected-mode", "yes",
-		"--daemonize", "no",
-		"--repl-diskless-sync-delay", "0",
-	}, s.args...)
+	args, err := s.args(s)
+	if err != nil {
+		return err
+	}
 	return s.exec(args)
 }
 
@@ -344,26 +356,15 @@ func StartSentinel(t testing.TB) *Sentinel {
 	master := Start(t)
 	replica := start(t, []string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port())})
 
-	bin := Binary(t)
-	var sentinel *Server
-	var last error
-	for range 3 {
-		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t)}
+	sentinel := startWith(t, func(s *Server) ([]string, error) {
 		conf := filepath.Join(s.dir, "sentinel.conf")
 		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n",
 			s.port, s.dir, name, master.Port(), name)
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-			t.Fatalf("writing sentinel.conf: %v", err)
+			return nil, fmt.Errorf("writing sentinel.conf: %w", err)
 		}
-		if last = s.exec([]string{conf, "--sentinel"}); last == nil {
-			t.Cleanup(s.Stop)
-			sentinel = s
-			break
-		}
-	}
-	if sentinel == nil {
-		t.Fatalf("starting sentinel: %v", last)
-	}
+		return []string{conf, "--sentinel"}, nil
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
