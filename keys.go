@@ -18,8 +18,19 @@ const clientIPPlaceholder = "http.vars.client_ip"
 
 // missingKeyNamespace prefixes the client IP that stands in for a missing
 // key, so such requests never share a limit with a key that happens to
-// equal an IP address.
+// equal an IP address. Evaluated keys never start with a NUL followed by
+// anything but NUL (see escapeKey), so no client can reach this namespace.
 const missingKeyNamespace = "\x00missing-key\x00"
+
+// escapeKey keeps client-derived keys out of the namespaces the handler
+// reserves: a key that starts with NUL (a query value can carry %00) gets
+// a second NUL in front, which no reserved key has.
+func escapeKey(k string) string {
+	if k != "" && k[0] == 0 {
+		return "\x00" + k
+	}
+	return k
+}
 
 // maxKeyLength bounds a key template's evaluated length: longer keys are
 // hashed like any other, but a template should not grow without bound.
@@ -95,7 +106,7 @@ func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer) (string, b
 			return p.text, true
 		}
 		v := t.value(r, repl, p.text)
-		return v, v != ""
+		return escapeKey(v), v != ""
 	}
 	var buf [128]byte
 	key := buf[:0]
@@ -110,7 +121,7 @@ func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer) (string, b
 		}
 		key = append(key, v...)
 	}
-	return string(key), true
+	return escapeKey(string(key)), true
 }
 
 // value is one placeholder's value, grouped by prefix if it is an IP.

@@ -63,6 +63,23 @@ func TestKeyEvaluation(t *testing.T) {
 	}
 }
 
+// TestKeysCannotReachReservedNamespace checks a client-chosen key that
+// spells the missing-key namespace (a query value can carry NUL) does not
+// share the stand-in bucket of that IP.
+func TestKeysCannotReachReservedNamespace(t *testing.T) {
+	spoof := missingKeyNamespace + "203.0.113.9"
+	r, repl := newKeyRequest("203.0.113.9", map[string]string{"X-K": spoof})
+	k := mustTemplate(t, "{http.request.header.X-K}", 32, 64)
+	got, ok := k.evaluate(r, repl)
+	if !ok || got == spoof || strings.HasPrefix(got, missingKeyNamespace) {
+		t.Fatalf("client key %q evaluated to %q, inside the reserved namespace", spoof, got)
+	}
+	k2 := mustTemplate(t, "x{http.request.header.X-K}", 32, 64)
+	if got, _ := k2.evaluate(r, repl); strings.HasPrefix(got, missingKeyNamespace) {
+		t.Fatalf("composite key reached the reserved namespace: %q", got)
+	}
+}
+
 func TestMaskIP(t *testing.T) {
 	for _, tc := range []struct {
 		in     string
