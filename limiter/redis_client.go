@@ -120,6 +120,12 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 	// the zone until most of its timeout has passed, so every request
 	// waits that long before the fail mode applies.
 	opts.DialerRetries = 1
+	// No command retries: a script whose reply was lost may already have
+	// taken its units, and running it again would count one request twice.
+	// A failed decision goes to the zone's fail mode instead. (A Cluster
+	// client still follows MOVED/ASK redirects, which mean the script did
+	// not run.)
+	opts.MaxRetries = -1
 	return opts, nil
 }
 
