@@ -6,21 +6,16 @@
 -- crashes with requests in flight loses their units for at most W. The key
 -- expires when its last lease lapses.
 --
--- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
--- 0 outside tests), L, W (µs, the lease), lease id.
+-- Sent after prelude.lua, which reads the arguments and the clock.
+--
+-- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua; W is the lease),
+-- lease id.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs};
 -- reset and retry_after are always 0: a unit frees when a response finishes.
 
-local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local l, w, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local lease = ARGV[7]
 local key = KEYS[1]
-
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
 

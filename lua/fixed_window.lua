@@ -4,39 +4,12 @@
 -- State (KEYS[1], a string): "<window index>:<count>", the units taken in
 -- aligned window ⌊now/W⌋. The key expires at the end of its window.
 --
--- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
--- 0 outside tests), L, W (µs), and for "return" the time of the decision
--- being returned (µs).
+-- Sent after prelude.lua, which reads the arguments and the clock.
+--
+-- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), and for "return"
+-- the time of the decision being returned (µs).
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
-
-local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local l, w = tonumber(ARGV[5]), tonumber(ARGV[6])
-
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
--- Floor division exact for |a| < 2^53: the double quotient is off by at most one.
-local function fdiv(a, d)
-  local q = math.floor(a / d)
-  local r = a - q * d
-  if r < 0 then
-    q = q - 1
-  elseif r >= d then
-    q = q + 1
-  end
-  return q
-end
-
-local function index(t)
-  if t < 0 then
-    return 0
-  end
-  return fdiv(t, w)
-end
 
 local win, count = index(now), 0
 local v = redis.call('GET', KEYS[1])

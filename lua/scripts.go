@@ -5,11 +5,20 @@
 // TIME as the clock, and mirrors the exact integer arithmetic of the memory
 // store in package limiter, so the two stores agree decision for decision.
 // The argument and reply layout is documented at the top of each file.
-// Each script is self-contained, since Redis runs one script per call and
-// scripts cannot share code: the small exact-division helpers repeat.
+// Redis runs one script per call and scripts cannot call one another, so
+// what they share is sent with each: prelude.lua (arguments, clock, exact
+// division) starts every script, and bucket.lua (the packed state) the two
+// bucket algorithms'. Each exported script is that concatenation, still one
+// atomic EVALSHA per decision.
 package lua
 
 import _ "embed"
+
+//go:embed prelude.lua
+var prelude string
+
+//go:embed bucket.lua
+var bucket string
 
 //go:embed token_bucket.lua
 var tokenBucket string
@@ -31,25 +40,25 @@ var concurrency string
 
 // TokenBucket is the token bucket's script; it also refunds, so a request
 // denied by another zone gives its tokens back in one round trip.
-func TokenBucket() string { return tokenBucket }
+func TokenBucket() string { return prelude + bucket + tokenBucket }
 
 // LeakyBucket is the leaky bucket's script, which shares the token bucket's
 // compact state but decides by queue wait and max_delay.
-func LeakyBucket() string { return leakyBucket }
+func LeakyBucket() string { return prelude + bucket + leakyBucket }
 
 // FixedWindow is the fixed window's script; one small string per key keeps
 // the window index beside the count, so a key read after its window ended
 // is never mistaken for the current one.
-func FixedWindow() string { return fixedWindow }
+func FixedWindow() string { return prelude + fixedWindow }
 
 // SlidingWindowLog is the exact sliding window's script; its list grows
 // with the quota, the price of exactness.
-func SlidingWindowLog() string { return slidingWindowLog }
+func SlidingWindowLog() string { return prelude + slidingWindowLog }
 
 // SlidingWindowCounter is the approximate sliding window's script: two
 // counts per key, whatever the quota.
-func SlidingWindowCounter() string { return slidingWindowCounter }
+func SlidingWindowCounter() string { return prelude + slidingWindowCounter }
 
 // Concurrency is the in-flight limit's script; leases that lapse after the
 // window return the units a crashed instance could not release.
-func Concurrency() string { return concurrency }
+func Concurrency() string { return prelude + concurrency }

@@ -6,21 +6,15 @@
 -- elements, so the count is the list's length. The key expires W after its
 -- newest entry.
 --
--- ARGV: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl pad (ms,
--- 0 outside tests), L, W (µs), and for "return" the time of the decision
--- being returned (µs).
+-- Sent after prelude.lua, which reads the arguments and the clock.
+--
+-- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), and for "return"
+-- the time of the decision being returned (µs).
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 
-local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local l, w = tonumber(ARGV[5]), tonumber(ARGV[6])
 local key = KEYS[1]
 
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
 now = math.max(now, 0)
 
 -- Drop the entries that left the window, in batches from the oldest.
