@@ -50,14 +50,29 @@ type response struct {
 	code   int
 	header http.Header
 	body   string
-	// done is when the response body had been read.
-	done time.Time
+	// start is when the request was sent; done is when the response body
+	// had been read.
+	start, done time.Time
+}
+
+// took is how long the exchange lasted.
+func (r response) took() time.Duration { return r.done.Sub(r.start) }
+
+// hasRateLimitHeaders reports whether any rate-limit field was set: a zone
+// that failed open, or a request no zone evaluated, sets none.
+func (r response) hasRateLimitHeaders() bool {
+	for _, h := range []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit", "Ratelimit-Policy"} {
+		if r.header.Get(h) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // newClient returns a client that never uses a proxy from the environment
 // and keeps enough idle connections for the concurrent tests.
 func newClient(t *testing.T) *http.Client {
-	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64}
+	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 256}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: time.Minute}
 }
@@ -72,6 +87,7 @@ func send(c *http.Client, method, url string, headers ...string) (response, erro
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
+	start := time.Now()
 	resp, err := c.Do(req)
 	if err != nil {
 		return response{}, err
@@ -81,7 +97,7 @@ func send(c *http.Client, method, url string, headers ...string) (response, erro
 	if err != nil {
 		return response{}, err
 	}
-	return response{code: resp.StatusCode, header: resp.Header, body: string(body), done: time.Now()}, nil
+	return response{code: resp.StatusCode, header: resp.Header, body: string(body), start: start, done: time.Now()}, nil
 }
 
 // get is send for the test goroutine: a GET that must get an answer.
@@ -94,7 +110,7 @@ func get(t *testing.T, c *http.Client, url string, headers ...string) response {
 	return r
 }
 
-// statuses sends n GETs in sequence and returns their responses.
+// sequence sends n GETs one after another and returns their responses.
 func sequence(t *testing.T, c *http.Client, n int, url string, headers ...string) []response {
 	t.Helper()
 	out := make([]response, n)
@@ -115,6 +131,9 @@ func codes(rs []response) []int {
 func wantCodes(t *testing.T, what string, rs []response, want ...int) {
 	t.Helper()
 	if got := codes(rs); !slices.Equal(got, want) {
+		for i, r := range rs {
+			t.Logf("%s: response %d: %d %v", what, i+1, r.code, r.header)
+		}
 		t.Fatalf("%s: statuses %v, want %v", what, got, want)
 	}
 }
@@ -477,9 +496,10 @@ http://{{http}} {
 
 	results := make(chan response, limit+1)
 	errs := make(chan error, limit+1)
+	hold := inst.URL("/hold")
 	for range limit + 1 {
 		go func() {
-			r, err := send(c, http.MethodGet, inst.URL("/hold"))
+			r, err := send(c, http.MethodGet, hold)
 			if err != nil {
 				errs <- err
 				return
@@ -541,7 +561,7 @@ http://{{http}} {
 	// And L requests can be in flight together again.
 	for range limit {
 		go func() {
-			r, err := send(c, http.MethodGet, inst.URL("/hold"))
+			r, err := send(c, http.MethodGet, hold)
 			if err != nil {
 				errs <- err
 				return
@@ -989,11 +1009,12 @@ func TestHTTPLeakyBucketDelays(t *testing.T) {
 		err  error
 	}
 	results := make(chan result, n)
+	url := inst.URL("/")
 	for range n {
 		go func() {
 			<-start
 			t0 := time.Now()
-			r, err := send(c, http.MethodGet, inst.URL("/"))
+			r, err := send(c, http.MethodGet, url)
 			results <- result{r, time.Since(t0), err}
 		}()
 	}
