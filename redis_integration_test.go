@@ -1,4 +1,4 @@
-package ratelimit
+package ratelimit_test
 
 // Handler-level tests of `store redis`: real redis-server processes
 // (internal/redistest) behind real Caddy processes (internal/caddyproc),
@@ -19,11 +19,9 @@ package ratelimit
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,9 +30,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
@@ -98,113 +93,11 @@ func redisURLBlock(addr, timeout string) string {
 	return fmt.Sprintf("redis {\nurl redis://%s\ntimeout %s\n}", addr, timeout)
 }
 
-// redisResp is what a test keeps of one exchange.
-type redisResp struct {
-	code        int
-	header      http.Header
-	body        string
-	start, done time.Time
-}
-
-func (r redisResp) took() time.Duration { return r.done.Sub(r.start) }
-
-// hasRateLimitHeaders reports whether any rate-limit field was set: a zone
-// that failed open sets none.
-func (r redisResp) hasRateLimitHeaders() bool {
-	for _, h := range []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit", "Ratelimit-Policy"} {
-		if r.header.Get(h) != "" {
-			return true
-		}
-	}
-	return false
-}
-
-// newRedisTestClient returns an HTTP client that ignores proxy settings
-// and keeps enough idle connections for the concurrent tests.
-func newRedisTestClient(t *testing.T) *http.Client {
-	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 256}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: time.Minute}
-}
-
-// redisSend makes one GET with X-Client set to client (when not empty). It
-// may run on any goroutine, so it returns errors rather than failing.
-func redisSend(c *http.Client, url, client string) (redisResp, error) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		return redisResp{}, err
-	}
-	if client != "" {
-		req.Header.Set("X-Client", client)
-	}
-	start := time.Now()
-	resp, err := c.Do(req)
-	if err != nil {
-		return redisResp{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return redisResp{}, err
-	}
-	return redisResp{code: resp.StatusCode, header: resp.Header, body: string(body), start: start, done: time.Now()}, nil
-}
-
-// redisGet is redisSend for the test goroutine: a GET that must be answered.
-func redisGet(t *testing.T, c *http.Client, url, client string) redisResp {
-	t.Helper()
-	r, err := redisSend(c, url, client)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return r
-}
-
-// redisSequence sends n GETs one after another.
-func redisSequence(t *testing.T, c *http.Client, n int, url, client string) []redisResp {
-	t.Helper()
-	out := make([]redisResp, n)
-	for i := range out {
-		out[i] = redisGet(t, c, url, client)
-	}
-	return out
-}
-
-func redisCodes(rs []redisResp) []int {
-	out := make([]int, len(rs))
-	for i, r := range rs {
-		out[i] = r.code
-	}
-	return out
-}
-
-// wantRedisCodes fails the test unless the statuses are exactly want.
-func wantRedisCodes(t *testing.T, what string, rs []redisResp, want ...int) {
-	t.Helper()
-	if got := redisCodes(rs); !slices.Equal(got, want) {
-		for i, r := range rs {
-			t.Logf("%s: response %d: %d %v", what, i+1, r.code, r.header)
-		}
-		t.Fatalf("%s: statuses %v, want %v", what, got, want)
-	}
-}
-
-// redisIntHeader reads a header that must hold an integer.
-func redisIntHeader(t *testing.T, r redisResp, name string) int64 {
-	t.Helper()
-	v := r.header.Get(name)
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		t.Fatalf("%s: %q is not an integer (status %d, headers %v)", name, v, r.code, r.header)
-	}
-	return n
-}
-
 // redisMember returns the parameters of zone's member of a RateLimit or
 // RateLimit-Policy field. The zone names of these tests are plain tokens,
 // so splitting on commas and semicolons parses the structured field;
 // integration_test.go checks the fields against a full RFC 9651 parser.
-func redisMember(t *testing.T, r redisResp, field, zone string) map[string]string {
+func redisMember(t *testing.T, r response, field, zone string) map[string]string {
 	t.Helper()
 	for m := range strings.SplitSeq(r.header.Get(field), ",") {
 		parts := strings.Split(strings.TrimSpace(m), ";")
@@ -220,38 +113,6 @@ func redisMember(t *testing.T, r redisResp, field, zone string) map[string]strin
 	}
 	t.Fatalf("%s %q has no member for zone %q (status %d)", field, r.header.Get(field), zone, r.code)
 	return nil
-}
-
-// wantRedisRemaining checks X-RateLimit-Remaining and the zone's r in
-// RateLimit of each response.
-func wantRedisRemaining(t *testing.T, what string, rs []redisResp, zone string, want ...int64) {
-	t.Helper()
-	for i, r := range rs {
-		x := redisIntHeader(t, r, "X-RateLimit-Remaining")
-		ietf := redisMember(t, r, "RateLimit", zone)["r"]
-		if x != want[i] || ietf != strconv.FormatInt(want[i], 10) {
-			t.Errorf("%s: response %d: X-RateLimit-Remaining %d, RateLimit r=%s, want %d", what, i+1, x, ietf, want[i])
-		}
-	}
-}
-
-// checkRedisDenial checks the fields of a 429: Retry-After within [lo, hi]
-// and at least 1, the zone's t equal to it, nothing remaining.
-func checkRedisDenial(t *testing.T, r redisResp, zone string, lo, hi int64) {
-	t.Helper()
-	if r.code != http.StatusTooManyRequests {
-		t.Fatalf("status %d, want 429", r.code)
-	}
-	retry := redisIntHeader(t, r, "Retry-After")
-	if retry < max(1, lo) || retry > hi {
-		t.Errorf("Retry-After %d, want within [%d, %d]", retry, max(1, lo), hi)
-	}
-	if tp := redisMember(t, r, "RateLimit", zone)["t"]; tp != strconv.FormatInt(retry, 10) {
-		t.Errorf("RateLimit t=%s on a denial, want Retry-After %d", tp, retry)
-	}
-	if rem := redisIntHeader(t, r, "X-RateLimit-Remaining"); rem != 0 {
-		t.Errorf("X-RateLimit-Remaining %d on a denial, want 0", rem)
-	}
 }
 
 // awayFromHourBoundary waits, if need be, until at least margin remains
@@ -415,32 +276,32 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 	t.Run("algorithms", func(t *testing.T) {
 		t.Run("token_bucket", func(t *testing.T) {
 			t.Parallel()
-			c := newRedisTestClient(t)
-			rs := redisSequence(t, c, 4, inst.URL("/tb"), prefix+"tb")
-			wantRedisCodes(t, "token_bucket", rs, 200, 200, 200, 429)
-			wantRedisRemaining(t, "token_bucket", rs, "tb", 2, 1, 0, 0)
+			c := newClient(t)
+			rs := sequence(t, c, 4, inst.URL("/tb"), clientHeader(prefix+"tb")...)
+			wantCodes(t, "token_bucket", rs, 200, 200, 200, 429)
+			wantRemaining(t, "token_bucket", rs, "tb", 2, 1, 0, 0)
 			// q = B = 3, w = B/r = 3 / (5/60s) = 36s.
 			checkPolicy(t, rs, "tb", `"tb";q=3;w=36`)
 			// One token comes back every 12s.
-			checkRedisDenial(t, rs[3], "tb", 1, 12)
+			checkDenial(t, rs[3], "tb", 1, 12)
 			// Full again (B - tokens)/r = 36s after the third request.
 			wantRedisResetIn(t, rs[2], 30*time.Second, 37*time.Second)
 		})
 		t.Run("leaky_bucket", func(t *testing.T) {
 			t.Parallel()
-			c := newRedisTestClient(t)
+			c := newClient(t)
 			url := inst.URL("/lb")
-			first := redisGet(t, c, url, prefix+"lb")
+			first := get(t, c, url, clientHeader(prefix+"lb")...)
 			if first.code != 200 {
 				t.Fatalf("first request: %d, want 200", first.code)
 			}
 			// Two more at once: the queue holds one of them a slot (3s)
 			// behind the first; the other would wait 6s, past max_delay.
-			var rs [2]redisResp
+			var rs [2]response
 			var errs [2]error
 			var wg sync.WaitGroup
 			for i := range rs {
-				wg.Go(func() { rs[i], errs[i] = redisSend(c, url, prefix+"lb") })
+				wg.Go(func() { rs[i], errs[i] = send(c, http.MethodGet, url, clientHeader(prefix+"lb")...) })
 			}
 			wg.Wait()
 			for _, err := range errs {
@@ -455,10 +316,10 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 			if held.code != 200 || refused.code != 429 {
 				t.Fatalf("concurrent requests: %d and %d, want one 200 and one 429", rs[0].code, rs[1].code)
 			}
-			checkPolicy(t, []redisResp{first, held, refused}, "lb", `"lb";q=2;w=6`)
+			checkPolicy(t, []response{first, held, refused}, "lb", `"lb";q=2;w=6`)
 			// remaining counts free queue slots: one after the first.
-			wantRedisRemaining(t, "leaky_bucket", []redisResp{first, held}, "lb", 1, 0)
-			checkRedisDenial(t, refused, "lb", 1, 3)
+			wantRemaining(t, "leaky_bucket", []response{first, held}, "lb", 1, 0)
+			checkDenial(t, refused, "lb", 1, 3)
 			// The held request's decision came at most (held.start -
 			// first.start) plus its own latency after the first's, and it
 			// was held 3s minus that gap; its latency is in took() too.
@@ -470,57 +331,57 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 		})
 		t.Run("fixed_window", func(t *testing.T) {
 			t.Parallel()
-			c := newRedisTestClient(t)
+			c := newClient(t)
 			end := awayFromHourBoundary(t, 15*time.Second)
-			rs := redisSequence(t, c, 4, inst.URL("/fw"), prefix+"fw")
-			wantRedisCodes(t, "fixed_window", rs, 200, 200, 200, 429)
-			wantRedisRemaining(t, "fixed_window", rs, "fw", 2, 1, 0, 0)
+			rs := sequence(t, c, 4, inst.URL("/fw"), clientHeader(prefix+"fw")...)
+			wantCodes(t, "fixed_window", rs, 200, 200, 200, 429)
+			wantRemaining(t, "fixed_window", rs, "fw", 2, 1, 0, 0)
 			checkPolicy(t, rs, "fw", `"fw";q=3;w=3600`)
-			checkRedisDenial(t, rs[3], "fw", 1, 3600)
+			checkDenial(t, rs[3], "fw", 1, 3600)
 			// Reset is the end of the aligned hour by Redis TIME.
 			for i, r := range rs {
-				if got := redisIntHeader(t, r, "X-RateLimit-Reset"); got != end.Unix() && got != end.Unix()+1 {
+				if got := intHeader(t, r, "X-RateLimit-Reset"); got != end.Unix() && got != end.Unix()+1 {
 					t.Errorf("response %d: X-RateLimit-Reset %d, want the hour's end %d", i+1, got, end.Unix())
 				}
 			}
 		})
 		t.Run("sliding_window_log", func(t *testing.T) {
 			t.Parallel()
-			c := newRedisTestClient(t)
-			rs := redisSequence(t, c, 4, inst.URL("/swl"), prefix+"swl")
-			wantRedisCodes(t, "sliding_window_log", rs, 200, 200, 200, 429)
-			wantRedisRemaining(t, "sliding_window_log", rs, "swl", 2, 1, 0, 0)
+			c := newClient(t)
+			rs := sequence(t, c, 4, inst.URL("/swl"), clientHeader(prefix+"swl")...)
+			wantCodes(t, "sliding_window_log", rs, 200, 200, 200, 429)
+			wantRemaining(t, "sliding_window_log", rs, "swl", 2, 1, 0, 0)
 			checkPolicy(t, rs, "swl", `"swl";q=3;w=60`)
 			// The oldest entry leaves a minute after it was made.
-			checkRedisDenial(t, rs[3], "swl", 30, 60)
+			checkDenial(t, rs[3], "swl", 30, 60)
 			wantRedisResetIn(t, rs[2], 50*time.Second, 61*time.Second)
 		})
 		t.Run("sliding_window_counter", func(t *testing.T) {
 			t.Parallel()
-			c := newRedisTestClient(t)
+			c := newClient(t)
 			end := awayFromHourBoundary(t, 15*time.Second)
-			rs := redisSequence(t, c, 4, inst.URL("/swc"), prefix+"swc")
-			wantRedisCodes(t, "sliding_window_counter", rs, 200, 200, 200, 429)
-			wantRedisRemaining(t, "sliding_window_counter", rs, "swc", 2, 1, 0, 0)
+			rs := sequence(t, c, 4, inst.URL("/swc"), clientHeader(prefix+"swc")...)
+			wantCodes(t, "sliding_window_counter", rs, 200, 200, 200, 429)
+			wantRemaining(t, "sliding_window_counter", rs, "swc", 2, 1, 0, 0)
 			checkPolicy(t, rs, "swc", `"swc";q=3;w=3600`)
 			// The three units become the previous window at the hour's end
 			// and weigh 3*(W-e)/W; est + 1 <= 3 once e >= W/3: twenty
 			// minutes into the next hour.
 			want := int64((end.Add(20*time.Minute).Sub(rs[3].done) + time.Second - 1) / time.Second)
-			checkRedisDenial(t, rs[3], "swc", want-3, want+3)
+			checkDenial(t, rs[3], "swc", want-3, want+3)
 		})
 		t.Run("concurrency", func(t *testing.T) {
 			t.Parallel()
-			c := newRedisTestClient(t)
+			c := newClient(t)
 			url := inst.URL("/cc")
-			var held [2]redisResp
+			var held [2]response
 			var errs [2]error
 			var wg sync.WaitGroup
 			for i := range held {
-				wg.Go(func() { held[i], errs[i] = redisSend(c, url, prefix+"cc") })
+				wg.Go(func() { held[i], errs[i] = send(c, http.MethodGet, url, clientHeader(prefix+"cc")...) })
 			}
 			up.waitArrivals(t, 2)
-			refused := redisGet(t, c, url, prefix+"cc")
+			refused := get(t, c, url, clientHeader(prefix+"cc")...)
 			up.open()
 			wg.Wait()
 			for _, err := range errs {
@@ -533,28 +394,28 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 			}
 			// Each saw the other's slot or not, by arrival: remaining 1
 			// and 0 in some order.
-			rems := []int64{redisIntHeader(t, held[0], "X-RateLimit-Remaining"), redisIntHeader(t, held[1], "X-RateLimit-Remaining")}
+			rems := []int64{intHeader(t, held[0], "X-RateLimit-Remaining"), intHeader(t, held[1], "X-RateLimit-Remaining")}
 			slices.Sort(rems)
 			if !slices.Equal(rems, []int64{0, 1}) {
 				t.Errorf("held requests' remaining %v, want 0 and 1", rems)
 			}
-			checkRedisDenial(t, refused, "cc", 1, 60)
-			checkPolicy(t, []redisResp{held[0], held[1], refused}, "cc", `"cc";q=2;w=60;qu="concurrent-requests"`)
+			checkDenial(t, refused, "cc", 1, 60)
+			checkPolicy(t, []response{held[0], held[1], refused}, "cc", `"cc";q=2;w=60;qu="concurrent-requests"`)
 			if p := up.peak.Load(); p != 2 {
 				t.Errorf("upstream saw %d requests at once, want 2", p)
 			}
 			// Both slots came back when the held requests finished.
-			after := redisGet(t, c, url, prefix+"cc")
+			after := get(t, c, url, clientHeader(prefix+"cc")...)
 			if after.code != 200 {
 				t.Fatalf("after the held requests finished: %d, want 200", after.code)
 			}
-			wantRedisRemaining(t, "concurrency after release", []redisResp{after}, "cc", 1)
+			wantRemaining(t, "concurrency after release", []response{after}, "cc", 1)
 		})
 	})
 }
 
 // checkPolicy checks RateLimit-Policy, and X-RateLimit-Limit against its q.
-func checkPolicy(t *testing.T, rs []redisResp, zone, want string) {
+func checkPolicy(t *testing.T, rs []response, zone, want string) {
 	t.Helper()
 	for i, r := range rs {
 		if got := r.header.Get("RateLimit-Policy"); got != want {
@@ -569,9 +430,9 @@ func checkPolicy(t *testing.T, rs []redisResp, zone, want string) {
 
 // wantRedisResetIn checks that X-RateLimit-Reset, an epoch second rounded
 // up, lies between lo and hi after the response.
-func wantRedisResetIn(t *testing.T, r redisResp, lo, hi time.Duration) {
+func wantRedisResetIn(t *testing.T, r response, lo, hi time.Duration) {
 	t.Helper()
-	reset := redisIntHeader(t, r, "X-RateLimit-Reset")
+	reset := intHeader(t, r, "X-RateLimit-Reset")
 	at := r.done.Unix()
 	if reset < at+int64(lo.Seconds()) || reset > at+int64(hi.Seconds())+1 {
 		t.Errorf("X-RateLimit-Reset %d is %ds after the response, want %v to %v", reset, reset-at, lo, hi)
@@ -635,7 +496,7 @@ func burst(c *http.Client, urls []string, n int) burstResult {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			r, err := redisSend(c, urls[i%len(urls)], "")
+			r, err := send(c, http.MethodGet, urls[i%len(urls)], clientHeader("")...)
 			codes[i], errs[i] = r.code, err
 		})
 	}
@@ -676,7 +537,7 @@ func TestRedisAccuracyAcrossInstances(t *testing.T) {
 		redisRoute{path: "/cc", zone: "key global\nalgorithm concurrency\nevents 5\nwindow 1m\nfail closed", upstream: up.url},
 	)
 	insts := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
-	c := newRedisTestClient(t)
+	c := newClient(t)
 	defer func() {
 		if t.Failed() {
 			for i, inst := range insts {
@@ -736,7 +597,7 @@ func TestRedisAccuracyAcrossInstances(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for time.Now().Before(stop) {
-				r, err := redisSend(c, ccURLs[w%len(ccURLs)], "")
+				r, err := send(c, http.MethodGet, ccURLs[w%len(ccURLs)], clientHeader("")...)
 				switch {
 				case err != nil:
 					mu.Lock()
@@ -768,11 +629,11 @@ func TestRedisAccuracyAcrossInstances(t *testing.T) {
 		t.Errorf("concurrency: only %d requests admitted, want at least the limit %d", admitted.Load(), lim)
 	}
 	// Every slot was given back: a new request sees L-1 remaining.
-	final := redisGet(t, c, insts[0].URL("/cc"), "")
+	final := get(t, c, insts[0].URL("/cc"), clientHeader("")...)
 	if final.code != 200 {
 		t.Fatalf("concurrency after the run: %d, want 200", final.code)
 	}
-	wantRedisRemaining(t, "concurrency after the run", []redisResp{final}, "cc", lim-1)
+	wantRemaining(t, "concurrency after the run", []response{final}, "cc", lim-1)
 }
 
 func firstErr(errs []error) error {
@@ -797,9 +658,9 @@ func TestRedisCluster(t *testing.T) {
 	}
 
 	// Thirty more clients, one request each on the fixed window.
-	c := newRedisTestClient(t)
+	c := newClient(t)
 	for i := range 30 {
-		r := redisGet(t, c, inst.URL("/fw"), fmt.Sprintf("spread-%d", i))
+		r := get(t, c, inst.URL("/fw"), clientHeader(fmt.Sprintf("spread-%d", i))...)
 		if r.code != 200 || !r.hasRateLimitHeaders() {
 			t.Fatalf("client %d: %d %v, want 200 with headers", i, r.code, r.header)
 		}
@@ -871,14 +732,14 @@ func TestRedisKilled(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := redisSite(redisURLBlock(srv.Addr(), redisTimeout), failRoutes()...)
 	a, b := caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)
-	c := newRedisTestClient(t)
+	c := newClient(t)
 
 	// While Redis runs, the two instances share each zone's limit.
 	for _, path := range []string{"/open", "/closed", "/local"} {
 		zone := strings.TrimPrefix(path, "/")
-		rs := []redisResp{redisGet(t, c, a.URL(path), ""), redisGet(t, c, b.URL(path), "")}
-		wantRedisCodes(t, "before the kill "+path, rs, 200, 200)
-		wantRedisRemaining(t, "before the kill "+path, rs, zone, 2, 1)
+		rs := []response{get(t, c, a.URL(path), clientHeader("")...), get(t, c, b.URL(path), clientHeader("")...)}
+		wantCodes(t, "before the kill "+path, rs, 200, 200)
+		wantRemaining(t, "before the kill "+path, rs, zone, 2, 1)
 	}
 
 	srv.Stop()
@@ -887,7 +748,7 @@ func TestRedisKilled(t *testing.T) {
 	// A refused connection is an error at once: the fail mode must apply
 	// then, not after most of the 2s timeout has gone on redialing.
 	var slowest time.Duration
-	failFast := func(rs []redisResp) {
+	failFast := func(rs []response) {
 		t.Helper()
 		for i, r := range rs {
 			slowest = max(slowest, r.took())
@@ -897,18 +758,18 @@ func TestRedisKilled(t *testing.T) {
 		}
 	}
 	for _, inst := range []*caddyproc.Instance{a, b} {
-		rs := redisSequence(t, c, 5, inst.URL("/open"), "")
+		rs := sequence(t, c, 5, inst.URL("/open"), clientHeader("")...)
 		failFast(rs)
-		wantRedisCodes(t, "fail open", rs, 200, 200, 200, 200, 200)
+		wantCodes(t, "fail open", rs, 200, 200, 200, 200, 200)
 		for i, r := range rs {
 			if r.hasRateLimitHeaders() {
 				t.Errorf("fail open: response %d has rate-limit headers: %v", i+1, r.header)
 			}
 		}
 
-		rs = redisSequence(t, c, 3, inst.URL("/closed"), "")
+		rs = sequence(t, c, 3, inst.URL("/closed"), clientHeader("")...)
 		failFast(rs)
-		wantRedisCodes(t, "fail closed", rs, 503, 503, 503)
+		wantCodes(t, "fail closed", rs, 503, 503, 503)
 		for i, r := range rs {
 			if got := r.header.Get("Retry-After"); got != "1" {
 				t.Errorf("fail closed: response %d: Retry-After %q, want 1", i+1, got)
@@ -917,11 +778,11 @@ func TestRedisKilled(t *testing.T) {
 
 		// Redis had one unit left of the shared three; each instance's
 		// local limit starts empty and allows three on its own.
-		rs = redisSequence(t, c, 4, inst.URL("/local"), "")
+		rs = sequence(t, c, 4, inst.URL("/local"), clientHeader("")...)
 		failFast(rs)
-		wantRedisCodes(t, "fail local", rs, 200, 200, 200, 429)
-		wantRedisRemaining(t, "fail local", rs, "local", 2, 1, 0, 0)
-		checkRedisDenial(t, rs[3], "local", 3000, 3600)
+		wantCodes(t, "fail local", rs, 200, 200, 200, 429)
+		wantRemaining(t, "fail local", rs, "local", 2, 1, 0, 0)
+		checkDenial(t, rs[3], "local", 3000, 3600)
 	}
 	t.Logf("after the kill: 24 requests answered in %v, the slowest in %v",
 		time.Since(killed).Round(time.Millisecond), slowest.Round(time.Millisecond))
@@ -941,17 +802,17 @@ func TestRedisPaused(t *testing.T) {
 		redisRoute{path: "/open", zone: zone + "open"},
 		redisRoute{path: "/closed", zone: zone + "closed"},
 	))
-	c := newRedisTestClient(t)
+	c := newClient(t)
 	url := inst.URL("/open")
 
 	// 50ms is tight on a loaded machine: wait for a decision from Redis.
 	redisEventually(t, "a decision from Redis before the pause", 10*time.Second, func() bool {
-		return redisGet(t, c, url, "").hasRateLimitHeaders()
+		return get(t, c, url, clientHeader("")...).hasRateLimitHeaders()
 	})
 
 	srv.Pause()
 	var worst time.Duration
-	check := func(what string, r redisResp, limit time.Duration) {
+	check := func(what string, r response, limit time.Duration) {
 		t.Helper()
 		worst = max(worst, r.took())
 		if r.took() > limit {
@@ -959,12 +820,12 @@ func TestRedisPaused(t *testing.T) {
 		}
 	}
 	for i := range 10 {
-		r := redisGet(t, c, inst.URL("/open"), "")
+		r := get(t, c, inst.URL("/open"), clientHeader("")...)
 		check("fail open", r, time.Second)
 		if r.code != 200 || r.hasRateLimitHeaders() {
 			t.Errorf("fail open, request %d: %d %v, want 200 without rate-limit headers", i+1, r.code, r.header)
 		}
-		r = redisGet(t, c, inst.URL("/closed"), "")
+		r = get(t, c, inst.URL("/closed"), clientHeader("")...)
 		check("fail closed", r, time.Second)
 		if r.code != 503 || r.header.Get("Retry-After") != "1" {
 			t.Errorf("fail closed, request %d: %d, Retry-After %q; want 503 with Retry-After 1", i+1, r.code, r.header.Get("Retry-After"))
@@ -981,7 +842,7 @@ func TestRedisPaused(t *testing.T) {
 	}
 	srv.Resume()
 	took := redisEventually(t, "a decision from Redis after the pause", 10*time.Second, func() bool {
-		return redisGet(t, c, url, "").hasRateLimitHeaders()
+		return get(t, c, url, clientHeader("")...).hasRateLimitHeaders()
 	})
 	t.Logf("paused Redis, 50ms timeout: slowest of 20 sequential requests %v, 20 concurrent requests in %v; decisions back %v after SIGCONT",
 		sequential.Round(time.Millisecond), rs.elapsed.Round(time.Millisecond), took.Round(time.Millisecond))
@@ -997,16 +858,16 @@ func TestRedisRestarted(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout), failRoutes()[:2]...))
-	c := newRedisTestClient(t)
-	rs := redisSequence(t, c, 4, inst.URL("/closed"), "")
-	wantRedisCodes(t, "before the restart", rs, 200, 200, 200, 429)
+	c := newClient(t)
+	rs := sequence(t, c, 4, inst.URL("/closed"), clientHeader("")...)
+	wantCodes(t, "before the restart", rs, 200, 200, 200, 429)
 
 	began := time.Now()
 	srv.Restart()
 	up := time.Now()
-	var first redisResp
+	var first response
 	took := redisEventually(t, "a decision from Redis after the restart", 5*time.Second, func() bool {
-		first = redisGet(t, c, inst.URL("/closed"), "")
+		first = get(t, c, inst.URL("/closed"), clientHeader("")...)
 		return first.code != http.StatusServiceUnavailable
 	})
 	t.Logf("restart: server answered PING %v after it was stopped; first decision from Redis %v after that",
@@ -1015,9 +876,9 @@ func TestRedisRestarted(t *testing.T) {
 		t.Errorf("decisions resumed %v after the restart, want within a second", took)
 	}
 	// Fresh counters: the first decision was the first of three.
-	wantRedisCodes(t, "after the restart", []redisResp{first}, 200)
-	wantRedisRemaining(t, "after the restart", []redisResp{first}, "closed", 2)
-	r := redisGet(t, c, inst.URL("/open"), "")
+	wantCodes(t, "after the restart", []response{first}, 200)
+	wantRemaining(t, "after the restart", []response{first}, "closed", 2)
+	r := get(t, c, inst.URL("/open"), clientHeader("")...)
 	if r.code != 200 || !r.hasRateLimitHeaders() {
 		t.Errorf("fail open zone after the restart: %d %v, want a decision from Redis", r.code, r.header)
 	}
@@ -1035,33 +896,33 @@ func TestRedisUnreachableAtStartup(t *testing.T) {
 	srv.Stop() // keep its port and directory for the start below
 	release := holdPort(t, srv.Port())
 	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout), failRoutes()...))
-	c := newRedisTestClient(t)
+	c := newClient(t)
 
-	r := redisGet(t, c, inst.URL("/open"), "")
+	r := get(t, c, inst.URL("/open"), clientHeader("")...)
 	if r.code != 200 || r.hasRateLimitHeaders() {
 		t.Errorf("fail open without Redis: %d %v, want 200 without rate-limit headers", r.code, r.header)
 	}
-	r = redisGet(t, c, inst.URL("/closed"), "")
+	r = get(t, c, inst.URL("/closed"), clientHeader("")...)
 	if r.code != 503 || r.header.Get("Retry-After") != "1" {
 		t.Errorf("fail closed without Redis: %d, Retry-After %q; want 503 with 1", r.code, r.header.Get("Retry-After"))
 	}
-	rs := redisSequence(t, c, 4, inst.URL("/local"), "")
-	wantRedisCodes(t, "fail local without Redis", rs, 200, 200, 200, 429)
+	rs := sequence(t, c, 4, inst.URL("/local"), clientHeader("")...)
+	wantCodes(t, "fail local without Redis", rs, 200, 200, 200, 429)
 
 	release()
 	srv.Restart()
-	var first redisResp
+	var first response
 	took := redisEventually(t, "a decision from Redis once it runs", 10*time.Second, func() bool {
-		first = redisGet(t, c, inst.URL("/closed"), "")
+		first = get(t, c, inst.URL("/closed"), clientHeader("")...)
 		return first.code != http.StatusServiceUnavailable
 	})
 	t.Logf("unreachable at startup: first decision from Redis %v after it came up", took.Round(time.Millisecond))
-	wantRedisCodes(t, "fail closed once Redis runs", []redisResp{first}, 200)
-	wantRedisRemaining(t, "fail closed once Redis runs", []redisResp{first}, "closed", 2)
+	wantCodes(t, "fail closed once Redis runs", []response{first}, 200)
+	wantRemaining(t, "fail closed once Redis runs", []response{first}, "closed", 2)
 	// The local zone now decides in Redis, where its key is new.
-	rs = redisSequence(t, c, 1, inst.URL("/local"), "")
-	wantRedisCodes(t, "fail local once Redis runs", rs, 200)
-	wantRedisRemaining(t, "fail local once Redis runs", rs, "local", 2)
+	rs = sequence(t, c, 1, inst.URL("/local"), clientHeader("")...)
+	wantCodes(t, "fail local once Redis runs", rs, 200)
+	wantRemaining(t, "fail local once Redis runs", rs, "local", 2)
 	if n := redisDBSize(t, srv); n < 2 {
 		t.Errorf("Redis holds %d keys, want the closed and local zones' keys", n)
 	}
@@ -1129,9 +990,9 @@ func TestRedisBadConfigRefused(t *testing.T) {
 	srv := redistest.Start(t)
 	good := configRedisSite(srv.Addr(), "v1")
 	inst := caddyproc.Start(t, good)
-	c := newRedisTestClient(t)
+	c := newClient(t)
 	url := inst.URL("/")
-	wantRedisRemaining(t, "before", redisSequence(t, c, 1, url, "cfg"), "cfg", 2)
+	wantRemaining(t, "before", sequence(t, c, 1, url, clientHeader("cfg")...), "cfg", 2)
 
 	redisLine := redisLineOf(t, good, "redis {")
 	blockEnd := redisLine + 3 // the redis block's closing brace
@@ -1160,9 +1021,9 @@ func TestRedisBadConfigRefused(t *testing.T) {
 			t.Errorf("%s: error does not mention %q: %v", tc.name, tc.want, err)
 		}
 	}
-	rs := redisSequence(t, c, 3, url, "cfg")
-	wantRedisCodes(t, "the old config after refused loads", rs, 200, 200, 429)
-	wantRedisRemaining(t, "the old config after refused loads", rs, "cfg", 1, 0, 0)
+	rs := sequence(t, c, 3, url, clientHeader("cfg")...)
+	wantCodes(t, "the old config after refused loads", rs, 200, 200, 429)
+	wantRemaining(t, "the old config after refused loads", rs, "cfg", 1, 0, 0)
 	if rs[0].body != "v1" {
 		t.Errorf("body %q, want the old config's v1", rs[0].body)
 	}
@@ -1199,9 +1060,9 @@ func TestRedisReload(t *testing.T) {
 	t.Parallel()
 	one, two := redistest.Start(t), redistest.Start(t)
 	inst := caddyproc.Start(t, configRedisSite(one.Addr(), "v1"))
-	c := newRedisTestClient(t)
+	c := newClient(t)
 	url := inst.URL("/")
-	wantRedisRemaining(t, "before the reload", redisSequence(t, c, 2, url, "k"), "cfg", 2, 1)
+	wantRemaining(t, "before the reload", sequence(t, c, 2, url, clientHeader("k")...), "cfg", 2, 1)
 	before := caddyConnIDs(t, one)
 	if len(before) == 0 {
 		t.Fatalf("no connection named floodgate-caddy on the server")
@@ -1210,12 +1071,12 @@ func TestRedisReload(t *testing.T) {
 	if err := inst.Load(configRedisSite(one.Addr(), "v2")); err != nil {
 		t.Fatalf("Load: %v\n%s", err, inst.Log())
 	}
-	rs := redisSequence(t, c, 2, url, "k")
-	wantRedisCodes(t, "after a reload keeping the block", rs, 200, 429)
+	rs := sequence(t, c, 2, url, clientHeader("k")...)
+	wantCodes(t, "after a reload keeping the block", rs, 200, 429)
 	if rs[0].body != "v2" {
 		t.Fatalf("body %q: the reload did not take effect", rs[0].body)
 	}
-	wantRedisRemaining(t, "after a reload keeping the block", rs, "cfg", 0, 0)
+	wantRemaining(t, "after a reload keeping the block", rs, "cfg", 0, 0)
 	after := caddyConnIDs(t, one)
 	for _, id := range before {
 		if !slices.Contains(after, id) {
@@ -1227,9 +1088,9 @@ func TestRedisReload(t *testing.T) {
 	if err := inst.Load(configRedisSite(two.Addr(), "v3")); err != nil {
 		t.Fatalf("Load: %v\n%s", err, inst.Log())
 	}
-	rs = redisSequence(t, c, 1, url, "k")
-	wantRedisCodes(t, "after switching servers", rs, 200)
-	wantRedisRemaining(t, "after switching servers", rs, "cfg", 2)
+	rs = sequence(t, c, 1, url, clientHeader("k")...)
+	wantCodes(t, "after switching servers", rs, 200)
+	wantRemaining(t, "after switching servers", rs, "cfg", 2)
 	if n := redisDBSize(t, two); n != 1 {
 		t.Errorf("the new server holds %d keys, want the zone's one", n)
 	}
@@ -1241,126 +1102,11 @@ func TestRedisReload(t *testing.T) {
 	}
 }
 
-// TestRedisHandlerNoGoroutineLeak provisions a Handler with redis zones in
-// this process, serves requests with Redis up, paused and back, cleans up,
-// and checks that no goroutine outlives it. It does not run in parallel,
-// and it counts only goroutines that run or were started by go-redis or
-// this module (see ownGoroutines), so goroutines of other tests winding
-// down cannot hide a leak or fake one.
-func TestRedisHandlerNoGoroutineLeak(t *testing.T) {
-	srv := redistest.Start(t)
-	input := fmt.Sprintf(`rate_limit {
-		zone leak_open {
-			key ip
-			algorithm sliding_window_log
-			events 1000
-			window 1h
-			store redis
-		}
-		zone leak_local {
-			key ip
-			algorithm concurrency
-			events 100
-			store redis
-			fail local
-		}
-		zone leak_closed {
-			match {
-				path /closed
-			}
-			key ip
-			algorithm token_bucket
-			rate 1000/1h
-			store redis
-			fail closed
-		}
-		redis {
-			url redis://%s
-			timeout 50ms
-		}
-	}`, srv.Addr())
-	cycle := func() {
-		h := new(Handler)
-		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		defer cancel()
-		if err := h.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		req := func(path string) int {
-			r, _ := newKeyRequest("198.51.100.40", nil)
-			r.URL.Path = path
-			_, code := serve(h, r, okHandler)
-			return code
-		}
-		many := func(n int) {
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() { req([]string{"/", "/closed"}[i%2]) })
-			}
-			wg.Wait()
-		}
-		many(20)
-		srv.Pause()
-		many(20)
-		srv.Resume()
-		many(20)
-		if err := h.Cleanup(); err != nil {
-			t.Fatal(err)
-		}
+// clientHeader is the X-Client header the zones of these tests key on;
+// none for "".
+func clientHeader(client string) []string {
+	if client == "" {
+		return nil
 	}
-	// A first cycle starts whatever Caddy and go-redis start once per
-	// process; only a second one can show what a handler leaves behind.
-	cycle()
-	// Goroutines on their way out (readers of closed connections) go.
-	waitOwnGoroutinesGone(t, "the first cycle")
-	total := runtime.NumGoroutine()
-	cycle()
-	waitOwnGoroutinesGone(t, "the second cycle")
-	t.Logf("goroutines in the process: %d before the second cycle, %d after its Cleanup", total, runtime.NumGoroutine())
-}
-
-// waitOwnGoroutinesGone fails the test unless every goroutine of go-redis
-// or Floodgate has ended within 10s of Cleanup: the client is closed by
-// then, and the readers of its connections only need to notice.
-func waitOwnGoroutinesGone(t *testing.T, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(ownGoroutines()) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if left := ownGoroutines(); len(left) > 0 {
-		t.Fatalf("%s: %d goroutines of go-redis or Floodgate outlive Cleanup:\n\n%s", what, len(left), strings.Join(left, "\n\n"))
-	}
-}
-
-// ownGoroutines returns the stacks of the goroutines that run code of
-// go-redis or of this module, or were started by it.
-func ownGoroutines() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	var own []string
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		// This test, parallel tests parked until it ends, and the
-		// harness's wait for redis-server are not the handler's.
-		if strings.Contains(g, "TestRedisHandlerNoGoroutineLeak") || strings.Contains(g, "testing.(*T).Parallel") ||
-			strings.Contains(g, "/internal/redistest.") {
-			continue
-		}
-		if strings.Contains(g, "github.com/redis/go-redis/") ||
-			strings.Contains(g, "github.com/floodgatehq/caddy-ratelimit.") ||
-			strings.Contains(g, "github.com/floodgatehq/caddy-ratelimit/limiter.") {
-			own = append(own, g)
-		}
-	}
-	return own
+	return []string{"X-Client", client}
 }
