@@ -114,7 +114,13 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, now time.Time, r
 		field(hdrLimit, len(b))
 		b = strconv.AppendInt(b, o.d.Remaining, 10)
 		field(hdrRemaining, len(b))
-		reset := now.Add(o.d.ResetAfter)
+		// Reset on the store's clock when it says when it decided, so a
+		// window's end is reported as the second it ends in.
+		base := o.d.At()
+		if base.IsZero() {
+			base = now
+		}
+		reset := base.Add(o.d.ResetAfter)
 		epoch := reset.Unix()
 		if reset.Nanosecond() > 0 {
 			epoch++

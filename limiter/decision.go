@@ -25,6 +25,16 @@ type Decision struct {
 	lease string
 }
 
+// At is when the store decided, on the store's own clock (the Redis
+// server's for Redis), so a reset time computed from it falls exactly on
+// the store's window ends. It is the zero Time for a Decision no store made.
+func (d Decision) At() time.Time {
+	if d.at == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(d.at)
+}
+
 // microseconds converts the algorithms' microsecond counts to a Duration.
 func microseconds(us int64) time.Duration {
 	return time.Duration(us) * time.Microsecond
