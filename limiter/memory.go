@@ -315,7 +315,9 @@ type shard[S any, PS keyState[S]] struct {
 	// moves counts pushes to the front of the use list (see touch).
 	moves uint64
 	limit atomic.Int64
-	_     [32]byte // keep neighbouring shards' locks off one cache line
+	// Pad the shard to 128 bytes, two whole cache lines, so no two shards'
+	// locks and hot fields share a line (TestShardSize keeps it so).
+	_ [56]byte
 }
 
 type slot[S any] struct {

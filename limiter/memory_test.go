@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // onePerHour is a policy under which a key's first Take passes and every
@@ -384,5 +385,13 @@ func TestMemoryConcurrent(t *testing.T) {
 				t.Error("nothing admitted")
 			}
 		})
+	}
+}
+
+// TestShardSize keeps a shard two whole cache lines: a shard sharing a line
+// with its neighbour makes goroutines on different keys contend.
+func TestShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(shard[bucketState, *bucketState]{}); n != 128 {
+		t.Fatalf("shard is %d bytes, want 128: adjust its padding", n)
 	}
 }
