@@ -161,7 +161,8 @@ func (ev *evaluation) release(r *http.Request) {
 }
 
 // deny answers a refused request: headers, placeholders, and a 429 error
-// for Caddy's error routes.
+// for the server's handle_errors routes, or the 429 itself when the server
+// has none.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, ev *evaluation, now time.Time) error {
 	o := &ev.outcomes[ev.denied]
 	wait := o.d.RetryAfter
@@ -175,7 +176,26 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	setPlaceholders(repl, ev, retry)
 	repl.Set("http.rate_limit.exceeded.name", o.zone.name)
 	h.logDenial(r, o.zone, o.key, o.d, false)
+	if !hasErrorRoutes(r) {
+		// Caddy would only log the error at debug level and write the
+		// status, after building the log fields and cloning the request
+		// whether or not anything is logged: under a flood of refusals
+		// that costs more than the refusal. Write the 429 here instead.
+		w.WriteHeader(http.StatusTooManyRequests)
+		return nil
+	}
 	return refusal(o.zone.exceeded)
+}
+
+// hasErrorRoutes reports whether r's server has handle_errors routes that
+// a returned error would reach. When the server is unknown it says yes, so
+// the refusal takes Caddy's error path, as it always may.
+func hasErrorRoutes(r *http.Request) bool {
+	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok || srv == nil {
+		return true
+	}
+	return srv.Errors != nil && len(srv.Errors.Routes) > 0
 }
 
 // refusal is the 429 error caddyhttp.Error(http.StatusTooManyRequests, err)
