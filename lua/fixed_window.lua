@@ -4,7 +4,8 @@
 -- State (KEYS[1], a string): "<window index>:<count>", the units taken in
 -- aligned window ⌊now/W⌋. The key expires at the end of its window.
 --
--- Sent after prelude.lua, which reads the arguments and the clock.
+-- Sent after prelude.lua, which reads the arguments and the clock, and
+-- window.lua.
 --
 -- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), and for "return"
 -- the time of the decision being returned (µs).

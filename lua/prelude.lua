@@ -38,11 +38,3 @@ local function cdiv(a, d)
   end
   return fdiv(a + d - 1, d)
 end
-
--- The aligned window t falls in, ⌊t/W⌋, as limiter/fixed_window.go computes it.
-local function index(t)
-  if t < 0 then
-    return 0
-  end
-  return fdiv(t, w)
-end

@@ -7,8 +7,10 @@
 // The argument and reply layout is documented at the top of each file.
 // Redis runs one script per call and scripts cannot call one another, so
 // what they share is sent with each: prelude.lua (arguments, clock, exact
-// division) starts every script, and bucket.lua (the packed state) the two
-// bucket algorithms'. Each exported script is that concatenation, still one
+// division) starts every script, bucket.lua (the packed state) the two
+// bucket algorithms' and window.lua (the window index) the two counters'.
+// Each part defines only what its scripts use: the interpreter runs every
+// definition on every call. Each exported script is that concatenation, still one
 // atomic EVALSHA per decision.
 package lua
 
@@ -19,6 +21,9 @@ var prelude string
 
 //go:embed bucket.lua
 var bucket string
+
+//go:embed window.lua
+var window string
 
 //go:embed token_bucket.lua
 var tokenBucket string
@@ -49,7 +54,7 @@ func LeakyBucket() string { return prelude + bucket + leakyBucket }
 // FixedWindow is the fixed window's script; one small string per key keeps
 // the window index beside the count, so a key read after its window ended
 // is never mistaken for the current one.
-func FixedWindow() string { return prelude + fixedWindow }
+func FixedWindow() string { return prelude + window + fixedWindow }
 
 // SlidingWindowLog is the exact sliding window's script; its list grows
 // with the quota, the price of exactness.
@@ -57,7 +62,7 @@ func SlidingWindowLog() string { return prelude + slidingWindowLog }
 
 // SlidingWindowCounter is the approximate sliding window's script: two
 // counts per key, whatever the quota.
-func SlidingWindowCounter() string { return prelude + slidingWindowCounter }
+func SlidingWindowCounter() string { return prelude + window + slidingWindowCounter }
 
 // Concurrency is the in-flight limit's script; leases that lapse after the
 // window return the units a crashed instance could not release.

@@ -6,7 +6,8 @@
 -- window ⌊now/W⌋ and of the one before it. The key expires at the end of the
 -- next window while cur holds units, else at the end of this one.
 --
--- Sent after prelude.lua, which reads the arguments and the clock.
+-- Sent after prelude.lua, which reads the arguments and the clock, and
+-- window.lua.
 --
 -- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), and for "return"
 -- the time of the decision being returned (µs).

@@ -1,0 +1,10 @@
+-- window.lua: what fixed_window.lua and sliding_window_counter.lua share;
+-- sent after prelude.lua and before either of them (see limiter/redis.go).
+
+-- The aligned window t falls in, ⌊t/W⌋, as limiter/fixed_window.go computes it.
+local function index(t)
+  if t < 0 then
+    return 0
+  end
+  return fdiv(t, w)
+end
