@@ -115,10 +115,7 @@ func TestCaddyfileKeys(t *testing.T) {
 // TestCaddyfileErrorsNameZoneAndLine checks every refusal DESIGN.md section
 // 2 lists: each names the zone (where there is one) and the line.
 func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
-	for _, tc := range []struct {
-		name, input string
-		want        []string
-	}{
+	runParseErrorCases(t, []parseErrorCase{
 		{"unknown zone option", "rate_limit {\n zone a {\n  rate 1/s\n  bogus 1\n }\n}", []string{`"a"`, "bogus", ":4"}},
 		{"repeated option", "rate_limit {\n zone a {\n  events 1\n  events 2\n  window 1s\n }\n}", []string{`"a"`, "twice", ":4"}},
 		{"unknown handler option", "rate_limit {\n zone a {\n  rate 1/s\n }\n nope\n}", []string{"nope", ":5"}},
@@ -147,7 +144,18 @@ func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 		{"no zone", "rate_limit {\n headers none\n}", []string{"zone"}},
 		{"zone name not ASCII", "rate_limit {\n zone zoné {\n  rate 5/s\n }\n}", []string{"ASCII", ":2"}},
 		{"negative jitter", "rate_limit {\n zone a {\n  rate 5/s\n }\n jitter -1\n}", []string{"jitter", ":5"}},
-	} {
+	})
+}
+
+// parseErrorCase is a rate_limit directive the parser must refuse, and
+// what its error must say (zone name, option, ":<line>").
+type parseErrorCase struct {
+	name, input string
+	want        []string
+}
+
+func runParseErrorCases(t *testing.T, cases []parseErrorCase) {
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseDirective(t, tc.input)
 			if err == nil {

@@ -145,18 +145,6 @@ func redisEventually(t *testing.T, what string, limit time.Duration, cond func()
 	return time.Since(start)
 }
 
-// redisLineOf is the 1-based number of the first line of s containing sub.
-func redisLineOf(t *testing.T, s, sub string) int {
-	t.Helper()
-	for i, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			return i + 1
-		}
-	}
-	t.Fatalf("%q not in config", sub)
-	return 0
-}
-
 // countingUpstream is a backend on 127.0.0.1 that counts the requests in
 // flight and records the most it ever saw at once: what a concurrency zone
 // must bound. Each request is held for delay, or, when gated, until open is
@@ -994,7 +982,7 @@ func TestRedisBadConfigRefused(t *testing.T) {
 	url := inst.URL("/")
 	wantRemaining(t, "before", sequence(t, c, 1, url, clientHeader("cfg")...), "cfg", 2)
 
-	redisLine := redisLineOf(t, good, "redis {")
+	redisLine := lineOf(t, good, "redis {")
 	blockEnd := redisLine + 3 // the redis block's closing brace
 	lines := strings.Split(good, "\n")
 	noBlock := strings.Join(append(slices.Clone(lines[:redisLine-1]), lines[blockEnd:]...), "\n")
@@ -1013,7 +1001,7 @@ func TestRedisBadConfigRefused(t *testing.T) {
 			t.Errorf("%s: Load accepted:\n%s", tc.name, tc.cfg)
 			continue
 		}
-		line := redisLineOf(t, tc.cfg, tc.at)
+		line := lineOf(t, tc.cfg, tc.at)
 		if want := fmt.Sprintf("Caddyfile:%d", line); !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error does not name %s (the line with %q): %v", tc.name, want, tc.at, err)
 		}
