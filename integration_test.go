@@ -1444,3 +1444,41 @@ func TestSFParser(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPMetrics reads the decision counters from the admin endpoint's
+// /metrics, where Caddy serves the registry they are registered on, and
+// checks disable_metrics leaves them out.
+func TestHTTPMetrics(t *testing.T) {
+	t.Parallel()
+	for _, disabled := range []bool{false, true} {
+		extra := ""
+		if disabled {
+			extra = "\t\tdisable_metrics\n"
+		}
+		inst := caddyproc.Start(t, site(`		zone metered {
+			key ip
+			events 2
+			window 1h
+		}
+		zone metered_dry {
+			key ip
+			events 1
+			window 1h
+			dry_run
+		}
+`+extra))
+		c := newClient(t)
+		wantCodes(t, "metered", sequence(t, c, 3, inst.URL("/")), 200, 200, 429)
+		m := get(t, c, inst.Admin()+"/metrics")
+		for _, line := range []string{
+			`caddy_http_rate_limit_decisions_total{result="allowed",zone="metered"} 2`,
+			`caddy_http_rate_limit_decisions_total{result="denied",zone="metered"} 1`,
+			`caddy_http_rate_limit_decisions_total{result="allowed",zone="metered_dry"} 1`,
+			`caddy_http_rate_limit_decisions_total{result="dry_run_denied",zone="metered_dry"} 1`,
+		} {
+			if has := strings.Contains(m.body, line); has == disabled {
+				t.Errorf("disable_metrics=%v: /metrics has %q: %v", disabled, line, has)
+			}
+		}
+	}
+}
