@@ -36,12 +36,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -252,12 +254,11 @@ func (i *Instance) expand(template string) (string, []string, error) {
 		name := m[2 : len(m)-2]
 		addr, ok := i.addrs[name]
 		if !ok {
-			port, err := freePort()
-			if err != nil {
+			var err error
+			if addr, err = i.newAddr(); err != nil {
 				failed = err
 				return m
 			}
-			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 			i.addrs[name] = addr
 		}
 		if name != "admin" && !seen[name] {
@@ -356,6 +357,24 @@ func (i *Instance) Stop() {
 
 // freePort asks the kernel for a free loopback port. Another process may
 // take it before Caddy binds it; start retries when that happens.
+// newAddr picks a free loopback address that no other placeholder of this
+// instance holds: a port found free and released can be handed out again
+// at once, and two site blocks on one address are a config error, not the
+// bind error start retries on.
+func (i *Instance) newAddr() (string, error) {
+	for range 100 {
+		port, err := freePort()
+		if err != nil {
+			return "", err
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if !slices.Contains(slices.Collect(maps.Values(i.addrs)), addr) {
+			return addr, nil
+		}
+	}
+	return "", errors.New("finding a free port: the same ports keep coming back")
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
