@@ -1,4 +1,4 @@
-package ratelimit_test
+package ratelimit
 
 // End-to-end tests: a real Caddy built with Floodgate, configured by
 // Caddyfile, driven over HTTP on loopback with the real clock. They check
@@ -462,10 +462,17 @@ func (u *upstream) releaseAll() {
 // waitArrivals waits until n more requests are held.
 func (u *upstream) waitArrivals(t *testing.T, n int) {
 	t.Helper()
+	waitArrivals(t, u.arrived, n)
+}
+
+// waitArrivals waits until n more requests have signalled on arrived, for
+// at most 30 seconds.
+func waitArrivals(t *testing.T, arrived <-chan struct{}, n int) {
+	t.Helper()
 	timeout := time.After(30 * time.Second)
 	for range n {
 		select {
-		case <-u.arrived:
+		case <-arrived:
 		case <-timeout:
 			t.Fatalf("upstream: fewer than %d requests arrived", n)
 		}

@@ -159,20 +159,20 @@ func (f *liveJWT) token(t *testing.T, m jwt.SigningMethod, key any, kid, sub str
 }
 
 // get sends GET path with the token as a bearer token ("" sends none).
-func (f *liveJWT) get(t *testing.T, path, token string) liveResp {
+func (f *liveJWT) get(t *testing.T, path, token string) response {
 	t.Helper()
-	c := liveClient(t)
+	c := newClient(t)
 	if token == "" {
-		return liveGet(t, c, f.inst.URL(path))
+		return get(t, c, f.inst.URL(path))
 	}
-	return liveGet(t, c, f.inst.URL(path), "Authorization", "Bearer "+token)
+	return get(t, c, f.inst.URL(path), "Authorization", "Bearer "+token)
 }
 
 // codes sends the token n times and fails unless the statuses are want.
-func (f *liveJWT) codes(t *testing.T, what, path, token string, want ...int) []liveResp {
+func (f *liveJWT) codes(t *testing.T, what, path, token string, want ...int) []response {
 	t.Helper()
 	var got []int
-	var rs []liveResp
+	var rs []response
 	for range want {
 		r := f.get(t, path, token)
 		got = append(got, r.code)

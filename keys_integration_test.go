@@ -9,7 +9,6 @@ package ratelimit
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -33,52 +32,14 @@ func liveGlobals(servers string) string {
 `
 }
 
-// liveResp is what a test keeps of one exchange.
-type liveResp struct {
-	code   int
-	header http.Header
-	body   string
-}
-
-// liveClient never uses a proxy from the environment, so requests reach
-// Caddy from 127.0.0.1 (or ::1) and nowhere else.
-func liveClient(t *testing.T) *http.Client {
-	t.Helper()
-	c := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 30 * time.Second}
-	t.Cleanup(c.CloseIdleConnections)
-	return c
-}
-
-// liveGet sends GET url with headers given as name, value pairs.
-func liveGet(t *testing.T, c *http.Client, url string, headers ...string) liveResp {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: reading body: %v", url, err)
-	}
-	return liveResp{code: resp.StatusCode, header: resp.Header, body: string(body)}
-}
-
 // liveCodes sends one GET per header set and fails unless the statuses are
 // want, in order.
-func liveCodes(t *testing.T, what string, c *http.Client, url string, want []int, headers ...string) []liveResp {
+func liveCodes(t *testing.T, what string, c *http.Client, url string, want []int, headers ...string) []response {
 	t.Helper()
 	var got []int
-	var rs []liveResp
+	var rs []response
 	for range want {
-		r := liveGet(t, c, url, headers...)
+		r := get(t, c, url, headers...)
 		got = append(got, r.code)
 		rs = append(rs, r)
 	}
@@ -89,7 +50,7 @@ func liveCodes(t *testing.T, what string, c *http.Client, url string, want []int
 }
 
 // livePolicyQuota reads q of zone's member of RateLimit-Policy, or -1.
-func livePolicyQuota(r liveResp, zone string) int {
+func livePolicyQuota(r response, zone string) int {
 	for _, member := range strings.Split(r.header.Get("RateLimit-Policy"), ",") {
 		params := strings.Split(strings.TrimSpace(member), ";")
 		if params[0] != strconv.Quote(zone) {
@@ -140,7 +101,7 @@ http://{{http}} {`+route("xff_untrusted")+`}
 http://{{http2}} {`+route("xff_strict")+`}
 http://{{http3}} {`+route("xff_leftmost")+`}
 `)
-	c := liveClient(t)
+	c := newClient(t)
 	const xff = "X-Forwarded-For"
 
 	t.Run("untrusted peer", func(t *testing.T) {
@@ -150,7 +111,7 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 		// real peer, 127.0.0.1, and share its two requests.
 		for i, want := range []int{200, 200, 429, 429} {
 			spoof := fmt.Sprintf("203.0.113.%d", i+1)
-			r := liveGet(t, c, url, xff, spoof, "X-Real-IP", spoof, "Forwarded", "for="+spoof)
+			r := get(t, c, url, xff, spoof, "X-Real-IP", spoof, "Forwarded", "for="+spoof)
 			if r.code != want {
 				t.Errorf("request %d with X-Forwarded-For %s: status %d, want %d", i, spoof, r.code, want)
 			}
@@ -173,7 +134,7 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 		// the client wrote to the left changes nothing.
 		for i, want := range []int{200, 200, 429} {
 			chain := fmt.Sprintf("203.0.113.%d, 198.51.100.20", i+1)
-			r := liveGet(t, c, url, xff, chain)
+			r := get(t, c, url, xff, chain)
 			if r.code != want {
 				t.Errorf("X-Forwarded-For %q: status %d, want %d", chain, r.code, want)
 			}
@@ -182,7 +143,7 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 			}
 		}
 		// A trusted proxy in the chain is skipped, not taken as the client.
-		r := liveGet(t, c, url, xff, "198.51.100.21, 127.0.0.1")
+		r := get(t, c, url, xff, "198.51.100.21, 127.0.0.1")
 		if r.code != 200 || r.body != "198.51.100.21" {
 			t.Errorf("X-Forwarded-For through a second trusted hop: %d %q, want 200 198.51.100.21", r.code, r.body)
 		}
@@ -199,7 +160,7 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 		// recommends trusted_proxies_strict.
 		for i := range 4 {
 			chain := fmt.Sprintf("203.0.113.%d, 198.51.100.30", i+1)
-			r := liveGet(t, c, url, xff, chain)
+			r := get(t, c, url, xff, chain)
 			if r.code != 200 || r.body != fmt.Sprintf("203.0.113.%d", i+1) {
 				t.Errorf("X-Forwarded-For %q without strict: %d %q, want 200 and the leftmost entry", chain, r.code, r.body)
 			}
@@ -250,7 +211,7 @@ http://[::1]:`+v6port+` {
 	respond "{client_ip}"
 }
 `)
-	c := liveClient(t)
+	c := newClient(t)
 	const xff = "X-Forwarded-For"
 	type step struct {
 		client string
@@ -260,7 +221,7 @@ http://[::1]:`+v6port+` {
 		t.Helper()
 		url := inst.URL(path)
 		for _, s := range steps {
-			if r := liveGet(t, c, url, xff, s.client); r.code != s.want {
+			if r := get(t, c, url, xff, s.client); r.code != s.want {
 				t.Errorf("%s from %s: status %d, want %d (client_ip %q)", path, s.client, r.code, s.want, r.body)
 			}
 		}
@@ -386,7 +347,7 @@ http://{{http}} {
 	respond "{plan}"
 }
 `)
-	c := liveClient(t)
+	c := newClient(t)
 	url := inst.URL("/")
 	const hdr = "X-API-Key"
 	for _, tc := range []struct {
@@ -449,7 +410,7 @@ func TestLiveMissingKey(t *testing.T) {
 http://{{http}} {`+route("ip")+route("deny")+route("skip")+`
 }
 `)
-	c := liveClient(t)
+	c := newClient(t)
 
 	t.Run("ip", func(t *testing.T) {
 		t.Parallel()

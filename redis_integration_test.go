@@ -1,4 +1,4 @@
-package ratelimit_test
+package ratelimit
 
 // Handler-level tests of `store redis`: real redis-server processes
 // (internal/redistest) behind real Caddy processes (internal/caddyproc),
@@ -202,14 +202,7 @@ func (u *countingUpstream) open() { close(u.gate) }
 // waitArrivals waits until n requests have reached the upstream.
 func (u *countingUpstream) waitArrivals(t *testing.T, n int) {
 	t.Helper()
-	timeout := time.After(30 * time.Second)
-	for range n {
-		select {
-		case <-u.arrived:
-		case <-timeout:
-			t.Fatalf("upstream: fewer than %d requests arrived", n)
-		}
-	}
+	waitArrivals(t, u.arrived, n)
 }
 
 // newLoopbackServer serves h on a free 127.0.0.1 port until the test
