@@ -32,8 +32,8 @@ func escapeKey(k string) string {
 	return k
 }
 
-// maxKeyLength bounds a key template's evaluated length: longer keys are
-// hashed like any other, but a template should not grow without bound.
+// maxTemplateLength bounds a key template as written. Evaluated keys are
+// hashed whatever their length; the bound only refuses absurd configs.
 const maxTemplateLength = 4096
 
 // keyTemplate is a zone key compiled into literals and placeholders, so a

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -131,7 +132,7 @@ func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "url":
-			if err = parseStringArg(d, &c.URL); err == nil && !hasPlaceholder(c.URL) {
+			if err = parseStringArg(d, &c.URL); err == nil && !strings.Contains(c.URL, "{") {
 				if uerr := checkRedisURL(c.URL); uerr != nil {
 					err = d.Errf("redis: url: %v", uerr)
 				}
@@ -191,13 +192,4 @@ func checkRedisURL(raw string) error {
 	}
 	_ = client.Close()
 	return nil
-}
-
-func hasPlaceholder(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '{' {
-			return true
-		}
-	}
-	return false
 }
