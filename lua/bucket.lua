@@ -1,9 +1,11 @@
--- bucket.lua: the state token_bucket.lua and leaky_bucket.lua share; sent
--- after prelude.lua and before either of them (see limiter/redis.go).
+-- bucket.lua: reads the state token_bucket.lua and leaky_bucket.lua share;
+-- sent after prelude.lua and before either of them, which decide, set debt
+-- and reply, and are followed by bucket_save.lua (see lua/scripts.go).
 --
--- State (KEYS[1], a string): the theoretical arrival time tat, when the bucket
--- is full again (token) or its queue empty (leaky), in µs plus frac < L in units of 1/L µs. Time scaled
--- by L makes one unit cost exactly W, so every quantity below is an integer.
+-- State (KEYS[1], a string): the theoretical arrival time tat, when the
+-- bucket is full again (token) or its queue empty (leaky), in µs plus
+-- frac < L in units of 1/L µs. Time scaled by L makes one unit cost exactly
+-- W, so every quantity below is an integer.
 -- tat and frac are packed into the one integer tat×L + frac, which Redis
 -- keeps in the 8 bytes of an integer-encoded string (while below 2^63, i.e.
 -- for L up to a few thousand), so a key costs no more than a plain counter.
@@ -17,7 +19,6 @@
 local ahead = tonumber(ARGV[8])
 
 local E9 = 1000000000
-local packed = l * E9 < 9007199254740992
 
 -- queued: how far tat lies ahead of now, scaled by L. For a token bucket it
 -- is (B - tokens)×W, for a leaky bucket the wait a request would queue for.
@@ -35,9 +36,9 @@ if v then
       if n > 9 then
         hi, lo = tonumber(string.sub(v, 1, n - 9)), tonumber(string.sub(v, n - 8))
       end
-      local qh = fdiv(hi, l)
+      local qh = floor(hi / l)
       local rest = (hi - qh * l) * E9 + lo
-      local ql = fdiv(rest, l)
+      local ql = floor(rest / l)
       tat, frac = qh * E9 + ql, rest - ql * l
     end
   end
@@ -48,32 +49,5 @@ if v then
       d = ahead
     end
     queued = d * l + frac
-  end
-end
-
--- save moves tat to now + debt/L; the key lives exactly as long as tat.
-local function save(debt)
-  if debt <= 0 then
-    redis.call('DEL', KEYS[1])
-  else
-    local q = fdiv(debt, l)
-    local tat, frac, val = now + q, debt - q * l, nil
-    if l == 1 then
-      val = string.format('%d', tat)
-    elseif packed then
-      local th = fdiv(tat, E9)
-      local low = (tat - th * E9) * l + frac
-      local carry = fdiv(low, E9)
-      local high = th * l + carry
-      low = low - carry * E9
-      if high == 0 then
-        val = string.format('%d', low)
-      else
-        val = string.format('%d%09d', high, low)
-      end
-    else
-      val = string.format('%d:%d', tat, frac)
-    end
-    redis.call('SET', KEYS[1], val, 'PX', cdiv(debt, l * 1000) + pad)
   end
 end

@@ -57,5 +57,5 @@ for first = 1, cost, 1000 do
 end
 -- The newest lease lapses last, unless a stepped clock left a later one.
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-redis.call('PEXPIRE', key, math.ceil((tonumber(last[2]) - now) / 1000) + pad)
+redis.call('PEXPIRE', key, ceil((tonumber(last[2]) - now) / 1000) + pad)
 return {1, l - inflight - cost, 0, 0, now}

@@ -27,7 +27,7 @@ local function save()
     redis.call('DEL', KEYS[1])
     return
   end
-  redis.call('SET', KEYS[1], string.format('%d:%d', win, count), 'PX', fdiv(left + 999, 1000) + pad)
+  redis.call('SET', KEYS[1], string.format('%d:%d', win, count), 'PX', ceil(left / 1000) + pad)
 end
 
 if op == 'return' then

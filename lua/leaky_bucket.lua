@@ -7,7 +7,8 @@
 -- the one integer tat×L + frac, or "<tat>:<frac>" when L×10^9 >= 2^53.
 --
 -- Sent after prelude.lua and bucket.lua, which read the arguments, the clock
--- and the state.
+-- and the state, and before bucket_save.lua, which stores debt and returns
+-- reply.
 --
 -- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), max_delay (µs scaled
 -- by L), max ahead. L, W and max_delay arrive divided by the greatest common
@@ -20,18 +21,20 @@ local maxdelay = tonumber(ARGV[7])
 local wait = queued
 local debt, held = 0, 0
 if op == 'return' then
-  debt = math.max(0, wait - cost * w)
+  debt = wait - cost * w
+  if debt < 0 then
+    debt = 0
+  end
 else
   if wait > maxdelay then
-    return {0, 0, cdiv(wait, l), cdiv(wait - maxdelay, l), now}
+    return {0, 0, ceil(wait / l), ceil((wait - maxdelay) / l), now}
   end
-  debt, held = wait + cost * w, cdiv(wait, l)
+  debt, held = wait + cost * w, ceil(wait / l)
 end
-save(debt)
 
 -- Free queue slots for unit requests.
 local remaining = 0
 if debt <= maxdelay then
-  remaining = fdiv(maxdelay - debt, w) + 1
+  remaining = floor((maxdelay - debt) / w) + 1
 end
-return {1, remaining, cdiv(debt, l), held, now}
+local reply = {1, remaining, ceil(debt / l), held, now}

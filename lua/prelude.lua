@@ -14,27 +14,15 @@ local l, w = tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = tonumber(ARGV[3])
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 
--- Floor division exact for |a| < 2^53: the double quotient is off by at most one.
-local function fdiv(a, d)
-  if d == 1 then
-    return a
-  end
-  local q = math.floor(a / d)
-  local r = a - q * d
-  if r < 0 then
-    q = q - 1
-  elseif r >= d then
-    q = q + 1
-  end
-  return q
-end
-
-local function cdiv(a, d)
-  if a <= 0 then
-    return 0
-  end
-  return fdiv(a + d - 1, d)
-end
+-- Integer division: floor(a / d) and ceil(a / d) are exact. Every quantity
+-- a script forms is an integer a with |a| < 2^53 (limiter/redis.go refuses
+-- policies that would leave that range) and d >= 1 is an integer. Rounding
+-- moves the double a / d by at most |a / d|×2^-53 < 1/d, while an a / d that
+-- is not an integer lies at least 1/d from every integer: the rounded
+-- quotient never crosses one. Locals, not helper functions: a function
+-- defined here would be created anew on every call, and calls are where the
+-- interpreter spends most.
+local floor, ceil = math.floor, math.ceil

@@ -7,8 +7,10 @@
 // The argument and reply layout is documented at the top of each file.
 // Redis runs one script per call and scripts cannot call one another, so
 // what they share is sent with each: prelude.lua (arguments, clock, exact
-// division) starts every script, bucket.lua (the packed state) the two
-// bucket algorithms' and window.lua (the window index) the two counters'.
+// division) starts every script, bucket.lua (reading the packed state)
+// follows it in the two bucket algorithms' and bucket_save.lua (writing it)
+// ends them, and window.lua (the window index) follows it in the two
+// counters'.
 // Each part defines only what its scripts use: the interpreter runs every
 // definition on every call. Each exported script is that concatenation, still one
 // atomic EVALSHA per decision.
@@ -21,6 +23,9 @@ var prelude string
 
 //go:embed bucket.lua
 var bucket string
+
+//go:embed bucket_save.lua
+var bucketSave string
 
 //go:embed window.lua
 var window string
@@ -45,11 +50,11 @@ var concurrency string
 
 // TokenBucket is the token bucket's script; it also refunds, so a request
 // denied by another zone gives its tokens back in one round trip.
-func TokenBucket() string { return prelude + bucket + tokenBucket }
+func TokenBucket() string { return prelude + bucket + tokenBucket + bucketSave }
 
 // LeakyBucket is the leaky bucket's script, which shares the token bucket's
 // compact state but decides by queue wait and max_delay.
-func LeakyBucket() string { return prelude + bucket + leakyBucket }
+func LeakyBucket() string { return prelude + bucket + leakyBucket + bucketSave }
 
 // FixedWindow is the fixed window's script; one small string per key keeps
 // the window index beside the count, so a key read after its window ended

@@ -38,7 +38,7 @@ local function status(allowed, retry)
   elseif prev > 0 then
     reset = (win + 1) * w - now
   end
-  return {allowed, math.max(0, fdiv(l * w - est, w)), reset, retry, now}
+  return {allowed, math.max(0, floor((l * w - est) / w)), reset, retry, now}
 end
 
 local function save()
@@ -51,7 +51,7 @@ local function save()
     redis.call('DEL', KEYS[1])
     return
   end
-  redis.call('SET', KEYS[1], string.format('%d:%d:%d', win, prev, cur), 'PX', cdiv(left, 1000) + pad)
+  redis.call('SET', KEYS[1], string.format('%d:%d:%d', win, prev, cur), 'PX', ceil(left / 1000) + pad)
 end
 
 if op == 'return' then
@@ -72,8 +72,9 @@ if prev * (w - e) + (cur + cost) * w > l * w then
   local retry
   local slack = l - cur - cost
   if slack >= 0 and prev > 0 then
-    -- Later in this window, as prev's weight decays.
-    local x = cdiv(prev * rest - slack * w, prev)
+    -- Later in this window, as prev's weight decays. x > 0: the request
+    -- was refused, so prev×rest > slack×W.
+    local x = ceil((prev * rest - slack * w) / prev)
     if x < rest then
       retry = x
     end
@@ -83,7 +84,7 @@ if prev * (w - e) + (cur + cost) * w > l * w then
       retry = rest
     else
       -- In the next window, at e' into it: cur×(W - e') <= (L - c)×W.
-      local ep = cdiv((cur - l + cost) * w, cur)
+      local ep = math.max(0, ceil((cur - l + cost) * w / cur))
       if ep < w then
         retry = rest + ep
       else

@@ -58,7 +58,7 @@ end
 local function expire()
   local last = newest()
   if last then
-    redis.call('PEXPIRE', key, math.ceil((last + w - now) / 1000) + pad)
+    redis.call('PEXPIRE', key, ceil((last + w - now) / 1000) + pad)
   end
 end
 
@@ -94,5 +94,5 @@ while left > 0 do
   redis.call('RPUSH', key, unpack(push))
   left = left - #push
 end
-redis.call('PEXPIRE', key, math.ceil((at + w - now) / 1000) + pad)
+redis.call('PEXPIRE', key, ceil((at + w - now) / 1000) + pad)
 return status(1, 0, at)

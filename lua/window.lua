@@ -6,5 +6,5 @@ local function index(t)
   if t < 0 then
     return 0
   end
-  return fdiv(t, w)
+  return floor(t / w)
 end
