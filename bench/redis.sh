@@ -25,15 +25,18 @@ export REDIS_ADDR=127.0.0.1:$port
 echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on $REDIS_ADDR; $(lscpu | grep 'Model name' | sed 's/  */ /g'); $(nproc) CPUs"
 echo
 
-# One test binary, run count times: each run measures redis_rate and then
-# Floodgate, so the two alternate and share whatever else the machine does.
+# One test binary, run count times: each run measures redis_rate and
+# Floodgate back to back, in reverse order every other run, so they share
+# whatever else the machine does and neither always goes first.
 go test -c -o "$dir/bench.test" . >/dev/null
 runs=""
-for _ in $(seq "$count"); do
-	runs+=$("$dir/bench.test" -test.run '^$' -test.bench 'BenchmarkCompare' -test.benchtime "$benchtime") || { echo "$runs" >&2; exit 1; }
+for i in $(seq "$count"); do
+	reverse=$([ $((i % 2)) = 0 ] && echo 1 || true)
+	runs+=$(BENCH_REVERSE=$reverse "$dir/bench.test" -test.run '^$' -test.bench 'BenchmarkCompare' -test.benchtime "$benchtime") || { echo "$runs" >&2; exit 1; }
 	runs+=$'\n'
 done
 echo "Token bucket, 64 concurrent callers, 10,000 client keys: median of $count alternating runs of -benchtime $benchtime"
+echo "(vs redis_rate: the median over runs of redis_rate's ns/op divided by this row's in the same run; above 1 is faster)"
 echo "(steady: 60/min burst 1000, keys outlive the gaps between hits; expiring: 1000/min burst 1000, Floodgate's exact TTLs lapse between hits)"
 echo "$runs" | awk '
 	/^BenchmarkCompare\// {
@@ -47,10 +50,15 @@ echo "$runs" | awk '
 		return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
 	}
 	END {
-		printf "%-34s %10s %12s %16s %16s\n", "setting/limiter", "ns/op", "decisions/s", "client CPU µs/op", "Redis CPU µs/op"
+		printf "%-34s %10s %12s %16s %16s %14s\n", "setting/limiter", "ns/op", "decisions/s", "client CPU µs/op", "Redis CPU µs/op", "vs redis_rate"
 		for (i = 1; i <= k; i++) {
 			nm = names[i]; m = median(ns, nm, n[nm])
-			printf "%-34s %10.0f %12.0f %16.2f %16.2f\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm])
+			# Speed relative to redis_rate in the same setting, run by run
+			# (the two ran back to back), then the median of those ratios:
+			# steadier than a ratio of medians when the machine drifts.
+			base = nm; sub(/\/.*/, "/redis_rate", base)
+			for (j = 1; j <= n[nm]; j++) rel[nm, j] = ns[base, j] / ns[nm, j]
+			printf "%-34s %10.0f %12.0f %16.2f %16.2f %13.3fx\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm]), median(rel, nm, n[nm])
 		}
 	}'
 echo

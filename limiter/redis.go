@@ -48,15 +48,12 @@ type RedisOptions struct {
 	Timeout time.Duration
 
 	// now, when set, replaces Redis TIME with an explicit clock in
-	// microseconds, so tests can step time exactly.
+	// microseconds, so tests can step time exactly. The scripts then keep
+	// every key 10 minutes longer than its state needs: a test's step may
+	// jump far ahead of the wall clock or stay put while real time passes,
+	// and state must not vanish under a test that has not reached its end.
 	now func() int64
 }
-
-// testTTLPad lengthens every TTL, in milliseconds, while a test steps an
-// explicit clock: a step may jump far ahead of the wall clock or stay put
-// while real time passes, and state must not vanish under a test that has
-// not reached its end.
-const testTTLPad = 10 * 60 * 1000
 
 // Redis keeps the state of every key in Redis, so all instances that share a
 // Redis (standalone, Cluster or Sentinel) enforce one limit together. Each
@@ -74,7 +71,9 @@ type Redis struct {
 	keyTail string // the closing of the hash tag and the algorithm's suffix
 	timeout time.Duration
 	now     func() int64
-	pad     int64
+	// poolBounded: the client waits for a free connection no longer than
+	// timeout, so run can bound a decision without a context timer.
+	poolBounded bool
 
 	leaseID  string // this store's random part of every lease id
 	leaseSeq atomic.Uint64
@@ -131,8 +130,8 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
 	}
-	if r.now != nil {
-		r.pad = testTTLPad
+	if pt := poolTimeout(client); pt > 0 && pt <= r.timeout {
+		r.poolBounded = true
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -214,6 +213,20 @@ func gcd(a, b int64) int64 {
 	return a
 }
 
+// poolTimeout is how long client waits for a free connection, or zero when
+// its type is unknown.
+func poolTimeout(client redis.UniversalClient) time.Duration {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().PoolTimeout
+	case *redis.ClusterClient:
+		return c.Options().PoolTimeout
+	case *redis.Ring:
+		return c.Options().PoolTimeout
+	}
+	return 0
+}
+
 // checkContextTimeouts refuses a client that would ignore the per-decision
 // deadline. Clients of other types are trusted.
 func checkContextTimeouts(client redis.UniversalClient) error {
@@ -271,7 +284,7 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 	if r.p.alg == Concurrency {
 		lease = r.leaseID + strconv.FormatUint(r.leaseSeq.Add(1), 36)
 	}
-	d, err := r.run(ctx, "take", key, cost, lease)
+	d, err := r.run(ctx, key, cost, lease)
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: take: %w", r.zone, err)
 	}
@@ -294,7 +307,7 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 	case FixedWindow, SlidingWindowCounter, SlidingWindowLog:
 		extra = taken.at
 	}
-	d, err := r.run(ctx, "return", key, cost, extra)
+	d, err := r.run(ctx, key, -cost, extra)
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: return: %w", r.zone, err)
 	}
@@ -303,9 +316,16 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 
 // run calls the script for key under the store's timeout and reads its
 // reply {allowed, remaining, reset µs, retry_after µs, decision time µs}.
-func (r *Redis) run(ctx context.Context, op, key string, cost int64, extra any) (Decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
+// A positive cost takes, a negative one gives back.
+func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
+	deadline := time.Now().Add(r.timeout)
+	if r.poolBounded {
+		ctx = withDeadline(ctx, deadline)
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 
 	// go-redis copies the arguments into its command, so the slice can be
 	// reused: one allocation less on every decision.
@@ -318,7 +338,7 @@ func (r *Redis) run(ctx context.Context, op, key string, cost int64, extra any) 
 	if r.now != nil {
 		now = r.now()
 	}
-	*args = append((*args)[:0], op, cost, now, r.pad)
+	*args = append((*args)[:0], cost, now)
 	*args = append(*args, r.args...)
 	if extra != nil {
 		*args = append(*args, extra)
@@ -342,13 +362,48 @@ func (r *Redis) run(ctx context.Context, op, key string, cost int64, extra any) 
 	}, nil
 }
 
+// withDeadline gives ctx the deadline d without a timer: go-redis turns a
+// context's deadline into socket deadlines on every read and write, and
+// watches Done only while it waits for a free connection, which a client
+// whose PoolTimeout is at most the store's timeout bounds by itself. So a
+// decision is held no longer than with context.WithDeadline, without the
+// timer that costs about a microsecond per decision on a busy machine (see
+// BENCHMARKS.md). Done and cancellation remain the caller's.
+func withDeadline(ctx context.Context, d time.Time) context.Context {
+	if old, ok := ctx.Deadline(); ok && old.Before(d) {
+		return ctx
+	}
+	return deadlineContext{ctx, d}
+}
+
+// deadlineContext reports a deadline it does not enforce; see withDeadline.
+type deadlineContext struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// Err reports the passed deadline too, for code that checks Err between
+// steps instead of waiting on Done.
+func (c deadlineContext) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
 // scriptArgs recycles the argument slices of script runs.
 var scriptArgs = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
 
 // isTimeout reports whether err means a deadline passed, whether go-redis
-// returned the context's error or the socket's.
+// returned the context's error, the socket's or the pool's (no connection
+// came free within PoolTimeout, which is the store's timeout).
 func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) {
 		return true
 	}
 	var ne net.Error

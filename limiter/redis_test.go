@@ -253,46 +253,83 @@ func TestRedisScriptCacheLoss(t *testing.T) {
 	take("after a restart", 9) // memory was lost with the restart
 }
 
+// TestRedisTimeoutWhenPaused checks that a stalled Redis costs a decision
+// no more than the timeout and a small margin, both with a client of any
+// settings (a context timer bounds the decision) and with one built by
+// RedisConfig (socket deadlines and the pool's wait bound it), including
+// while more callers wait than the pool has connections.
 func TestRedisTimeoutWhenPaused(t *testing.T) {
-	s := redistest.Start(t)
-	client := s.Client(t)
-	ctx := context.Background()
 	const timeout = 20 * time.Millisecond
-	r := newTestRedis(t, client, Policy{Algorithm: FixedWindow, Events: 10, Window: time.Minute}, RedisOptions{Zone: "pause", Timeout: timeout})
-	if _, err := r.Take(ctx, "k", 1); err != nil {
-		t.Fatal(err)
-	}
-	s.Pause()
-	defer s.Resume()
-	for i := range 3 { // the first on a pooled connection, then on fresh ones
-		start := time.Now()
-		_, err := r.Take(ctx, "k", 1)
-		took := time.Since(start)
-		if err == nil {
-			t.Fatal("Take answered while Redis was paused")
-		}
-		if !errors.Is(err, ErrStoreTimeout) {
-			t.Errorf("take %d: error %v does not wrap ErrStoreTimeout", i, err)
-		}
-		t.Logf("take %d failed after %v: %v", i, took, err)
-		if took > timeout+100*time.Millisecond {
-			t.Errorf("take %d: failed after %v, want within %v and a small margin", i, took, timeout)
-		}
-	}
-	s.Resume()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		d, err := r.Take(ctx, "k", 1)
-		if err == nil {
-			if !d.Allowed {
-				t.Fatalf("after resume: %+v", d)
+	for _, tt := range []struct {
+		name    string
+		bounded bool
+		callers int
+	}{
+		{"context timer", false, 1},
+		{"socket deadlines", true, 1},
+		{"socket deadlines, pool exhausted", true, 8},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := redistest.Start(t)
+			var client redis.UniversalClient = s.Client(t)
+			if tt.bounded {
+				c, err := RedisConfig{Addresses: []string{s.Addr()}, Timeout: timeout, PoolSize: 2}.NewClient()
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				client = c
 			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no decision within 5s of resuming: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
+			ctx := context.Background()
+			r := newTestRedis(t, client, Policy{Algorithm: FixedWindow, Events: 10, Window: time.Minute}, RedisOptions{Zone: "pause", Timeout: timeout})
+			if r.poolBounded != tt.bounded {
+				t.Fatalf("poolBounded = %v, want %v", r.poolBounded, tt.bounded)
+			}
+			if _, err := r.Take(ctx, "k", 1); err != nil {
+				t.Fatal(err)
+			}
+			s.Pause()
+			defer s.Resume()
+			for round := range 3 { // the first on a pooled connection, then on fresh ones
+				var wg sync.WaitGroup
+				for c := range tt.callers {
+					wg.Go(func() {
+						start := time.Now()
+						_, err := r.Take(ctx, "k", 1)
+						took := time.Since(start)
+						if err == nil {
+							t.Error("Take answered while Redis was paused")
+							return
+						}
+						if !errors.Is(err, ErrStoreTimeout) {
+							t.Errorf("round %d caller %d: error %v does not wrap ErrStoreTimeout", round, c, err)
+						}
+						if took > timeout+100*time.Millisecond {
+							t.Errorf("round %d caller %d: failed after %v, want within %v and a small margin", round, c, took, timeout)
+						}
+						if c == 0 {
+							t.Logf("round %d: failed after %v: %v", round, took, err)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			s.Resume()
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				d, err := r.Take(ctx, "k", 1)
+				if err == nil {
+					if !d.Allowed {
+						t.Fatalf("after resume: %+v", d)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no decision within 5s of resuming: %v", err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
 	}
 }
 

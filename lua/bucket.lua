@@ -14,9 +14,9 @@
 -- "<tat>:<frac>". The key's name carries L (see limiter/redis.go), so a value
 -- is never read with another L than it was written with.
 --
--- ARGV[8]: max ahead (µs), the furthest tat may lie ahead of now.
+-- ARGV[6]: max ahead (µs), the furthest tat may lie ahead of now.
 
-local ahead = tonumber(ARGV[8])
+local ahead = tonumber(ARGV[6])
 
 local E9 = 1000000000
 

@@ -8,13 +8,12 @@
 --
 -- Sent after prelude.lua, which reads the arguments and the clock.
 --
--- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua; W is the lease),
--- lease id.
+-- ARGV: cost, now, L, W (see prelude.lua; W is the lease), lease id.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs};
 -- reset and retry_after are always 0: a unit frees when a response finishes.
 
-local lease = ARGV[7]
+local lease = ARGV[5]
 local key = KEYS[1]
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))

@@ -7,8 +7,8 @@
 -- Sent after prelude.lua, which reads the arguments and the clock, and
 -- window.lua.
 --
--- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), and for "return"
--- the time of the decision being returned (µs).
+-- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
+-- the decision being returned (µs).
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 
@@ -31,7 +31,7 @@ local function save()
 end
 
 if op == 'return' then
-  if index(tonumber(ARGV[7])) == win and count > 0 then
+  if index(tonumber(ARGV[5])) == win and count > 0 then
     count = math.max(0, count - cost)
     save()
   end

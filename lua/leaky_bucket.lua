@@ -10,14 +10,14 @@
 -- and the state, and before bucket_save.lua, which stores debt and returns
 -- reply.
 --
--- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), max_delay (µs scaled
--- by L), max ahead. L, W and max_delay arrive divided by the greatest common
--- divisor of L and W.
+-- ARGV: cost, now, L, W (see prelude.lua), max_delay (µs scaled by L), max
+-- ahead. L, W and max_delay arrive divided by the greatest common divisor
+-- of L and W.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs};
 -- on an admission retry_after is how long the request is held.
 
-local maxdelay = tonumber(ARGV[7])
+local maxdelay = tonumber(ARGV[5])
 local wait = queued
 local debt, held = 0, 0
 if op == 'return' then

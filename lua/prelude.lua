@@ -2,17 +2,26 @@
 -- front of the algorithm's own file as one script, so a decision is still a
 -- single atomic EVALSHA; what every algorithm needs is written once, here.
 --
--- ARGV[1..6]: op ("take" | "return"), cost, now (µs, "" = Redis TIME), ttl
--- pad (ms, 0 outside tests), L, W. Further arguments are the algorithm's.
+-- ARGV[1..4]: cost (units to take; negated, units to give back), now (µs;
+-- "" = Redis TIME, the only value outside tests), L, W. Further arguments
+-- are the algorithm's. A test that sets now also steps it far from the wall
+-- clock, so its keys live 10 minutes longer than their state needs
+-- (limiter/redis.go's testTTLPad).
 --
 -- The scripts run on every request and the interpreter is most of their
--- cost, so they are written straight through, with few function calls.
+-- cost, so they are written straight through, with few function calls and
+-- few arguments: each one is a string Redis parses and Lua interns.
 
-local op, cost, pad = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local l, w = tonumber(ARGV[5]), tonumber(ARGV[6])
+local cost, op = tonumber(ARGV[1]), 'take'
+if cost < 0 then
+  cost, op = -cost, 'return'
+end
+local l, w = tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local now = tonumber(ARGV[3])
-if not now then
+local now, pad = tonumber(ARGV[2]), 0
+if now then
+  pad = 600000
+else
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end

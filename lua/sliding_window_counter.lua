@@ -9,8 +9,8 @@
 -- Sent after prelude.lua, which reads the arguments and the clock, and
 -- window.lua.
 --
--- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), and for "return"
--- the time of the decision being returned (µs).
+-- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
+-- the decision being returned (µs).
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 
@@ -55,7 +55,7 @@ local function save()
 end
 
 if op == 'return' then
-  local taken = index(tonumber(ARGV[7]))
+  local taken = index(tonumber(ARGV[5]))
   if taken == win and cur > 0 then
     cur = math.max(0, cur - cost)
     save()

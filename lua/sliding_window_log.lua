@@ -8,8 +8,8 @@
 --
 -- Sent after prelude.lua, which reads the arguments and the clock.
 --
--- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), and for "return"
--- the time of the decision being returned (µs).
+-- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
+-- the decision being returned (µs).
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 
@@ -63,7 +63,7 @@ local function expire()
 end
 
 if op == 'return' then
-  local at = tonumber(ARGV[7])
+  local at = tonumber(ARGV[5])
   if at > cutoff and redis.call('LREM', key, -cost, string.format('%d', at)) > 0 then
     expire()
   end

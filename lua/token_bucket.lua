@@ -3,13 +3,13 @@
 -- bucket.lua, which read the arguments, the clock and the state, and before
 -- bucket_save.lua, which stores debt and returns reply.
 --
--- ARGV: op, cost, now, ttl pad, L, W (see prelude.lua), B, max ahead. L and
--- W arrive divided by their greatest common divisor, which changes no
--- decision and keeps products small.
+-- ARGV: cost, now, L, W (see prelude.lua), B, max ahead. L and W arrive
+-- divided by their greatest common divisor, which changes no decision and
+-- keeps products small.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 
-local b = tonumber(ARGV[7])
+local b = tonumber(ARGV[5])
 local debt, full = queued, b * w
 if op == 'return' then
   debt = debt - cost * w
