@@ -315,7 +315,9 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 }
 
 // run calls the script for key under the store's timeout and reads its
-// reply {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+// reply {allowed, remaining, reset µs, retry_after µs[, decision time µs]};
+// the bucket scripts leave out the decision time, as the memory store's
+// buckets do.
 // A positive cost takes, a negative one gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
 	deadline := time.Now().Add(r.timeout)
@@ -350,16 +352,19 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 		}
 		return Decision{}, err
 	}
-	if len(reply) != 5 {
-		return Decision{}, fmt.Errorf("script replied with %d values, want 5", len(reply))
+	if len(reply) != 4 && len(reply) != 5 {
+		return Decision{}, fmt.Errorf("script replied with %d values, want 4 or 5", len(reply))
 	}
-	return Decision{
+	d := Decision{
 		Allowed:    reply[0] == 1,
 		Remaining:  reply[1],
 		ResetAfter: microseconds(reply[2]),
 		RetryAfter: microseconds(reply[3]),
-		at:         reply[4],
-	}, nil
+	}
+	if len(reply) == 5 {
+		d.at = reply[4]
+	}
+	return d, nil
 }
 
 // withDeadline gives ctx the deadline d without a timer: go-redis turns a

@@ -14,8 +14,9 @@
 -- ahead. L, W and max_delay arrive divided by the greatest common divisor
 -- of L and W.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs};
--- on an admission retry_after is how long the request is held.
+-- Reply: {allowed, remaining, reset µs, retry_after µs}, without the decision
+-- time as token_bucket.lua explains; on an admission retry_after is how long
+-- the request is held.
 
 local maxdelay = tonumber(ARGV[5])
 local wait = queued
@@ -27,7 +28,7 @@ if op == 'return' then
   end
 else
   if wait > maxdelay then
-    return {0, 0, ceil(wait / l), ceil((wait - maxdelay) / l), now}
+    return {0, 0, ceil(wait / l), ceil((wait - maxdelay) / l)}
   end
   debt, held = wait + cost * w, ceil(wait / l)
 end
@@ -37,4 +38,4 @@ local remaining = 0
 if debt <= maxdelay then
   remaining = floor((maxdelay - debt) / w) + 1
 end
-local reply = {1, remaining, ceil(debt / l), held, now}
+local reply = {1, remaining, ceil(debt / l), held}

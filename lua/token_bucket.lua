@@ -7,7 +7,9 @@
 -- divided by their greatest common divisor, which changes no decision and
 -- keeps products small.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+-- Reply: {allowed, remaining, reset µs, retry_after µs}. Unlike the window
+-- algorithms' it leaves out the decision time: a bucket's reset is a
+-- duration with no boundary to align to, and the reply stays shorter.
 
 local b = tonumber(ARGV[5])
 local debt, full = queued, b * w
@@ -19,8 +21,8 @@ if op == 'return' then
 else
   local need = debt + cost * w
   if need > full then
-    return {0, floor((full - debt) / w), ceil(debt / l), ceil((need - full) / l), now}
+    return {0, floor((full - debt) / w), ceil(debt / l), ceil((need - full) / l)}
   end
   debt = need
 end
-local reply = {1, floor((full - debt) / w), ceil(debt / l), 0, now}
+local reply = {1, floor((full - debt) / w), ceil(debt / l), 0}
