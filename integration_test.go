@@ -70,9 +70,12 @@ func (r response) hasRateLimitHeaders() bool {
 }
 
 // newClient returns a client that never uses a proxy from the environment
-// and keeps enough idle connections for the concurrent tests.
+// and opens a connection per request: a reload through the admin API closes
+// Caddy's idle connections, and a request sent on one just as it closes
+// fails with a reset that net/http does not retry, so a kept-alive
+// connection would make every test that reloads flaky.
 func newClient(t *testing.T) *http.Client {
-	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 256}
+	tr := &http.Transport{Proxy: nil, DisableKeepAlives: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: time.Minute}
 }
