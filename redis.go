@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -61,16 +60,6 @@ func (c *RedisConfig) validate() error {
 	return nil
 }
 
-// timeout is the per-decision timeout every zone of the handler uses, the
-// default when the block sets none. The client is built for it too, so its
-// wait for a free connection is bounded the same (see limiter.RedisConfig).
-func (c *RedisConfig) timeout() time.Duration {
-	if c.Timeout == 0 {
-		return limiter.DefaultRedisTimeout
-	}
-	return time.Duration(c.Timeout)
-}
-
 // resolved is c with placeholders replaced, in the limiter's terms.
 func (c *RedisConfig) resolved() limiter.RedisConfig {
 	repl := caddy.NewReplacer()
@@ -83,7 +72,6 @@ func (c *RedisConfig) resolved() limiter.RedisConfig {
 		TLS:                c.TLS,
 		InsecureSkipVerify: c.InsecureSkipVerify,
 		PoolSize:           c.PoolSize,
-		Timeout:            c.timeout(),
 	}
 	for _, a := range c.Addresses {
 		r.Addresses = append(r.Addresses, repl.ReplaceKnown(a, ""))

@@ -297,7 +297,7 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 	rs, err := limiter.NewRedis(h.redis, p, limiter.RedisOptions{
 		Prefix:  h.Redis.KeyPrefix,
 		Zone:    redisZone,
-		Timeout: h.Redis.timeout(),
+		Timeout: time.Duration(h.Redis.Timeout),
 	})
 	if err != nil {
 		return limit{}, fmt.Errorf("redis store: %w", err)

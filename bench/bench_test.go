@@ -44,8 +44,7 @@ func serverAddr(t testing.TB) string {
 }
 
 func newClient(t testing.TB, addr string) *redis.Client {
-	// PoolTimeout as RedisConfig.NewClient sets it: the store's timeout.
-	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: callers, ContextTimeoutEnabled: true, PoolTimeout: storeTimeout})
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: callers, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("redis at %s: %v", addr, err)

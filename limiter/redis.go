@@ -71,9 +71,6 @@ type Redis struct {
 	keyTail string // the closing of the hash tag and the algorithm's suffix
 	timeout time.Duration
 	now     func() int64
-	// poolBounded: the client waits for a free connection no longer than
-	// timeout, so run can bound a decision without a context timer.
-	poolBounded bool
 
 	leaseID  string // this store's random part of every lease id
 	leaseSeq atomic.Uint64
@@ -129,9 +126,6 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	}
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
-	}
-	if pt := poolTimeout(client); pt > 0 && pt <= r.timeout {
-		r.poolBounded = true
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -211,20 +205,6 @@ func gcd(a, b int64) int64 {
 		a, b = b, a%b
 	}
 	return a
-}
-
-// poolTimeout is how long client waits for a free connection, or zero when
-// its type is unknown.
-func poolTimeout(client redis.UniversalClient) time.Duration {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().PoolTimeout
-	case *redis.ClusterClient:
-		return c.Options().PoolTimeout
-	case *redis.Ring:
-		return c.Options().PoolTimeout
-	}
-	return 0
 }
 
 // checkContextTimeouts refuses a client that would ignore the per-decision
@@ -317,17 +297,14 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 // run calls the script for key under the store's timeout and reads its
 // reply {allowed, remaining, reset µs, retry_after µs[, decision time µs]};
 // the bucket scripts leave out the decision time, as the memory store's
-// buckets do.
-// A positive cost takes, a negative one gives back.
+// buckets do. A positive cost takes, a negative one gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
-	deadline := time.Now().Add(r.timeout)
-	if r.poolBounded {
-		ctx = withDeadline(ctx, deadline)
-	} else {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
+	// A context timer, not only socket deadlines: go-redis dials a new
+	// connection in the background and only the context's Done stops the
+	// wait for it, so an unreachable host would otherwise hold the request
+	// for the client's dial timeout.
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
 
 	// go-redis copies the arguments into its command, so the slice can be
 	// reused: one allocation less on every decision.
@@ -367,46 +344,12 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 	return d, nil
 }
 
-// withDeadline gives ctx the deadline d without a timer: go-redis turns a
-// context's deadline into socket deadlines on every read and write, and
-// watches Done only while it waits for a free connection, which a client
-// whose PoolTimeout is at most the store's timeout bounds by itself. So a
-// decision is held no longer than with context.WithDeadline, without the
-// timer that costs about a microsecond per decision on a busy machine (see
-// BENCHMARKS.md). Done and cancellation remain the caller's.
-func withDeadline(ctx context.Context, d time.Time) context.Context {
-	if old, ok := ctx.Deadline(); ok && old.Before(d) {
-		return ctx
-	}
-	return deadlineContext{ctx, d}
-}
-
-// deadlineContext reports a deadline it does not enforce; see withDeadline.
-type deadlineContext struct {
-	context.Context
-	deadline time.Time
-}
-
-func (c deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
-
-// Err reports the passed deadline too, for code that checks Err between
-// steps instead of waiting on Done.
-func (c deadlineContext) Err() error {
-	if err := c.Context.Err(); err != nil {
-		return err
-	}
-	if !time.Now().Before(c.deadline) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
 // scriptArgs recycles the argument slices of script runs.
 var scriptArgs = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
 
 // isTimeout reports whether err means a deadline passed, whether go-redis
 // returned the context's error, the socket's or the pool's (no connection
-// came free within PoolTimeout, which is the store's timeout).
+// came free within the client's PoolTimeout).
 func isTimeout(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) {
 		return true

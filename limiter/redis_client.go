@@ -39,13 +39,6 @@ type RedisConfig struct {
 	PoolSize int
 	// DialTimeout bounds connecting; zero is go-redis's default of 5s.
 	DialTimeout time.Duration
-	// Timeout, when set, is the per-decision timeout of the stores that
-	// will share the client (RedisOptions.Timeout). The client then waits
-	// no longer than it for a free connection, which lets those stores
-	// bound a decision with socket deadlines alone, without a timer per
-	// decision (see withDeadline). Zero keeps go-redis's pool wait, and
-	// the stores time each decision with a context timer.
-	Timeout time.Duration
 }
 
 // NewClient returns a client for c: standalone for a URL or one address,
@@ -65,9 +58,6 @@ func (c RedisConfig) NewClient() (redis.UniversalClient, error) {
 func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 	if c.PoolSize < 0 {
 		return nil, fmt.Errorf("redis config: negative pool_size %d", c.PoolSize)
-	}
-	if c.Timeout < 0 {
-		return nil, fmt.Errorf("redis config: negative timeout %v", c.Timeout)
 	}
 	if c.DialTimeout < 0 {
 		return nil, fmt.Errorf("redis config: negative dial_timeout %v", c.DialTimeout)
@@ -125,9 +115,6 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		opts.TLSConfig.InsecureSkipVerify = true
 	}
 	opts.ContextTimeoutEnabled = true
-	if c.Timeout != 0 {
-		opts.PoolTimeout = c.Timeout
-	}
 	// One dial per attempt: go-redis otherwise redials a refused or
 	// unreachable server 5 times 100ms apart, which hides a dead Redis from
 	// the zone until most of its timeout has passed, so every request

@@ -26,15 +26,6 @@ func TestRedisConfigOptions(t *testing.T) {
 				if o.Addrs[0] != "localhost:6379" {
 					t.Errorf("addrs %v", o.Addrs)
 				}
-				if o.PoolTimeout != 0 {
-					t.Errorf("pool timeout %v, want go-redis's default", o.PoolTimeout)
-				}
-			}},
-		{"timeout bounds the pool wait", RedisConfig{Addresses: []string{"127.0.0.1:6379"}, Timeout: 30 * time.Millisecond},
-			func(t *testing.T, o *redis.UniversalOptions) {
-				if o.PoolTimeout != 30*time.Millisecond {
-					t.Errorf("pool timeout %v, want 30ms", o.PoolTimeout)
-				}
 			}},
 		{"rediss", RedisConfig{URL: "rediss://cache.internal", InsecureSkipVerify: true},
 			func(t *testing.T, o *redis.UniversalOptions) {
@@ -130,7 +121,6 @@ func TestRedisConfigErrors(t *testing.T) {
 		{RedisConfig{Addresses: []string{"a:1"}, InsecureSkipVerify: true}, "insecure_skip_verify"},
 		{RedisConfig{Addresses: []string{"a:1"}, PoolSize: -1}, "pool_size"},
 		{RedisConfig{Addresses: []string{"a:1"}, DialTimeout: -time.Second}, "dial_timeout"},
-		{RedisConfig{Addresses: []string{"a:1"}, Timeout: -time.Second}, "negative timeout"},
 	} {
 		_, err := tt.cfg.NewClient()
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
