@@ -136,9 +136,8 @@ func BenchmarkCompare(b *testing.B) {
 					return err
 				})
 			}},
-			// The same, under the per-call context timeout a caller of
-			// redis_rate would add to bound a decision: what such a timer
-			// costs.
+			// The same, under the per-call context timeout the Redis store
+			// applies to every decision: what the timer itself costs.
 			{"redis_rate_with_timeout", func(b *testing.B) {
 				rl := redis_rate.NewLimiter(client)
 				limit := redis_rate.Limit{Rate: set.events, Burst: set.burst, Period: time.Minute}

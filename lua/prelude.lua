@@ -5,8 +5,8 @@
 -- ARGV[1..4]: cost (units to take; negated, units to give back), now (µs;
 -- "" = Redis TIME, the only value outside tests), L, W. Further arguments
 -- are the algorithm's. A test that sets now also steps it far from the wall
--- clock, so its keys live 10 minutes longer than their state needs
--- (limiter/redis.go's testTTLPad).
+-- clock, so its keys live 10 minutes longer than their state needs (pad,
+-- in ms; see RedisOptions.now in limiter/redis.go).
 --
 -- The scripts run on every request and the interpreter is most of their
 -- cost, so they are written straight through, with few function calls and
