@@ -44,7 +44,9 @@ type RedisOptions struct {
 	// Redis never share keys. Characters that would break a Cluster hash tag
 	// are escaped.
 	Zone string
-	// Timeout bounds each decision; zero means DefaultRedisTimeout.
+	// Timeout bounds each decision; zero means DefaultRedisTimeout. A
+	// decision may run up to an eighth of it longer: deadlines are rounded
+	// up so that decisions share timers (see deadlines).
 	Timeout time.Duration
 
 	// now, when set, replaces Redis TIME with an explicit clock in
@@ -70,7 +72,9 @@ type Redis struct {
 	keyHead string // prefix, zone and the opening of the hash tag
 	keyTail string // the closing of the hash tag and the algorithm's suffix
 	timeout time.Duration
-	now     func() int64
+	// deadlines bound each decision by timeout without a timer each.
+	deadlines *deadlines
+	now       func() int64
 
 	leaseID  string // this store's random part of every lease id
 	leaseSeq atomic.Uint64
@@ -127,6 +131,7 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
 	}
+	r.deadlines = newDeadlines(r.timeout)
 	prefix := opts.Prefix
 	if prefix == "" {
 		prefix = DefaultRedisPrefix
@@ -299,12 +304,11 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 // the bucket scripts leave out the decision time, as the memory store's
 // buckets do. A positive cost takes, a negative one gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
-	// A context timer, not only socket deadlines: go-redis dials a new
-	// connection in the background and only the context's Done stops the
-	// wait for it, so an unreachable host would otherwise hold the request
-	// for the client's dial timeout.
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
+	// A Done that closes at the deadline, not only socket deadlines:
+	// go-redis dials a new connection in the background and only Done stops
+	// the wait for it, so an unreachable host would otherwise hold the
+	// request for the client's dial timeout.
+	ctx = r.deadlines.bound(ctx, r.timeout)
 
 	// go-redis copies the arguments into its command, so the slice can be
 	// reused: one allocation less on every decision.
