@@ -11,7 +11,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,12 +61,15 @@ type RedisOptions struct {
 // decision is one script run, atomic in Redis and timed by the server's
 // clock, so instances with skewed clocks still agree.
 type Redis struct {
-	client  redis.UniversalClient
-	policy  Policy
-	p       params
-	cost    int64 // the largest cost a request may have
-	script  *redis.Script
-	args    []any // the policy's script arguments
+	client redis.UniversalClient
+	policy Policy
+	p      params
+	cost   int64 // the largest cost a request may have
+	script *redis.Script
+	src    string // the script's source, sent when Redis lacks it
+	args   []any  // the policy's script arguments
+	// batch lets concurrent decisions share round trips.
+	batch   batcher
 	zone    string
 	keyHead string // prefix, zone and the opening of the hash tag
 	keyTail string // the closing of the hash tag and the algorithm's suffix
@@ -172,7 +174,11 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		suffix += strconv.FormatInt(l, 10)
 	}
 	r.keyTail = "}:" + suffix
-	r.script = redis.NewScript(src)
+	r.script, r.src = redis.NewScript(src), src
+	r.batch.runOne = func(c *scriptCall) {
+		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
+	}
+	r.batch.runMany = func(calls []*scriptCall) { pipelineScripts(r.client, r.script, r.src, calls) }
 	return r, nil
 }
 
@@ -299,10 +305,9 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 	return d, nil
 }
 
-// run calls the script for key under the store's timeout and reads its
-// reply {allowed, remaining, reset µs, retry_after µs[, decision time µs]};
-// the bucket scripts leave out the decision time, as the memory store's
-// buckets do. A positive cost takes, a negative one gives back.
+// run calls the script for key under the store's timeout, in a round trip
+// shared with concurrent decisions when there are any (see batcher), and
+// reads its reply. A positive cost takes, a negative one gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
 	// A Done that closes at the deadline, not only socket deadlines:
 	// go-redis dials a new connection in the background and only Done stops
@@ -310,29 +315,36 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 	// request for the client's dial timeout.
 	ctx = r.deadlines.bound(ctx, r.timeout)
 
-	// go-redis copies the arguments into its command, so the slice can be
-	// reused: one allocation less on every decision.
-	args := scriptArgs.Get().(*[]any)
-	defer func() {
-		clear(*args)
-		scriptArgs.Put(args)
-	}()
-	var now any = ""
-	if r.now != nil {
-		now = r.now()
-	}
-	*args = append((*args)[:0], cost, now)
-	*args = append(*args, r.args...)
-	if extra != nil {
-		*args = append(*args, extra)
-	}
-	reply, err := r.script.Run(ctx, r.client, []string{r.Key(key)}, *args...).Int64Slice()
+	reply, err := r.batch.do(r.newCall(ctx, key, cost, extra))
 	if err != nil {
 		if isTimeout(err) {
 			return Decision{}, fmt.Errorf("%w: %w", ErrStoreTimeout, err)
 		}
 		return Decision{}, err
 	}
+	return decodeReply(reply)
+}
+
+// newCall is the script call deciding for key: its Redis key and
+// arguments {cost, now, the policy's, extra}.
+func (r *Redis) newCall(ctx context.Context, key string, cost int64, extra any) *scriptCall {
+	var now any = ""
+	if r.now != nil {
+		now = r.now()
+	}
+	c := &scriptCall{ctx: ctx, key: r.Key(key)}
+	c.args = append(c.argv[:0], cost, now)
+	c.args = append(c.args, r.args...)
+	if extra != nil {
+		c.args = append(c.args, extra)
+	}
+	return c
+}
+
+// decodeReply reads a script's reply: {allowed, remaining, reset µs,
+// retry_after µs[, decision time µs]}; the bucket scripts leave out the
+// decision time, as the memory store's buckets do.
+func decodeReply(reply []int64) (Decision, error) {
 	if len(reply) != 4 && len(reply) != 5 {
 		return Decision{}, fmt.Errorf("script replied with %d values, want 4 or 5", len(reply))
 	}
@@ -347,9 +359,6 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 	}
 	return d, nil
 }
-
-// scriptArgs recycles the argument slices of script runs.
-var scriptArgs = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
 
 // isTimeout reports whether err means a deadline passed, whether go-redis
 // returned the context's error, the socket's or the pool's (no connection

@@ -202,11 +202,22 @@ func TestRedisClusterSpreadsKeys(t *testing.T) {
 	client := c.Client(t)
 	ctx := context.Background()
 	r := newTestRedis(t, client, Policy{Algorithm: SlidingWindowCounter, Events: 10, Window: time.Minute}, RedisOptions{Zone: "spread", Timeout: time.Second})
+	// Concurrent, so most decisions go out in pipelines, which the Cluster
+	// client splits by master.
+	var wg sync.WaitGroup
+	start := make(chan struct{})
 	for i := range 90 {
-		if _, err := r.Take(ctx, fmt.Sprintf("client-%d", i), 1); err != nil {
-			t.Fatal(err)
-		}
+		wg.Go(func() {
+			<-start
+			d, err := r.Take(ctx, fmt.Sprintf("client-%d", i), 1)
+			if err != nil || !d.Allowed || d.Remaining != 9 {
+				t.Errorf("client-%d: %+v %v", i, d, err)
+			}
+		})
 	}
+	close(start)
+	wg.Wait()
+	checkPipelined(t, []*Redis{r})
 	var mu sync.Mutex
 	var sizes []int64
 	err := client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
@@ -480,6 +491,7 @@ func TestRedisAccuracy(t *testing.T) {
 			if failed.Load() != 0 || allowed.Load() != tc.want {
 				t.Fatalf("%d of %d allowed, %d failed; want exactly %d allowed", allowed.Load(), requests, failed.Load(), tc.want)
 			}
+			checkPipelined(t, stores)
 		})
 	}
 
@@ -521,6 +533,7 @@ func TestRedisAccuracy(t *testing.T) {
 		if failed.Load() != 0 || most.Load() > limit || allowed.Load() < limit {
 			t.Fatalf("%d failed, at most %d in flight (limit %d), %d allowed", failed.Load(), most.Load(), limit, allowed.Load())
 		}
+		checkPipelined(t, stores)
 		// Every lease came back.
 		if d, err := stores[0].Take(ctx, "hot", 1); err != nil || d.Remaining != limit-1 {
 			t.Fatalf("after all returned: %+v %v", d, err)
@@ -540,6 +553,21 @@ func TestRedisAccuracy(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > baseline {
 		buf := make([]byte, 1<<16)
 		t.Errorf("%d goroutines after closing the clients, %d before opening them:\n%s", n, baseline, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// checkPipelined fails t unless some of the stores' decisions shared round
+// trips: the accuracy above must hold for batched scripts too.
+func checkPipelined(t *testing.T, stores []*Redis) {
+	t.Helper()
+	var n int64
+	for _, st := range stores {
+		n += st.batch.pipelined.Load()
+	}
+	if n == 0 {
+		t.Error("no decision was sent in a pipeline: the concurrent requests did not exercise batching")
+	} else {
+		t.Logf("%d decisions sent in pipelines", n)
 	}
 }
 

@@ -1,0 +1,242 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+)
+
+// fakeRounds stands in for Redis behind a batcher: lone calls block until
+// released, batches are recorded, and every call is answered with its
+// first argument.
+type fakeRounds struct {
+	release chan struct{}
+	mu      sync.Mutex
+	batches [][]any
+}
+
+func newFakeBatcher(f *fakeRounds) *batcher {
+	answer := func(c *scriptCall) { c.reply = []int64{c.args[0].(int64)} }
+	return &batcher{
+		runOne: func(c *scriptCall) {
+			<-f.release
+			answer(c)
+		},
+		runMany: func(calls []*scriptCall) {
+			var ids []any
+			for _, c := range calls {
+				ids = append(ids, c.args[0])
+				answer(c)
+			}
+			f.mu.Lock()
+			f.batches = append(f.batches, ids)
+			f.mu.Unlock()
+		},
+	}
+}
+
+func fakeCall(ctx context.Context, id int64) *scriptCall {
+	c := &scriptCall{ctx: ctx}
+	c.args = append(c.argv[:0], id)
+	return c
+}
+
+// waitQueued waits until n calls are queued in b.
+func waitQueued(t *testing.T, b *batcher, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b.mu.Lock()
+		q := len(b.queue)
+		b.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestBatcherQueuesWhileBusy checks the batcher's rules: a call runs at once
+// while a round trip is free; once all are busy calls queue and go out
+// together, in order, skipping those whose callers gave up; and when
+// everything has answered no round trip is counted as running.
+func TestBatcherQueuesWhileBusy(t *testing.T) {
+	f := &fakeRounds{release: make(chan struct{})}
+	b := newFakeBatcher(f)
+	ctx := context.Background()
+
+	var wg sync.WaitGroup
+	got := make([]int64, 3+redisRoundTrips)
+	errs := make([]error, len(got))
+	for i := range redisRoundTrips {
+		wg.Go(func() {
+			reply, err := b.do(fakeCall(ctx, int64(100+i)))
+			if err != nil || len(reply) != 1 || reply[0] != int64(100+i) {
+				t.Errorf("lone call %d: %v %v", i, reply, err)
+			}
+		})
+	}
+	// Wait until every round trip is taken, so the next calls queue.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		b.mu.Lock()
+		n := b.running
+		b.mu.Unlock()
+		if n == redisRoundTrips {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d round trips running, want %d", n, redisRoundTrips)
+		}
+	}
+
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	queued := []struct {
+		ctx context.Context
+		id  int64
+	}{{ctx, 1}, {gone, 2}, {ctx, 3}}
+	for i, q := range queued {
+		wg.Go(func() {
+			reply, err := b.do(fakeCall(q.ctx, q.id))
+			errs[i] = err
+			if err == nil {
+				got[i] = reply[0]
+			}
+		})
+		waitQueued(t, b, i+1)
+	}
+	close(f.release)
+	wg.Wait()
+
+	if got[0] != 1 || errs[0] != nil || got[2] != 3 || errs[2] != nil {
+		t.Errorf("queued calls answered %v, errors %v; want 1 and 3 answered", got[:3], errs[:3])
+	}
+	if !errors.Is(errs[1], context.Canceled) {
+		t.Errorf("the abandoned call returned %v, want its context's error", errs[1])
+	}
+	if len(f.batches) != 1 || fmt.Sprint(f.batches[0]) != "[1 3]" {
+		t.Errorf("batches sent: %v, want one of [1 3] (the abandoned call skipped)", f.batches)
+	}
+	if b.pipelined.Load() != 2 {
+		t.Errorf("pipelined = %d, want 2", b.pipelined.Load())
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.running != 0 || len(b.queue) != 0 {
+		t.Errorf("after every call answered: %d running, %d queued", b.running, len(b.queue))
+	}
+}
+
+// TestBatcherBoundsBatches checks that a long queue goes out in pipelines of
+// at most redisMaxBatch calls, every call once.
+func TestBatcherBoundsBatches(t *testing.T) {
+	f := &fakeRounds{release: make(chan struct{})}
+	b := newFakeBatcher(f)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range redisRoundTrips {
+		wg.Go(func() { _, _ = b.do(fakeCall(ctx, int64(-1-i))) })
+	}
+	const queued = 2*redisMaxBatch + 5
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		b.mu.Lock()
+		n := b.running
+		b.mu.Unlock()
+		if n == redisRoundTrips {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d round trips running, want %d", n, redisRoundTrips)
+		}
+	}
+	for i := range queued {
+		wg.Go(func() {
+			if reply, err := b.do(fakeCall(ctx, int64(i))); err != nil || reply[0] != int64(i) {
+				t.Errorf("call %d: %v %v", i, reply, err)
+			}
+		})
+	}
+	waitQueued(t, b, queued)
+	close(f.release)
+	wg.Wait()
+	seen := map[any]bool{}
+	for _, batch := range f.batches {
+		if len(batch) > redisMaxBatch {
+			t.Errorf("a batch of %d calls, want at most %d", len(batch), redisMaxBatch)
+		}
+		for _, id := range batch {
+			if seen[id] {
+				t.Errorf("call %v sent twice", id)
+			}
+			seen[id] = true
+		}
+	}
+	// A batch of one runs as a lone call, which the fake does not record.
+	if len(seen) < queued-redisRoundTrips {
+		t.Errorf("%d calls went out in batches, want nearly all %d", len(seen), queued)
+	}
+}
+
+// TestPipelineScriptsNoScript checks that a pipeline sent after Redis lost
+// its scripts (SCRIPT FLUSH, or a restart) still decides every call once,
+// on a standalone server and on a Cluster, where the calls spread over
+// masters that each lost the script.
+func TestPipelineScriptsNoScript(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		client func(t *testing.T) redis.UniversalClient
+	}{
+		{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Start(t).Client(t) }},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.StartCluster(t, 3).Client(t) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			client := tt.client(t)
+			ctx := context.Background()
+			r := newTestRedis(t, client, Policy{Algorithm: TokenBucket, Events: 10, Window: time.Minute}, RedisOptions{Zone: "pipe", Timeout: 5 * time.Second})
+			if _, err := r.Take(ctx, "k0", 1); err != nil {
+				t.Fatal(err)
+			}
+			flush := func(ctx context.Context, c *redis.Client) error { return c.ScriptFlush(ctx).Err() }
+			var err error
+			if cc, ok := client.(*redis.ClusterClient); ok {
+				err = cc.ForEachMaster(ctx, flush)
+			} else {
+				err = flush(ctx, client.(*redis.Client))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls []*scriptCall
+			for i := range 30 {
+				calls = append(calls, r.newCall(r.deadlines.bound(ctx, r.timeout), fmt.Sprintf("k%d", i%10), 1, nil))
+			}
+			r.batch.runMany(calls)
+			// k0 had one take before; every key gets three here.
+			left := map[string]int64{"k0": 9}
+			for i, c := range calls {
+				key := fmt.Sprintf("k%d", i%10)
+				if _, ok := left[key]; !ok {
+					left[key] = 10
+				}
+				left[key]--
+				d, err := decodeReply(c.reply)
+				if c.err != nil || err != nil {
+					t.Fatalf("call %d: %v %v", i, c.err, err)
+				}
+				if !d.Allowed || d.Remaining != left[key] {
+					t.Errorf("call %d (%s): %+v, want allowed with %d remaining", i, key, d, left[key])
+				}
+			}
+		})
+	}
+}
