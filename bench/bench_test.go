@@ -78,22 +78,32 @@ func cpuTimes(b *testing.B, client *redis.Client) (self, server time.Duration) {
 	return self, server
 }
 
-// parallel runs take with callers concurrent goroutines, each call for one
-// of clients keys, and fails b if any call failed. Besides ns/op it reports
-// the CPU time per decision of this process (the client) and of Redis.
-func parallel(b *testing.B, client *redis.Client, take func(ctx context.Context, key string) error) {
+// parallel runs take with n concurrent goroutines (n is callers or 1),
+// each call for one of clients keys, and fails b if any call failed. Besides
+// ns/op it reports the CPU time per decision of this process (the client)
+// and of Redis. With one caller, ns/op is the time one decision takes.
+func parallel(b *testing.B, client *redis.Client, n int, take func(ctx context.Context, key string) error) {
 	var seq, failed atomic.Int64
-	b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 	self0, server0 := cpuTimes(b, client)
 	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
+	if n == 1 {
 		ctx := context.Background()
-		for pb.Next() {
+		for range b.N {
 			if err := take(ctx, "client-"+strconv.FormatInt(seq.Add(1)%clients, 10)); err != nil {
 				failed.Add(1)
 			}
 		}
-	})
+	} else {
+		b.SetParallelism((n + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			for pb.Next() {
+				if err := take(ctx, "client-"+strconv.FormatInt(seq.Add(1)%clients, 10)); err != nil {
+					failed.Add(1)
+				}
+			}
+		})
+	}
 	b.StopTimer()
 	if n := failed.Load(); n > 0 {
 		b.Fatalf("%d calls failed", n)
@@ -105,7 +115,7 @@ func parallel(b *testing.B, client *redis.Client, take func(ctx context.Context,
 
 // BenchmarkCompare runs redis_rate's GCRA Allow and Floodgate's token
 // bucket, the same limit, back to back on the same server with the same
-// client settings, in two settings:
+// client settings, in three settings:
 //
 //   - steady: 60/min with a burst of 1000. Each key is hit about every 0.4 s
 //     and its state lives longer than that, so every call updates a key
@@ -115,14 +125,20 @@ func parallel(b *testing.B, client *redis.Client, take func(ctx context.Context,
 //     has expired before the next hit, and most calls delete an expired key
 //     and create a new one; redis_rate rounds its TTL up to whole seconds
 //     and keeps most keys alive.
+//   - lone: steady's limit with one caller, calling again as soon as it has
+//     an answer: the time one decision takes when nothing else is under
+//     way, where Floodgate's store has no concurrent decisions to share a
+//     round trip with.
 func BenchmarkCompare(b *testing.B) {
 	client := newClient(b, serverAddr(b))
 	for _, set := range []struct {
 		name          string
 		events, burst int
+		callers       int
 	}{
-		{"steady", 60, 1000},
-		{"expiring", 1000, 1000},
+		{"steady", 60, 1000, callers},
+		{"expiring", 1000, 1000, callers},
+		{"lone", 60, 1000, 1},
 	} {
 		limiters := []struct {
 			name string
@@ -131,7 +147,7 @@ func BenchmarkCompare(b *testing.B) {
 			{"redis_rate", func(b *testing.B) {
 				rl := redis_rate.NewLimiter(client)
 				limit := redis_rate.Limit{Rate: set.events, Burst: set.burst, Period: time.Minute}
-				parallel(b, client, func(ctx context.Context, key string) error {
+				parallel(b, client, set.callers, func(ctx context.Context, key string) error {
 					_, err := rl.Allow(ctx, set.name+key, limit)
 					return err
 				})
@@ -141,7 +157,7 @@ func BenchmarkCompare(b *testing.B) {
 			{"redis_rate_with_timeout", func(b *testing.B) {
 				rl := redis_rate.NewLimiter(client)
 				limit := redis_rate.Limit{Rate: set.events, Burst: set.burst, Period: time.Minute}
-				parallel(b, client, func(ctx context.Context, key string) error {
+				parallel(b, client, set.callers, func(ctx context.Context, key string) error {
 					ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 					defer cancel()
 					_, err := rl.Allow(ctx, set.name+"t"+key, limit)
@@ -154,7 +170,7 @@ func BenchmarkCompare(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				parallel(b, client, func(ctx context.Context, key string) error {
+				parallel(b, client, set.callers, func(ctx context.Context, key string) error {
 					_, err := store.Take(ctx, key, 1)
 					return err
 				})

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compares Floodgate's Redis token bucket with go-redis/redis_rate on one
 # redis-server started here on a free 127.0.0.1 port, then prints a table of
-# throughput at 64 concurrent callers and of Redis memory per key.
+# throughput at 64 concurrent callers, of the time one decision takes for a
+# lone caller, and of Redis memory per key.
 #
 #   bench/redis.sh [benchtime] [count]     defaults: 2s 5
 set -euo pipefail
@@ -35,10 +36,11 @@ for i in $(seq "$count"); do
 	runs+=$(BENCH_REVERSE=$reverse "$dir/bench.test" -test.run '^$' -test.bench 'BenchmarkCompare' -test.benchtime "$benchtime") || { echo "$runs" >&2; exit 1; }
 	runs+=$'\n'
 done
-echo "Token bucket, 64 concurrent callers, 10,000 client keys: median of $count alternating runs of -benchtime $benchtime"
+echo "Token bucket, 64 concurrent callers (lone: 1), 10,000 client keys: median of $count alternating runs of -benchtime $benchtime"
 echo "(vs redis_rate: the median over runs of redis_rate's ns/op divided by this row's in the same run, above 1 is faster;"
 echo " faster: in how many runs this row beat redis_rate)"
-echo "(steady: 60/min burst 1000, keys outlive the gaps between hits; expiring: 1000/min burst 1000, Floodgate's exact TTLs lapse between hits)"
+echo "(steady: 60/min burst 1000, keys outlive the gaps between hits; expiring: 1000/min burst 1000, Floodgate's exact TTLs lapse between hits;"
+echo " lone: steady with one caller, so ns/op is the time one decision takes)"
 echo "$runs" | awk '
 	/^BenchmarkCompare\// {
 		name = $1; sub(/^BenchmarkCompare\//, "", name); sub(/-[0-9]+$/, "", name)

@@ -115,6 +115,11 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		opts.TLSConfig.InsecureSkipVerify = true
 	}
 	opts.ContextTimeoutEnabled = true
+	// The store's pipelines hold at most redisMaxBatch scripts, about 13 KiB
+	// out and 3 KiB back: go-redis's 128 KiB pipeline buffers would only
+	// hold memory.
+	opts.PipelineReadBufferSize = 32 << 10
+	opts.PipelineWriteBufferSize = 32 << 10
 	// One dial per attempt: go-redis otherwise redials a refused or
 	// unreachable server 5 times 100ms apart, which hides a dead Redis from
 	// the zone until most of its timeout has passed, so every request
