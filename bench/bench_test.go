@@ -129,6 +129,10 @@ func parallel(b *testing.B, client *redis.Client, n int, take func(ctx context.C
 //     an answer: the time one decision takes when nothing else is under
 //     way, where Floodgate's store has no concurrent decisions to share a
 //     round trip with.
+//   - algorithms: every Floodgate algorithm at 1000/min (burst 1000 for
+//     the buckets) next to redis_rate at the same limit, each one decision
+//     per call whether it allows or refuses; the concurrency row takes and
+//     releases, two decisions per call.
 func BenchmarkCompare(b *testing.B) {
 	client := newClient(b, serverAddr(b))
 	for _, set := range []struct {
@@ -139,11 +143,33 @@ func BenchmarkCompare(b *testing.B) {
 		{"steady", 60, 1000, callers},
 		{"expiring", 1000, 1000, callers},
 		{"lone", 60, 1000, 1},
+		{"algorithms", 1000, 1000, callers},
 	} {
-		limiters := []struct {
+		type row struct {
 			name string
 			run  func(b *testing.B)
-		}{
+		}
+		// floodgate is the row of one of Floodgate's algorithms.
+		floodgate := func(alg limiter.Algorithm) row {
+			return row{"floodgate_" + string(alg), func(b *testing.B) {
+				p := limiter.Policy{Algorithm: alg, Events: int64(set.events), Window: time.Minute}
+				if alg == limiter.TokenBucket || alg == limiter.LeakyBucket {
+					p.Burst = int64(set.burst)
+				}
+				store, err := limiter.NewRedis(client, p, limiter.RedisOptions{Zone: "bench-" + set.name, Timeout: storeTimeout})
+				if err != nil {
+					b.Fatal(err)
+				}
+				parallel(b, client, set.callers, func(ctx context.Context, key string) error {
+					d, err := store.Take(ctx, key, 1)
+					if err == nil && alg == limiter.Concurrency && d.Allowed {
+						_, err = store.Return(ctx, key, 1, d)
+					}
+					return err
+				})
+			}}
+		}
+		limiters := []row{
 			{"redis_rate", func(b *testing.B) {
 				rl := redis_rate.NewLimiter(client)
 				limit := redis_rate.Limit{Rate: set.events, Burst: set.burst, Period: time.Minute}
@@ -164,17 +190,15 @@ func BenchmarkCompare(b *testing.B) {
 					return err
 				})
 			}},
-			{"floodgate_token_bucket", func(b *testing.B) {
-				p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: int64(set.events), Window: time.Minute, Burst: int64(set.burst)}
-				store, err := limiter.NewRedis(client, p, limiter.RedisOptions{Zone: "bench-" + set.name, Timeout: storeTimeout})
-				if err != nil {
-					b.Fatal(err)
+			floodgate(limiter.TokenBucket),
+		}
+		if set.name == "algorithms" {
+			limiters = slices.Delete(limiters, 1, 2) // the timeout row is steady's question
+			for _, alg := range limiter.Algorithms {
+				if alg != limiter.TokenBucket {
+					limiters = append(limiters, floodgate(alg))
 				}
-				parallel(b, client, set.callers, func(ctx context.Context, key string) error {
-					_, err := store.Take(ctx, key, 1)
-					return err
-				})
-			}},
+			}
 		}
 		// redis.sh reverses the order every other run, so neither limiter
 		// always runs first on a fresh server or last on a warm one.

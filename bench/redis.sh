@@ -36,11 +36,11 @@ for i in $(seq "$count"); do
 	runs+=$(BENCH_REVERSE=$reverse "$dir/bench.test" -test.run '^$' -test.bench 'BenchmarkCompare' -test.benchtime "$benchtime") || { echo "$runs" >&2; exit 1; }
 	runs+=$'\n'
 done
-echo "Token bucket, 64 concurrent callers (lone: 1), 10,000 client keys: median of $count alternating runs of -benchtime $benchtime"
+echo "Token bucket (algorithms: all), 64 concurrent callers (lone: 1), 10,000 client keys: median of $count alternating runs of -benchtime $benchtime"
 echo "(vs redis_rate: the median over runs of redis_rate's ns/op divided by this row's in the same run, above 1 is faster;"
 echo " faster: in how many runs this row beat redis_rate)"
 echo "(steady: 60/min burst 1000, keys outlive the gaps between hits; expiring: 1000/min burst 1000, Floodgate's exact TTLs lapse between hits;"
-echo " lone: steady with one caller, so ns/op is the time one decision takes)"
+echo " lone: steady with one caller, so ns/op is the time one decision takes; algorithms: every algorithm at 1000/min)"
 echo "$runs" | awk '
 	/^BenchmarkCompare\// {
 		name = $1; sub(/^BenchmarkCompare\//, "", name); sub(/-[0-9]+$/, "", name)
@@ -53,7 +53,7 @@ echo "$runs" | awk '
 		return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
 	}
 	END {
-		printf "%-34s %10s %12s %16s %16s %14s %8s\n", "setting/limiter", "ns/op", "decisions/s", "client CPU µs/op", "Redis CPU µs/op", "vs redis_rate", "faster"
+		printf "%-44s %10s %12s %16s %16s %14s %8s\n", "setting/limiter", "ns/op", "decisions/s", "client CPU µs/op", "Redis CPU µs/op", "vs redis_rate", "faster"
 		for (i = 1; i <= k; i++) {
 			nm = names[i]; m = median(ns, nm, n[nm])
 			# Speed relative to redis_rate in the same setting, run by run
@@ -62,7 +62,7 @@ echo "$runs" | awk '
 			base = nm; sub(/\/.*/, "/redis_rate", base)
 			faster = 0
 			for (j = 1; j <= n[nm]; j++) { rel[nm, j] = ns[base, j] / ns[nm, j]; if (rel[nm, j] > 1) faster++ }
-			printf "%-34s %10.0f %12.0f %16.2f %16.2f %13.3fx %5d/%-2d\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm]), median(rel, nm, n[nm]), faster, n[nm]
+			printf "%-44s %10.0f %12.0f %16.2f %16.2f %13.3fx %5d/%-2d\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm]), median(rel, nm, n[nm]), faster, n[nm]
 		}
 	}'
 echo
