@@ -48,19 +48,23 @@ func fakeCall(ctx context.Context, id int64) *scriptCall {
 	return c
 }
 
-// waitQueued waits until n calls are queued in b.
-func waitQueued(t *testing.T, b *batcher, n int) {
+// waitBatcher waits until b has n calls queued (what is "queued") or n
+// round trips under way ("running").
+func waitBatcher(t *testing.T, b *batcher, what string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		b.mu.Lock()
-		q := len(b.queue)
+		got := len(b.queue)
+		if what == "running" {
+			got = b.running
+		}
 		b.mu.Unlock()
-		if q == n {
+		if got == n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d calls queued, want %d", q, n)
+			t.Fatalf("%d %s, want %d", got, what, n)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -86,18 +90,8 @@ func TestBatcherQueuesWhileBusy(t *testing.T) {
 			}
 		})
 	}
-	// Wait until every round trip is taken, so the next calls queue.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		b.mu.Lock()
-		n := b.running
-		b.mu.Unlock()
-		if n == redisRoundTrips {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d round trips running, want %d", n, redisRoundTrips)
-		}
-	}
+	// Every round trip is taken, so the next calls queue.
+	waitBatcher(t, b, "running", redisRoundTrips)
 
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
@@ -113,7 +107,7 @@ func TestBatcherQueuesWhileBusy(t *testing.T) {
 				got[i] = reply[0]
 			}
 		})
-		waitQueued(t, b, i+1)
+		waitBatcher(t, b, "queued", i+1)
 	}
 	close(f.release)
 	wg.Wait()
@@ -148,17 +142,7 @@ func TestBatcherBoundsBatches(t *testing.T) {
 		wg.Go(func() { _, _ = b.do(fakeCall(ctx, int64(-1-i))) })
 	}
 	const queued = 2*redisMaxBatch + 5
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		b.mu.Lock()
-		n := b.running
-		b.mu.Unlock()
-		if n == redisRoundTrips {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d round trips running, want %d", n, redisRoundTrips)
-		}
-	}
+	waitBatcher(t, b, "running", redisRoundTrips)
 	for i := range queued {
 		wg.Go(func() {
 			if reply, err := b.do(fakeCall(ctx, int64(i))); err != nil || reply[0] != int64(i) {
@@ -166,7 +150,7 @@ func TestBatcherBoundsBatches(t *testing.T) {
 			}
 		})
 	}
-	waitQueued(t, b, queued)
+	waitBatcher(t, b, "queued", queued)
 	close(f.release)
 	wg.Wait()
 	seen := map[any]bool{}
