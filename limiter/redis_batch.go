@@ -146,8 +146,8 @@ func (b *batcher) drain(batch []*scriptCall) {
 }
 
 // pipelineScripts sends calls as one pipeline of EVALSHA and sets each
-// reply. The context that bounds the round trip is the latest of the
-// calls': every caller still waiting wants its answer. Calls that came back
+// reply. The round trip lasts until the latest of the calls' deadlines:
+// every caller still waiting wants its answer. Calls that came back
 // NOSCRIPT (Redis restarted or flushed its scripts) did not run; they are
 // sent again with the script's source, which also loads it.
 func pipelineScripts(client redis.UniversalClient, script *redis.Script, src string, calls []*scriptCall) {
@@ -156,6 +156,17 @@ func pipelineScripts(client redis.UniversalClient, script *redis.Script, src str
 	for _, c := range calls[1:] {
 		if dl, ok := c.ctx.Deadline(); ok && dl.After(latest) {
 			ctx, latest = c.ctx, dl
+		}
+	}
+	if _, ok := ctx.(decisionContext); !ok {
+		// A caller's own context (its deadline came sooner than the
+		// store's timeout) may be cancelled when its client leaves, which
+		// must not fail the other calls: keep only its deadline.
+		ctx = context.WithoutCancel(ctx)
+		if !latest.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, latest)
+			defer cancel()
 		}
 	}
 	cmds := make([]*redis.Cmd, len(calls))

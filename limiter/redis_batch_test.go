@@ -224,3 +224,21 @@ func TestPipelineScriptsNoScript(t *testing.T) {
 		})
 	}
 }
+
+// TestPipelineOutlivesCancelledCaller checks that a batch whose latest
+// deadline belongs to a caller that has gone (its request context was
+// cancelled) still answers the others.
+func TestPipelineOutlivesCancelledCaller(t *testing.T) {
+	client := redistest.Start(t).Client(t)
+	r := newTestRedis(t, client, Policy{Algorithm: FixedWindow, Events: 10, Window: time.Minute}, RedisOptions{Zone: "gone", Timeout: time.Second})
+	gone, cancel := context.WithTimeout(context.Background(), time.Minute)
+	cancel()
+	calls := []*scriptCall{
+		r.newCall(r.deadlines.bound(context.Background(), r.timeout), "a", 1, nil),
+		r.newCall(gone, "b", 1, nil), // its deadline is the latest
+	}
+	r.batch.runMany(calls)
+	if d, err := decodeReply(calls[0].reply); calls[0].err != nil || err != nil || !d.Allowed || d.Remaining != 9 {
+		t.Fatalf("the waiting caller's decision: %+v %v %v", d, calls[0].err, err)
+	}
+}
