@@ -69,7 +69,9 @@ type Redis struct {
 	src    string // the script's source, sent when Redis lacks it
 	args   []any  // the policy's script arguments
 	// batch lets concurrent decisions share round trips.
-	batch   batcher
+	batch batcher
+	// breaker answers at once while Redis keeps failing.
+	breaker *breaker
 	zone    string
 	keyHead string // prefix, zone and the opening of the hash tag
 	keyTail string // the closing of the hash tag and the algorithm's suffix
@@ -134,6 +136,7 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		r.timeout = DefaultRedisTimeout
 	}
 	r.deadlines = newDeadlines(r.timeout)
+	r.breaker = newBreaker(nil)
 	prefix := opts.Prefix
 	if prefix == "" {
 		prefix = DefaultRedisPrefix
@@ -307,15 +310,21 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 
 // run calls the script for key under the store's timeout, in a round trip
 // shared with concurrent decisions when there are any (see batcher), and
-// reads its reply. A positive cost takes, a negative one gives back.
+// reads its reply; while Redis keeps failing it answers ErrStoreUnavailable
+// at once instead (see breaker). A positive cost takes, a negative one
+// gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
 	// A Done that closes at the deadline, not only socket deadlines:
 	// go-redis dials a new connection in the background and only Done stops
 	// the wait for it, so an unreachable host would otherwise hold the
 	// request for the client's dial timeout.
+	if r.breaker.open() {
+		return Decision{}, ErrStoreUnavailable
+	}
 	ctx = r.deadlines.bound(ctx, r.timeout)
 
 	reply, err := r.batch.do(r.newCall(ctx, key, cost, extra))
+	r.breaker.record(err)
 	if err != nil {
 		if isTimeout(err) {
 			return Decision{}, fmt.Errorf("%w: %w", ErrStoreTimeout, err)

@@ -301,8 +301,10 @@ func TestRedisTimeoutWhenPaused(t *testing.T) {
 							t.Error("Take answered while Redis was paused")
 							return
 						}
-						if !errors.Is(err, ErrStoreTimeout) {
-							t.Errorf("round %d caller %d: error %v does not wrap ErrStoreTimeout", round, c, err)
+						// Past breakerAfter of failures on a loaded machine,
+						// the breaker answers without waiting.
+						if !errors.Is(err, ErrStoreTimeout) && !errors.Is(err, ErrStoreUnavailable) {
+							t.Errorf("round %d caller %d: error %v wraps neither ErrStoreTimeout nor ErrStoreUnavailable", round, c, err)
 						}
 						if took > timeout+100*time.Millisecond {
 							t.Errorf("round %d caller %d: failed after %v, want within %v and a small margin", round, c, took, timeout)

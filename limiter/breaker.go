@@ -1,0 +1,99 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrStoreUnavailable is wrapped by the errors a Redis store returns without
+// asking Redis, because Redis has failed every decision for a while (see
+// breaker). Like any store error it means no decision was made, and the
+// zone's fail mode applies; the difference is that the request did not
+// wait for the timeout first.
+var ErrStoreUnavailable = errors.New("store is failing; not asked until it may have recovered")
+
+// A Redis store stops asking a Redis that has failed every decision for
+// breakerAfter, and answers ErrStoreUnavailable at once until breakerRetry
+// has passed; then decisions go to Redis again, and one more failure stops
+// them for another breakerRetry. Without it every request during an outage
+// would wait up to the timeout before its fail mode applied, and a Redis
+// that stalled rather than refused would hold every request that long.
+// One success ends the streak, so a Redis that is slow now and then, or a
+// Cluster with one master down, is never cut off: only decisions that
+// would have failed anyway are answered early.
+const (
+	breakerAfter = 100 * time.Millisecond
+	breakerRetry = 250 * time.Millisecond
+)
+
+// breaker tracks one store's streak of failures. Times are nanoseconds on
+// its clock; zero means unset.
+type breaker struct {
+	clock func() int64
+	// since is when the current streak of failures began.
+	since atomic.Int64
+	// until is when decisions may go to Redis again.
+	until atomic.Int64
+}
+
+func newBreaker(clock func() int64) *breaker {
+	if clock == nil {
+		base := time.Now() // monotonic: wall-clock steps move nothing
+		clock = func() int64 { return int64(time.Since(base)) + 1 }
+	}
+	return &breaker{clock: clock}
+}
+
+// open reports whether decisions should not go to Redis now.
+func (b *breaker) open() bool {
+	until := b.until.Load()
+	return until != 0 && b.clock() < until
+}
+
+// record notes the outcome of a decision Redis was asked for.
+func (b *breaker) record(err error) {
+	switch {
+	case err != nil && errors.Is(err, context.Canceled):
+		// The caller left: that says nothing of Redis.
+		return
+	case err == nil || !storeWide(err):
+		if b.since.Load() != 0 {
+			b.since.Store(0)
+			b.until.Store(0)
+		}
+		return
+	}
+	now := b.clock()
+	since := b.since.Load()
+	if since == 0 {
+		b.since.CompareAndSwap(0, now)
+		return
+	}
+	if now-since >= int64(breakerAfter) {
+		b.until.Store(now + int64(breakerRetry))
+	}
+}
+
+// storeWide reports whether err says Redis as a whole is failing, not that
+// one decision went wrong: no answer or a broken connection (anything that
+// is not a reply from Redis), or a reply saying the server cannot serve
+// now. Any other error reply, say WRONGTYPE for a key another application
+// wrote, is an answer about one key.
+func storeWide(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true
+	}
+	msg := re.Error()
+	for _, prefix := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY", "TRYAGAIN", "OOM"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,151 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+)
+
+// replyError is an error reply from Redis, as go-redis reports one.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+var _ redis.Error = replyError("")
+
+// TestBreakerSteps checks the breaker's rules on a stepped clock: a streak
+// of failures opens it only once it has lasted breakerAfter, it then stays
+// open for breakerRetry, one failure after that opens it again at once,
+// and one success, or an answer about a single key, ends the streak.
+func TestBreakerSteps(t *testing.T) {
+	var now int64 = 1
+	b := newBreaker(func() int64 { return now })
+	step := func(d time.Duration) { now += int64(d) }
+	down := fmt.Errorf("redis: %w", context.DeadlineExceeded)
+
+	check := func(when string, want bool) {
+		t.Helper()
+		if got := b.open(); got != want {
+			t.Fatalf("%s: open = %v, want %v", when, got, want)
+		}
+	}
+	b.record(down)
+	check("after one failure", false)
+	step(breakerAfter - time.Millisecond)
+	b.record(down)
+	check("a streak shorter than breakerAfter", false)
+	step(time.Millisecond)
+	b.record(down)
+	check("a streak of breakerAfter", true)
+	step(breakerRetry - time.Millisecond)
+	check("within breakerRetry", true)
+	step(time.Millisecond)
+	check("after breakerRetry", false)
+	b.record(down)
+	check("one more failure", true)
+	step(breakerRetry)
+	b.record(nil)
+	check("after a success", false)
+	b.record(down)
+	step(breakerAfter)
+	b.record(replyError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+	b.record(down)
+	check("an answer about one key ended the streak", false)
+	step(breakerAfter)
+	b.record(context.Canceled)
+	b.record(down)
+	check("a caller that left neither failed nor ended the streak", true)
+}
+
+func TestStoreWide(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		want bool
+	}{
+		{context.DeadlineExceeded, true},
+		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), true},
+		{fmt.Errorf("take: %w", replyError("LOADING Redis is loading the dataset in memory")), true},
+		{replyError("READONLY You can't write against a read only replica."), true},
+		{replyError("CLUSTERDOWN The cluster is down"), true},
+		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
+		{replyError("ERR Error running script"), false},
+	} {
+		if got := storeWide(tt.err); got != tt.want {
+			t.Errorf("storeWide(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestRedisBreakerWhenPaused checks the breaker against a real stalled
+// Redis: once decisions have failed for breakerAfter, callers are answered
+// ErrStoreUnavailable at once instead of after the timeout, and once Redis
+// answers again decisions resume within breakerRetry and a margin.
+func TestRedisBreakerWhenPaused(t *testing.T) {
+	s := redistest.Start(t)
+	client := s.Client(t)
+	const timeout = 100 * time.Millisecond
+	r := newTestRedis(t, client, Policy{Algorithm: TokenBucket, Events: 1000, Window: time.Minute}, RedisOptions{Zone: "breaker", Timeout: timeout})
+	ctx := context.Background()
+	if _, err := r.Take(ctx, "k", 1); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	defer s.Resume()
+
+	// Callers keep asking until they are turned away without waiting.
+	start := time.Now()
+	var fast int
+	for fast < 5 {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("no decision failed fast within 5s of pausing Redis")
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for range 4 {
+			wg.Go(func() {
+				t0 := time.Now()
+				_, err := r.Take(ctx, "k", 1)
+				took := time.Since(t0)
+				switch {
+				case err == nil:
+					t.Error("Take answered while Redis was paused")
+				case errors.Is(err, ErrStoreUnavailable):
+					if took > timeout/4 {
+						t.Errorf("turned away after %v, want at once", took)
+					}
+					mu.Lock()
+					fast++
+					mu.Unlock()
+				case !errors.Is(err, ErrStoreTimeout):
+					t.Errorf("error %v wraps neither ErrStoreTimeout nor ErrStoreUnavailable", err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if opened := time.Since(start); opened < breakerAfter {
+		t.Errorf("turned callers away %v after the pause, before breakerAfter (%v)", opened, breakerAfter)
+	}
+
+	s.Resume()
+	resumed := time.Now()
+	for {
+		_, err := r.Take(ctx, "k", 1)
+		if err == nil {
+			break
+		}
+		if time.Since(resumed) > breakerRetry+2*time.Second {
+			t.Fatalf("no decision %v after resuming: %v", time.Since(resumed), err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("decisions resumed %v after Redis did", time.Since(resumed))
+}
