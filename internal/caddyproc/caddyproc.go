@@ -50,6 +50,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/proc"
 )
 
 // BinaryEnv names the environment variable that points at a prebuilt Caddy
@@ -346,24 +348,17 @@ func (i *Instance) Stop() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(stopTimeout):
-		_ = cmd.Process.Kill()
-		<-done
-	}
+	proc.Stop(cmd.Process, done, stopTimeout, syscall.SIGTERM)
 }
 
-// freePort asks the kernel for a free loopback port. Another process may
-// take it before Caddy binds it; start retries when that happens.
 // newAddr picks a free loopback address that no other placeholder of this
 // instance holds: a port found free and released can be handed out again
 // at once, and two site blocks on one address are a config error, not the
-// bind error start retries on.
+// bind error start retries on. Another process may still take the port
+// before Caddy binds it; start retries when that happens.
 func (i *Instance) newAddr() (string, error) {
 	for range 100 {
-		port, err := freePort()
+		port, err := proc.FreePort()
 		if err != nil {
 			return "", err
 		}
@@ -373,15 +368,6 @@ func (i *Instance) newAddr() (string, error) {
 		}
 	}
 	return "", errors.New("finding a free port: the same ports keep coming back")
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // lockedBuffer collects the process's output, written by exec's copying

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/proc"
 )
 
 // startTimeout bounds how long a server may take to answer PING, and a
@@ -176,14 +178,7 @@ func (s *Server) Stop() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGCONT)
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
+	proc.Stop(cmd.Process, done, 5*time.Second, syscall.SIGCONT, syscall.SIGTERM)
 }
 
 // Pause stops the process with SIGSTOP: its port still accepts connections
@@ -224,12 +219,11 @@ func (s *Server) Restart() {
 // take it before redis-server binds it; start retries if so.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := proc.FreePort()
 	if err != nil {
-		t.Fatalf("finding a free port: %v", err)
+		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // ping sends PING over a fresh connection and checks for PONG.
