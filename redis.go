@@ -28,6 +28,10 @@ type RedisConfig struct {
 	// Username and Password authenticate to Redis.
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// when they require it; Username and Password stay the data nodes'.
+	SentinelUsername string `json:"sentinel_username,omitempty"`
+	SentinelPassword string `json:"sentinel_password,omitempty"`
 	// DB selects the database (not on Cluster).
 	DB int `json:"db,omitempty"`
 	// TLS connects with TLS.
@@ -54,6 +58,9 @@ func (c *RedisConfig) validate() error {
 	if c.MasterName != "" && len(c.Addresses) == 0 {
 		return errors.New("redis: master_name needs the Sentinel addresses")
 	}
+	if (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "" {
+		return errors.New("redis: sentinel_username and sentinel_password need master_name")
+	}
 	if c.Timeout < 0 || c.PoolSize < 0 || c.DB < 0 {
 		return errors.New("redis: timeout, pool_size and db must not be negative")
 	}
@@ -68,6 +75,8 @@ func (c *RedisConfig) resolved() limiter.RedisConfig {
 		MasterName:         repl.ReplaceKnown(c.MasterName, ""),
 		Username:           repl.ReplaceKnown(c.Username, ""),
 		Password:           repl.ReplaceKnown(c.Password, ""),
+		SentinelUsername:   repl.ReplaceKnown(c.SentinelUsername, ""),
+		SentinelPassword:   repl.ReplaceKnown(c.SentinelPassword, ""),
 		DB:                 c.DB,
 		TLS:                c.TLS,
 		InsecureSkipVerify: c.InsecureSkipVerify,
@@ -148,6 +157,10 @@ func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = parseStringArg(d, &c.Username)
 		case "password":
 			err = parseStringArg(d, &c.Password)
+		case "sentinel_username":
+			err = parseStringArg(d, &c.SentinelUsername)
+		case "sentinel_password":
+			err = parseStringArg(d, &c.SentinelPassword)
 		case "db":
 			err = parseIntArg(d, &c.DB, 0, 1<<16)
 		case "tls":

@@ -678,11 +678,12 @@ func TestRedisCluster(t *testing.T) {
 
 // TestRedisSentinel runs every algorithm through the handler with
 // `master_name` and the Sentinel's address, and checks that the state is on
-// the master the Sentinel names.
+// the master the Sentinel names. The Sentinel requires a password of its
+// own (sentinel_password); the data nodes require none.
 func TestRedisSentinel(t *testing.T) {
 	t.Parallel()
-	s := redistest.StartSentinel(t)
-	block := fmt.Sprintf("redis {\nmaster_name %s\naddresses %s\ntimeout %s\n}", s.MasterName, s.Addr(), redisTimeout)
+	s := redistest.StartSentinelAuth(t, "sentinel-secret")
+	block := fmt.Sprintf("redis {\nmaster_name %s\naddresses %s\nsentinel_password %s\ntimeout %s\n}", s.MasterName, s.Addr(), s.Password, redisTimeout)
 	inst, up := startAlgorithmSite(t, block)
 	checkAlgorithms(t, inst, up, "sentinel-")
 	if n := redisDBSize(t, s.Master); n == 0 {

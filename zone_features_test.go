@@ -118,8 +118,11 @@ func TestRedisAndJWTBlocksParse(t *testing.T) {
 		}
 		redis {
 			addresses 127.0.0.1:7000 127.0.0.1:7001
+			master_name mymaster
 			username u
 			password {env.REDIS_PASSWORD}
+			sentinel_username su
+			sentinel_password {env.SENTINEL_PASSWORD}
 			tls insecure_skip_verify
 			timeout 10ms
 			pool_size 20
@@ -134,7 +137,8 @@ func TestRedisAndJWTBlocksParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := h.Redis
-	if len(r.Addresses) != 2 || r.Username != "u" || r.Password != "{env.REDIS_PASSWORD}" || !r.TLS ||
+	if len(r.Addresses) != 2 || r.MasterName != "mymaster" || r.Username != "u" || r.Password != "{env.REDIS_PASSWORD}" ||
+		r.SentinelUsername != "su" || r.SentinelPassword != "{env.SENTINEL_PASSWORD}" || !r.TLS ||
 		!r.InsecureSkipVerify || r.PoolSize != 20 || r.KeyPrefix != "fg:" || r.Timeout == 0 {
 		t.Fatalf("redis block parsed as %+v", r)
 	}
@@ -144,6 +148,10 @@ func TestRedisAndJWTBlocksParse(t *testing.T) {
 	if h.JWT == nil {
 		t.Fatal("jwt block lost")
 	}
+	t.Setenv("SENTINEL_PASSWORD", "from-env")
+	if got := r.resolved(); got.SentinelUsername != "su" || got.SentinelPassword != "from-env" {
+		t.Errorf("sentinel credentials resolved as %q, %q", got.SentinelUsername, got.SentinelPassword)
+	}
 }
 
 func TestRedisConfigErrorsNameLine(t *testing.T) {
@@ -152,6 +160,7 @@ func TestRedisConfigErrorsNameLine(t *testing.T) {
 		{"unknown redis option", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url redis://127.0.0.1:6379\n  flavour cherry\n }\n}", []string{"flavour", ":7"}},
 		{"bad url", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url http://nope\n }\n}", []string{"url", ":6"}},
 		{"no address", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  timeout 1s\n }\n}", []string{"url or addresses", ":7"}},
+		{"sentinel_password without master_name", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  addresses 127.0.0.1:26379\n  sentinel_password s\n }\n}", []string{"master_name", ":8"}},
 		{"fail on memory", "rate_limit {\n zone a {\n  rate 1/s\n  fail closed\n }\n}", []string{`"a"`, "fail", ":2"}},
 		{"bad fail mode", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n  fail maybe\n }\n redis {\n  url redis://127.0.0.1:1\n }\n}", []string{`"a"`, "fail", ":2"}},
 		{"jwt_claim without jwt", "rate_limit {\n zone a {\n  key jwt_claim sub\n  rate 1/s\n }\n}", []string{`"a"`, "jwt", ":2"}},

@@ -27,6 +27,10 @@ type RedisConfig struct {
 	// Username and Password authenticate to the data nodes; when set they
 	// override the URL's.
 	Username, Password string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// themselves, when they require it (requirepass in sentinel.conf),
+	// which is separate from the data nodes' credentials.
+	SentinelUsername, SentinelPassword string
 	// DB selects a database on a standalone or Sentinel master; Cluster
 	// has only database 0. When non-zero it overrides the URL's.
 	DB int
@@ -90,6 +94,10 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 	default:
 		return nil, errors.New("redis config: no url or addresses")
 	}
+	if (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "" {
+		return nil, errors.New("redis config: sentinel credentials without master_name")
+	}
+	opts.SentinelUsername, opts.SentinelPassword = c.SentinelUsername, c.SentinelPassword
 	if c.Username != "" {
 		opts.Username = c.Username
 	}

@@ -51,9 +51,10 @@ func TestRedisConfigOptions(t *testing.T) {
 					t.Errorf("got %+v", o)
 				}
 			}},
-		{"sentinel", RedisConfig{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster", DB: 1},
+		{"sentinel", RedisConfig{Addresses: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster", DB: 1, Password: "p", SentinelUsername: "su", SentinelPassword: "sp"},
 			func(t *testing.T, o *redis.UniversalOptions) {
-				if o.MasterName != "mymaster" || len(o.Addrs) != 2 || o.DB != 1 {
+				if o.MasterName != "mymaster" || len(o.Addrs) != 2 || o.DB != 1 || o.Password != "p" ||
+					o.SentinelUsername != "su" || o.SentinelPassword != "sp" {
 					t.Errorf("got %+v", o)
 				}
 			}},
@@ -112,6 +113,7 @@ func TestRedisConfigErrors(t *testing.T) {
 		{RedisConfig{}, "no url or addresses"},
 		{RedisConfig{URL: "redis://h", Addresses: []string{"h:1"}}, "exclusive"},
 		{RedisConfig{URL: "redis://h", MasterName: "m"}, "master_name"},
+		{RedisConfig{Addresses: []string{"h:26379"}, SentinelPassword: "sp"}, "master_name"},
 		{RedisConfig{URL: "unix:///tmp/redis.sock"}, "scheme"},
 		{RedisConfig{URL: "http://h"}, "scheme"},
 		{RedisConfig{URL: "redis://u:hunter2@h/x"}, "database"},

@@ -335,26 +335,45 @@ func TestRedisTimeoutWhenPaused(t *testing.T) {
 	}
 }
 
+// TestRedisSentinel decides through a failover client, with a Sentinel
+// that lets anyone ask it and with one that requires a password of its
+// own, which a client without it cannot get past.
 func TestRedisSentinel(t *testing.T) {
-	s := redistest.StartSentinel(t)
-	client, err := RedisConfig{Addresses: []string{s.Addr()}, MasterName: s.MasterName}.NewClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	ctx := context.Background()
-	r := newTestRedis(t, client, Policy{Algorithm: TokenBucket, Events: 3, Window: time.Minute}, RedisOptions{Zone: "sentinel", Timeout: time.Second})
-	for i, want := range []bool{true, true, true, false} {
-		d, err := r.Take(ctx, "k", 1)
-		if err != nil {
-			t.Fatalf("take %d: %v", i, err)
-		}
-		if d.Allowed != want {
-			t.Fatalf("take %d: %+v, want allowed=%v", i, d, want)
-		}
-	}
-	if n, err := s.Master.Client(t).Exists(ctx, r.Key("k")).Result(); err != nil || n != 1 {
-		t.Fatalf("the key is not on the master Sentinel names: %d %v", n, err)
+	for _, password := range []string{"", "sentinel-secret"} {
+		t.Run("password="+password, func(t *testing.T) {
+			s := redistest.StartSentinelAuth(t, password)
+			ctx := context.Background()
+			policy := Policy{Algorithm: TokenBucket, Events: 3, Window: time.Minute}
+			if password != "" {
+				client, err := RedisConfig{Addresses: []string{s.Addr()}, MasterName: s.MasterName}.NewClient()
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { client.Close() })
+				r := newTestRedis(t, client, policy, RedisOptions{Zone: "sentinel", Timeout: time.Second})
+				if _, err := r.Take(ctx, "k", 1); err == nil {
+					t.Fatal("a client without the Sentinel's password got a decision")
+				}
+			}
+			client, err := RedisConfig{Addresses: []string{s.Addr()}, MasterName: s.MasterName, SentinelPassword: password}.NewClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { client.Close() })
+			r := newTestRedis(t, client, policy, RedisOptions{Zone: "sentinel", Timeout: time.Second})
+			for i, want := range []bool{true, true, true, false} {
+				d, err := r.Take(ctx, "k", 1)
+				if err != nil {
+					t.Fatalf("take %d: %v", i, err)
+				}
+				if d.Allowed != want {
+					t.Fatalf("take %d: %+v, want allowed=%v", i, d, want)
+				}
+			}
+			if n, err := s.Master.Client(t).Exists(ctx, r.Key("k")).Result(); err != nil || n != 1 {
+				t.Fatalf("the key is not on the master Sentinel names: %d %v", n, err)
+			}
+		})
 	}
 }
 

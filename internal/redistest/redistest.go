@@ -226,7 +226,8 @@ func freePort(t testing.TB) int {
 	return port
 }
 
-// ping sends PING over a fresh connection and checks for PONG.
+// ping sends PING over a fresh connection and checks that the server
+// answers: PONG, or NOAUTH from one that requires a password.
 func ping(addr string) error {
 	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
@@ -242,8 +243,9 @@ func ping(addr string) error {
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(string(buf[:n]), "+PONG") {
-		return fmt.Errorf("PING answered %q", buf[:n])
+	// A server that requires a password refuses PING, but it answers.
+	if reply := string(buf[:n]); !strings.HasPrefix(reply, "+PONG") && !strings.HasPrefix(reply, "-NOAUTH") {
+		return fmt.Errorf("PING answered %q", reply)
 	}
 	return nil
 }
@@ -335,6 +337,9 @@ type Sentinel struct {
 	Master, Replica, Sentinel *Server
 	// MasterName is the name the Sentinel monitors the master under.
 	MasterName string
+	// Password is what the Sentinel requires of its clients (requirepass),
+	// or empty. The master and replica require none.
+	Password string
 }
 
 // Addr is the Sentinel's address, the one a failover client is given.
@@ -346,6 +351,13 @@ func (s *Sentinel) Addr() string { return s.Sentinel.Addr() }
 // waits until the replica is in sync and the Sentinel knows the master.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	return StartSentinelAuth(t, "")
+}
+
+// StartSentinelAuth is StartSentinel with a Sentinel that requires
+// password of its clients (none when it is empty).
+func StartSentinelAuth(t testing.TB, password string) *Sentinel {
+	t.Helper()
 	const name = "floodgate-master"
 	master := Start(t)
 	replica := start(t, []string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port())})
@@ -354,6 +366,9 @@ func StartSentinel(t testing.TB) *Sentinel {
 		conf := filepath.Join(s.dir, "sentinel.conf")
 		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n",
 			s.port, s.dir, name, master.Port(), name)
+		if password != "" {
+			body += "requirepass " + password + "\n"
+		}
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			return nil, fmt.Errorf("writing sentinel.conf: %w", err)
 		}
@@ -364,7 +379,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 	defer cancel()
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr()})
 	defer mc.Close()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr()})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Password: password})
 	defer sc.Close()
 	for {
 		repl, err1 := mc.Info(ctx, "replication").Result()
@@ -380,5 +395,5 @@ func StartSentinel(t testing.TB) *Sentinel {
 		}
 		time.Sleep(pollInterval)
 	}
-	return &Sentinel{Master: master, Replica: replica, Sentinel: sentinel, MasterName: name}
+	return &Sentinel{Master: master, Replica: replica, Sentinel: sentinel, MasterName: name, Password: password}
 }
