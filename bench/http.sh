@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# HTTP end-to-end cost of the rate_limit handler: one Caddy serves five
+# HTTP end-to-end cost of the rate_limit handler: one Caddy serves six
 # loopback sites and wrk drives them in turn, round after round, so each
 # limited site is compared with a plain one measured seconds before, under
 # the same load from elsewhere.
 #
 #   plain  respond "ok"
+#   same   the same as plain on a port of its own: its ratio to plain is
+#          this machine's noise, what a handler that cost nothing would show
 #   vars   `vars` before the respond: Caddy's cheapest built-in handler (it
 #          sets one request variable), for what one more handler in the
 #          chain costs before it does any work of its own
@@ -37,7 +39,7 @@ secs=${2:-5}
 conns=${CONNS:-32}
 threads=${THREADS:-1}
 pin=${PIN:-1}
-sites=(plain vars allow deny error)
+sites=(plain same vars allow deny error)
 
 if ! command -v wrk >/dev/null 2>&1; then
 	sudo=""
@@ -66,9 +68,9 @@ fi
 
 # Free loopback ports, asked of the kernel: one per site and the admin's.
 declare -A port
-read -r port[plain] port[vars] port[allow] port[deny] port[error] p_admin < <(python3 -c '
+read -r port[plain] port[same] port[vars] port[allow] port[deny] port[error] p_admin < <(python3 -c '
 import socket
-socks = [socket.socket() for _ in range(6)]
+socks = [socket.socket() for _ in range(7)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
 for s in socks: s.close()')
@@ -85,6 +87,9 @@ cat >"$work/Caddyfile" <<CADDY
 	persist_config off
 }
 http://:${port[plain]} {
+	respond "ok"
+}
+http://:${port[same]} {
 	respond "ok"
 }
 http://:${port[vars]} {
@@ -133,7 +138,7 @@ for site in "${sites[@]}"; do
 	done
 done
 # The deny site's one admission is spent by the readiness probe above.
-for want in deny:429 allow:200 plain:200 vars:200 error:429; do
+for want in deny:429 allow:200 plain:200 same:200 vars:200 error:429; do
 	code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${port[${want%%:*}]}/")
 	[ "$code" = "${want#*:}" ] || { echo "${want%%:*} site answered $code, want ${want#*:}"; exit 1; }
 done
@@ -167,8 +172,8 @@ for site in "${sites[@]}"; do # warm up connections, caches and the heap
 done
 
 declare -A all
-printf '%-6s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s | %6s %6s %6s %6s\n' \
-	round 'plain/s' 'vars/s' 'allow/s' 'deny/s' 'error/s' 'plain µs' 'vars µs' 'allow µs' 'deny µs' 'error µs' v/p a/p d/p e/p
+printf '%-6s %9s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s %8s | %6s %6s %6s %6s %6s\n' \
+	round 'plain/s' 'same/s' 'vars/s' 'allow/s' 'deny/s' 'error/s' 'plain µs' 'same µs' 'vars µs' 'allow µs' 'deny µs' 'error µs' s/p v/p a/p d/p e/p
 for r in $(seq "$rounds"); do
 	declare -A rps=() cpu=()
 	for site in "${sites[@]}"; do
@@ -176,30 +181,30 @@ for r in $(seq "$rounds"); do
 		all[rps_$site]+="${rps[$site]} "
 		all[cpu_$site]+="${cpu[$site]} "
 		case $site in
-		plain | vars | allow) [ "$non2xx" = 0 ] || { echo "$site site answered $non2xx non-2xx" >&2; exit 1; } ;;
+		plain | same | vars | allow) [ "$non2xx" = 0 ] || { echo "$site site answered $non2xx non-2xx" >&2; exit 1; } ;;
 		*) [ "$non2xx" -gt 0 ] || { echo "$site site answered no 429" >&2; exit 1; } ;;
 		esac
 	done
 	row=()
-	for site in vars allow deny error; do
+	for site in same vars allow deny error; do
 		row+=("$(ratio "${rps[$site]}" "${rps[plain]}")")
 		all[rr_$site]+="${row[-1]} "
 		all[cr_$site]+="$(ratio "${cpu[plain]}" "${cpu[$site]}") "
 	done
-	printf '%-6s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s | %6s %6s %6s %6s\n' "$r" \
-		"${rps[plain]}" "${rps[vars]}" "${rps[allow]}" "${rps[deny]}" "${rps[error]}" \
-		"${cpu[plain]}" "${cpu[vars]}" "${cpu[allow]}" "${cpu[deny]}" "${cpu[error]}" "${row[@]}"
+	printf '%-6s %9s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s %8s | %6s %6s %6s %6s %6s\n' "$r" \
+		"${rps[plain]}" "${rps[same]}" "${rps[vars]}" "${rps[allow]}" "${rps[deny]}" "${rps[error]}" \
+		"${cpu[plain]}" "${cpu[same]}" "${cpu[vars]}" "${cpu[allow]}" "${cpu[deny]}" "${cpu[error]}" "${row[@]}"
 done
 
-printf '%-6s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s\n' median \
-	"$(median "${all[rps_plain]}")" "$(median "${all[rps_vars]}")" "$(median "${all[rps_allow]}")" "$(median "${all[rps_deny]}")" "$(median "${all[rps_error]}")" \
-	"$(median "${all[cpu_plain]}")" "$(median "${all[cpu_vars]}")" "$(median "${all[cpu_allow]}")" "$(median "${all[cpu_deny]}")" "$(median "${all[cpu_error]}")"
+printf '%-6s %9s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s %8s\n' median \
+	"$(median "${all[rps_plain]}")" "$(median "${all[rps_same]}")" "$(median "${all[rps_vars]}")" "$(median "${all[rps_allow]}")" "$(median "${all[rps_deny]}")" "$(median "${all[rps_error]}")" \
+	"$(median "${all[cpu_plain]}")" "$(median "${all[cpu_same]}")" "$(median "${all[cpu_vars]}")" "$(median "${all[cpu_allow]}")" "$(median "${all[cpu_deny]}")" "$(median "${all[cpu_error]}")"
 echo
-echo "                                   vars/plain  allow/plain  deny/plain  error/plain"
+echo "                                   same/plain  vars/plain  allow/plain  deny/plain  error/plain"
 for m in rps:"requests/s, ratio of medians" rr:"requests/s, median of ratios" cr:"CPU/request, median of ratios"; do
 	key=${m%%:*}
 	printf '%-32s' "${m#*:}"
-	for site in vars allow deny error; do
+	for site in same vars allow deny error; do
 		case $key in
 		rps) v=$(ratio "$(median "${all[rps_$site]}")" "$(median "${all[rps_plain]}")") ;;
 		*) v=$(median "${all[${key}_$site]}") ;;
