@@ -115,7 +115,7 @@ func parallel(b *testing.B, client *redis.Client, n int, take func(ctx context.C
 
 // BenchmarkCompare runs redis_rate's GCRA Allow and Floodgate's token
 // bucket, the same limit, back to back on the same server with the same
-// client settings, in three settings:
+// client settings, in four settings:
 //
 //   - steady: 60/min with a burst of 1000. Each key is hit about every 0.4 s
 //     and its state lives longer than that, so every call updates a key

@@ -314,13 +314,13 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 // at once instead (see breaker). A positive cost takes, a negative one
 // gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
+	if r.breaker.open() {
+		return Decision{}, ErrStoreUnavailable
+	}
 	// A Done that closes at the deadline, not only socket deadlines:
 	// go-redis dials a new connection in the background and only Done stops
 	// the wait for it, so an unreachable host would otherwise hold the
 	// request for the client's dial timeout.
-	if r.breaker.open() {
-		return Decision{}, ErrStoreUnavailable
-	}
 	ctx = r.deadlines.bound(ctx, r.timeout)
 
 	reply, err := r.batch.do(r.newCall(ctx, key, cost, extra))
