@@ -16,8 +16,8 @@ import (
 // request therefore waits for nothing, and under load Redis and the client
 // read and write many scripts per system call instead of one: with 64
 // callers on one local redis-server this about halves Redis's CPU per
-// decision and cuts the client's by 60% (see BENCHMARKS.md). Every script is still its own atomic EVALSHA; a pipeline
-// only shares the socket.
+// decision and cuts the client's by 60% (see BENCHMARKS.md). Every script
+// is still its own atomic EVALSHA; a pipeline only shares the socket.
 
 // redisRoundTrips bounds how many round trips one store has under way. Redis
 // runs one script at a time, so more would only shrink the batches.
@@ -67,7 +67,7 @@ func (b *batcher) do(c *scriptCall) ([]int64, error) {
 		b.running++
 		b.mu.Unlock()
 		b.runOne(c)
-		b.finish(nil)
+		b.finish()
 		return c.reply, c.err
 	}
 	c.done = make(chan struct{})
@@ -85,20 +85,20 @@ func (b *batcher) do(c *scriptCall) ([]int64, error) {
 // finish ends a round trip: if calls queued meanwhile, a goroutine sends
 // them in the round trip's stead, so the caller whose call just came back
 // does not wait for others'.
-func (b *batcher) finish(spare []*scriptCall) {
+func (b *batcher) finish() {
 	b.mu.Lock()
 	if len(b.queue) == 0 {
 		b.running--
 		b.mu.Unlock()
 		return
 	}
-	batch := b.take(spare)
+	batch := b.take(nil)
 	b.mu.Unlock()
 	go b.drain(batch)
 }
 
-// take moves up to redisMaxBatch calls from the queue into spare's array.
-// b.mu is held.
+// take moves up to redisMaxBatch calls from the queue into spare's array
+// (a new one when spare is nil). b.mu is held.
 func (b *batcher) take(spare []*scriptCall) []*scriptCall {
 	n := min(len(b.queue), redisMaxBatch)
 	batch := append(spare[:0], b.queue[:n]...)
@@ -170,9 +170,9 @@ func pipelineScripts(client redis.UniversalClient, script *redis.Script, src str
 		}
 	}
 	cmds := make([]*redis.Cmd, len(calls))
-	pipe := client.Pipeline()
+	pipe, sha := client.Pipeline(), script.Hash()
 	for i, c := range calls {
-		cmds[i] = pipe.EvalSha(ctx, script.Hash(), []string{c.key}, c.args...)
+		cmds[i] = pipe.EvalSha(ctx, sha, []string{c.key}, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
 	var again redis.Pipeliner
