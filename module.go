@@ -10,7 +10,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
@@ -80,8 +79,9 @@ type Handler struct {
 	logger  *zap.Logger
 	sweeper *sweeper
 	jwt     *jwtVerifier
-	// redis is the shared client of the redis block and its pool key.
-	redis    redis.UniversalClient
+	// redis is the shared client of the redis block, with its breaker, and
+	// its pool key.
+	redis    pooledRedis
 	redisKey string
 }
 
@@ -312,7 +312,7 @@ func (h *Handler) releaseShared() {
 		h.jwt = nil
 	}
 	releaseRedisClient(h.redisKey)
-	h.redis, h.redisKey = nil, ""
+	h.redis, h.redisKey = pooledRedis{}, ""
 }
 
 func (h *Handler) releaseZones() {

@@ -93,18 +93,24 @@ func (c *RedisConfig) resolved() limiter.RedisConfig {
 // keeps its connections, and the last config to let go closes it.
 var redisClients = caddy.NewUsagePool()
 
-type pooledRedis struct{ redis.UniversalClient }
+// pooledRedis is a shared client and the breaker of the stores that use
+// it: an outage or a recovery is the client's, not one zone's.
+type pooledRedis struct {
+	redis.UniversalClient
+	breaker *limiter.Breaker
+}
 
 // Destruct closes the client once no config uses it.
 func (p pooledRedis) Destruct() error { return p.Close() }
 
-// loadRedisClient returns the shared client for cfg and the key to release
-// it by. The client connects lazily: an unreachable Redis does not stop
-// Caddy from starting; the zones' fail modes apply until it answers.
-func loadRedisClient(cfg limiter.RedisConfig) (redis.UniversalClient, string, error) {
+// loadRedisClient returns the shared client for cfg, with its breaker, and
+// the key to release it by. The client connects lazily: an unreachable
+// Redis does not stop Caddy from starting; the zones' fail modes apply
+// until it answers.
+func loadRedisClient(cfg limiter.RedisConfig) (pooledRedis, string, error) {
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("redis: %w", err)
+		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
 	}
 	key := string(raw)
 	v, _, err := redisClients.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -112,12 +118,12 @@ func loadRedisClient(cfg limiter.RedisConfig) (redis.UniversalClient, string, er
 		if err != nil {
 			return nil, err
 		}
-		return pooledRedis{c}, nil
+		return pooledRedis{c, limiter.NewBreaker()}, nil
 	})
 	if err != nil {
-		return nil, "", fmt.Errorf("redis: %w", err)
+		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
 	}
-	return v.(pooledRedis).UniversalClient, key, nil
+	return v.(pooledRedis), key, nil
 }
 
 func releaseRedisClient(key string) {

@@ -294,10 +294,11 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 	if tier != "" {
 		redisZone = name + "#tier=" + tier
 	}
-	rs, err := limiter.NewRedis(h.redis, p, limiter.RedisOptions{
+	rs, err := limiter.NewRedis(h.redis.UniversalClient, p, limiter.RedisOptions{
 		Prefix:  h.Redis.KeyPrefix,
 		Zone:    redisZone,
 		Timeout: time.Duration(h.Redis.Timeout),
+		Breaker: h.redis.breaker,
 	})
 	if err != nil {
 		return limit{}, fmt.Errorf("redis store: %w", err)

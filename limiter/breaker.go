@@ -12,15 +12,15 @@ import (
 
 // ErrStoreUnavailable is wrapped by the errors a Redis store returns without
 // asking Redis, because Redis has failed every decision for a while (see
-// breaker). Like any store error it means no decision was made, and the
+// Breaker). Like any store error it means no decision was made, and the
 // zone's fail mode applies; the difference is that the request did not
 // wait for the timeout first.
 var ErrStoreUnavailable = errors.New("store is failing; not asked until it may have recovered")
 
-// A Redis store stops asking a Redis that has failed every decision for
-// breakerAfter, and answers ErrStoreUnavailable at once until breakerRetry
-// has passed; then decisions go to Redis again, and one more failure stops
-// them for another breakerRetry. Without it every request during an outage
+// The stores sharing a Breaker stop asking a Redis that has failed every
+// decision of theirs for breakerAfter, and answer ErrStoreUnavailable at
+// once until breakerRetry has passed; then decisions go to Redis again, and
+// one more failure stops them for another breakerRetry. Without it every request during an outage
 // would wait up to the timeout before its fail mode applied, and a Redis
 // that stalled rather than refused would hold every request that long.
 // One success ends the streak, so a Redis that is slow now and then, or a
@@ -31,9 +31,13 @@ const (
 	breakerRetry = 250 * time.Millisecond
 )
 
-// breaker tracks one store's streak of failures. Times are nanoseconds on
-// its clock; zero means unset.
-type breaker struct {
+// Breaker tracks a Redis's streak of failures for the stores that use it.
+// Stores that share a client should share a Breaker (RedisOptions.Breaker):
+// Redis fails or recovers for all of them at once, so one zone's success
+// ends every zone's wait, and a zone that had little traffic during an
+// outage does not go on failing over after a busier one has found Redis
+// back. Times are nanoseconds on its clock; zero means unset.
+type Breaker struct {
 	clock func() int64
 	// since is when the current streak of failures began.
 	since atomic.Int64
@@ -41,22 +45,26 @@ type breaker struct {
 	until atomic.Int64
 }
 
-func newBreaker(clock func() int64) *breaker {
+// NewBreaker returns a Breaker for the stores of one client.
+func NewBreaker() *Breaker { return newBreaker(nil) }
+
+// newBreaker is a Breaker on clock, or on the monotonic clock when nil.
+func newBreaker(clock func() int64) *Breaker {
 	if clock == nil {
 		base := time.Now() // monotonic: wall-clock steps move nothing
 		clock = func() int64 { return int64(time.Since(base)) + 1 }
 	}
-	return &breaker{clock: clock}
+	return &Breaker{clock: clock}
 }
 
 // open reports whether decisions should not go to Redis now.
-func (b *breaker) open() bool {
+func (b *Breaker) open() bool {
 	until := b.until.Load()
 	return until != 0 && b.clock() < until
 }
 
 // record notes the outcome of a decision Redis was asked for.
-func (b *breaker) record(err error) {
+func (b *Breaker) record(err error) {
 	switch {
 	case err != nil && errors.Is(err, context.Canceled):
 		// The caller left: that says nothing of Redis.

@@ -149,3 +149,56 @@ func TestRedisBreakerWhenPaused(t *testing.T) {
 	}
 	t.Logf("decisions resumed %v after Redis did", time.Since(resumed))
 }
+
+// TestRedisBreakerShared checks that stores sharing a Breaker fail over and
+// come back together: once one store's failures have opened it, another
+// store is turned away at once, and once Redis answers one store, the
+// other asks Redis again at once instead of failing over for the rest of
+// breakerRetry.
+func TestRedisBreakerShared(t *testing.T) {
+	s := redistest.Start(t)
+	client := s.Client(t)
+	var now int64 = 1
+	var mu sync.Mutex
+	clock := func() int64 { mu.Lock(); defer mu.Unlock(); return now }
+	step := func(d time.Duration) { mu.Lock(); now += int64(d); mu.Unlock() }
+	shared := newBreaker(clock)
+	opts := func(zone string) RedisOptions {
+		return RedisOptions{Zone: zone, Timeout: 50 * time.Millisecond, Breaker: shared}
+	}
+	policy := Policy{Algorithm: TokenBucket, Events: 1000, Window: time.Minute}
+	busy := newTestRedis(t, client, policy, opts("busy"))
+	quiet := newTestRedis(t, client, policy, opts("quiet"))
+	ctx := context.Background()
+
+	s.Pause()
+	defer s.Resume()
+	for range 2 {
+		if _, err := busy.Take(ctx, "k", 1); !errors.Is(err, ErrStoreTimeout) {
+			t.Fatalf("busy zone while paused: %v, want a timeout", err)
+		}
+		step(breakerAfter)
+	}
+	if _, err := quiet.Take(ctx, "k", 1); !errors.Is(err, ErrStoreUnavailable) {
+		t.Fatalf("quiet zone after the busy one opened the breaker: %v, want ErrStoreUnavailable at once", err)
+	}
+
+	s.Resume()
+	step(breakerRetry)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		_, err := busy.Take(ctx, "k", 1)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("busy zone after resuming: %v", err)
+		}
+		step(breakerRetry) // a failure reopened it; let the next try through
+		time.Sleep(10 * time.Millisecond)
+	}
+	// No time passes on the breaker's clock: only the busy zone's success
+	// can have let the quiet one through.
+	if d, err := quiet.Take(ctx, "k", 1); err != nil || !d.Allowed {
+		t.Fatalf("quiet zone right after the busy one reached Redis: %+v %v", d, err)
+	}
+}

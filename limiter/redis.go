@@ -47,6 +47,9 @@ type RedisOptions struct {
 	// decision may run up to an eighth of it longer: deadlines are rounded
 	// up so that decisions share timers (see deadlines).
 	Timeout time.Duration
+	// Breaker is shared by the stores on one client; nil gives the store
+	// one of its own.
+	Breaker *Breaker
 
 	// now, when set, replaces Redis TIME with an explicit clock in
 	// microseconds, so tests can step time exactly. The scripts then keep
@@ -71,7 +74,7 @@ type Redis struct {
 	// batch lets concurrent decisions share round trips.
 	batch batcher
 	// breaker answers at once while Redis keeps failing.
-	breaker *breaker
+	breaker *Breaker
 	zone    string
 	keyHead string // prefix, zone and the opening of the hash tag
 	keyTail string // the closing of the hash tag and the algorithm's suffix
@@ -136,7 +139,10 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		r.timeout = DefaultRedisTimeout
 	}
 	r.deadlines = newDeadlines(r.timeout)
-	r.breaker = newBreaker(nil)
+	r.breaker = opts.Breaker
+	if r.breaker == nil {
+		r.breaker = NewBreaker()
+	}
 	prefix := opts.Prefix
 	if prefix == "" {
 		prefix = DefaultRedisPrefix
@@ -311,7 +317,7 @@ func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decisi
 // run calls the script for key under the store's timeout, in a round trip
 // shared with concurrent decisions when there are any (see batcher), and
 // reads its reply; while Redis keeps failing it answers ErrStoreUnavailable
-// at once instead (see breaker). A positive cost takes, a negative one
+// at once instead (see Breaker). A positive cost takes, a negative one
 // gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
 	if r.breaker.open() {
