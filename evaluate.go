@@ -173,8 +173,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	hdr := w.Header()
 	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
 	h.writeHeaders(hdr, ev, now, retry)
-	setPlaceholders(repl, ev, retry)
-	repl.Set("http.rate_limit.exceeded.name", o.zone.name)
+	placeholdersFor(r, repl).decide(ev, retry)
 	h.logDenial(r, o.zone, o.key, o.d, false)
 	if !hasErrorRoutes(r) {
 		// Caddy would only log the error at debug level and write the

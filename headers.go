@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
@@ -175,12 +173,4 @@ func appendRateLimitItem(b []byte, o *outcome, retry int64, refused bool) []byte
 		t = retry
 	}
 	return strconv.AppendInt(b, t, 10)
-}
-
-// setPlaceholders makes the decision available to later handlers and logs.
-func setPlaceholders(repl *caddy.Replacer, ev *evaluation, retry int64) {
-	o := ev.reported()
-	repl.Set("http.rate_limit.zone", o.zone.placeholder)
-	repl.Set("http.rate_limit.remaining", o.d.Remaining)
-	repl.Set("http.rate_limit.retry_after", retry)
 }

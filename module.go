@@ -327,7 +327,7 @@ func (h *Handler) releaseZones() {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.jwt != nil {
-		provideJWTPlaceholders(repl, r, h.jwt)
+		placeholdersFor(r, repl).useJWT(r, h.jwt)
 	}
 	ev := getEvaluation()
 	defer putEvaluation(ev)
@@ -349,7 +349,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.deny(w, r, repl, ev, now)
 	}
 	h.writeHeaders(w.Header(), ev, now, 0)
-	setPlaceholders(repl, ev, 0)
+	placeholdersFor(r, repl).decide(ev, 0)
 	if ev.hold > 0 {
 		if err := holdRequest(r, ev.hold); err != nil {
 			ev.release(r)
