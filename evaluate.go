@@ -163,7 +163,7 @@ func (ev *evaluation) release(r *http.Request) {
 // deny answers a refused request: headers, placeholders, and a 429 error
 // for the server's handle_errors routes, or the 429 itself when the server
 // has none.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, ev *evaluation, now time.Time) error {
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, ev *evaluation) error {
 	o := &ev.outcomes[ev.denied]
 	wait := o.d.RetryAfter
 	if h.Jitter > 0 {
@@ -172,7 +172,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	retry := max(1, ceilSeconds(wait))
 	hdr := w.Header()
 	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
-	h.writeHeaders(hdr, ev, now, retry)
+	h.writeHeaders(hdr, ev, retry)
 	placeholdersFor(r, repl).decide(ev, retry)
 	h.logDenial(r, o.zone, o.key, o.d, false)
 	if !hasErrorRoutes(r) {

@@ -91,7 +91,7 @@ func (ev *evaluation) reported() *outcome {
 // the Retry-After of a refused request, in seconds, reported as the
 // refusing zone's t. All values are written into one buffer and share one
 // backing array, so the headers cost two allocations whatever their number.
-func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, now time.Time, retry int64) {
+func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 	if h.headers == headersNone {
 		return
 	}
@@ -108,15 +108,15 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, now time.Time, r
 	}
 	if h.headers != headersIETF {
 		o := ev.reported()
-		b = strconv.AppendInt(b, o.limit.quota, 10)
+		b = append(b, o.limit.quotaText...)
 		field(hdrLimit, len(b))
 		b = strconv.AppendInt(b, o.d.Remaining, 10)
 		field(hdrRemaining, len(b))
 		// Reset on the store's clock when it says when it decided, so a
 		// window's end is reported as the second it ends in.
 		base := o.d.At()
-		if base.IsZero() {
-			base = now
+		if base.IsZero() { // a refusal no store made: missing_key deny
+			base = time.Now()
 		}
 		reset := base.Add(o.d.ResetAfter)
 		epoch := reset.Unix()

@@ -343,12 +343,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(ev.outcomes) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	now := time.Now()
 	if ev.denied >= 0 {
 		ev.refund(r)
-		return h.deny(w, r, repl, ev, now)
+		return h.deny(w, r, repl, ev)
 	}
-	h.writeHeaders(w.Header(), ev, now, 0)
+	h.writeHeaders(w.Header(), ev, 0)
 	placeholdersFor(r, repl).decide(ev, 0)
 	if ev.hold > 0 {
 		if err := holdRequest(r, ev.hold); err != nil {
