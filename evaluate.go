@@ -8,7 +8,6 @@ import (
 	"path"
 	"reflect"
 	"runtime"
-	"strconv"
 	"sync"
 	"time"
 
@@ -170,9 +169,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		wait += time.Duration(rand.Float64() * h.Jitter * float64(wait))
 	}
 	retry := max(1, ceilSeconds(wait))
-	hdr := w.Header()
-	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
-	h.writeHeaders(hdr, ev, retry)
+	h.writeHeaders(w.Header(), ev, retry)
 	placeholdersFor(r, repl).decide(ev, retry)
 	h.logDenial(r, o.zone, o.key, o.d, false)
 	if !hasErrorRoutes(r) {

@@ -87,26 +87,32 @@ func (ev *evaluation) reported() *outcome {
 	return best
 }
 
-// writeHeaders sets the rate-limit fields for every evaluated zone. retry is
-// the Retry-After of a refused request, in seconds, reported as the
-// refusing zone's t. All values are written into one buffer and share one
-// backing array, so the headers cost two allocations whatever their number.
+// writeHeaders sets the rate-limit fields for every evaluated zone, and a
+// refused request's Retry-After (retry seconds, reported as the refusing
+// zone's t) whatever the headers mode. All values are written into one
+// buffer and share one backing array, so the headers cost two allocations
+// whatever their number.
 func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
-	if h.headers == headersNone {
+	refused := ev.denied >= 0
+	if h.headers == headersNone && !refused {
 		return
 	}
 	var (
 		buf   [256]byte
 		b     = buf[:0]
-		names [5]string
-		ends  [5]int // end of each value in b; -1 for policy, which is not in b
+		names [6]string
+		ends  [6]int // end of each value in b; -1 for policy, which is not in b
 		n     int
 	)
 	field := func(name string, end int) {
 		names[n], ends[n] = name, end
 		n++
 	}
-	if h.headers != headersIETF {
+	if refused {
+		b = strconv.AppendInt(b, retry, 10)
+		field(hdrRetryAfter, len(b))
+	}
+	if h.headers == headersBoth || h.headers == headersX {
 		o := ev.reported()
 		b = append(b, o.limit.quotaText...)
 		field(hdrLimit, len(b))
@@ -127,7 +133,7 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 		field(hdrReset, len(b))
 	}
 	single := len(ev.outcomes) == 1
-	if h.headers != headersX {
+	if h.headers == headersBoth || h.headers == headersIETF {
 		for i := range ev.outcomes {
 			if i > 0 {
 				b = append(b, ", "...)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # HTTP end-to-end cost of the rate_limit handler: one Caddy serves six
-# loopback sites and wrk drives them in turn, round after round, so each
-# limited site is compared with a plain one measured seconds before, under
-# the same load from elsewhere.
+# loopback sites and wrk drives them in turn, round after round, each
+# round starting one site later, so each limited site is compared with a
+# plain one measured seconds apart, under the same load from elsewhere.
 #
 #   plain  respond "ok"
 #   same   the same as plain on a port of its own: its ratio to plain is
@@ -176,7 +176,10 @@ printf '%-6s %9s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s %8s | %6s %6s %6s %6s
 	round 'plain/s' 'same/s' 'vars/s' 'allow/s' 'deny/s' 'error/s' 'plain µs' 'same µs' 'vars µs' 'allow µs' 'deny µs' 'error µs' s/p v/p a/p d/p e/p
 for r in $(seq "$rounds"); do
 	declare -A rps=() cpu=()
-	for site in "${sites[@]}"; do
+	# Each round starts one site later than the last, so no site always
+	# follows the same one (the error site's garbage, say) or runs first.
+	order=("${sites[@]:$(((r - 1) % ${#sites[@]}))}" "${sites[@]:0:$(((r - 1) % ${#sites[@]}))}")
+	for site in "${order[@]}"; do
 		read -r rps[$site] non2xx cpu[$site] < <(run "${port[$site]}" "$secs")
 		all[rps_$site]+="${rps[$site]} "
 		all[cpu_$site]+="${cpu[$site]} "
