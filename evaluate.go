@@ -38,6 +38,9 @@ type outcome struct {
 // evaluation is every zone's decision on one request.
 type evaluation struct {
 	outcomes []outcome
+	// candidates are the zones that match the request, with their keys,
+	// before any is decided.
+	candidates []candidate
 	// denied indexes the outcome that refuses the request, or is -1.
 	denied int
 	// hold is the longest time a leaky bucket asked the request to wait.
@@ -47,9 +50,26 @@ type evaluation struct {
 	failed error
 }
 
+// candidate is a zone that matches a request, its limit and its key.
+type candidate struct {
+	zone  *zone
+	limit *limit
+	key   string
+	// missingDeny is set when the key is missing and the zone refuses
+	// such requests.
+	missingDeny bool
+	// early is set when the decision was asked for ahead of its turn,
+	// together with the request's other remote zones; d and err hold it.
+	early bool
+	d     limiter.Decision
+	err   error
+}
+
 // evaluations recycles evaluation buffers: the request path allocates
 // none of its own.
-var evaluations = sync.Pool{New: func() any { return &evaluation{outcomes: make([]outcome, 0, 4)} }}
+var evaluations = sync.Pool{New: func() any {
+	return &evaluation{outcomes: make([]outcome, 0, 4), candidates: make([]candidate, 0, 4)}
+}}
 
 func getEvaluation() *evaluation {
 	ev := evaluations.Get().(*evaluation)
@@ -61,17 +81,42 @@ func getEvaluation() *evaluation {
 func putEvaluation(ev *evaluation) {
 	clear(ev.outcomes)
 	ev.outcomes = ev.outcomes[:0]
+	clear(ev.candidates)
+	ev.candidates = ev.candidates[:0]
 	evaluations.Put(ev)
 }
 
 // evaluate decides every zone that matches r, in name order, stopping at the
-// first that refuses it.
+// first that refuses it. A request that matches several Redis zones asks
+// all of them at once rather than one round trip after another; what the
+// zones after a refusal took is then given back, so the outcome is the
+// same as deciding them in turn.
 func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation) error {
+	remote, err := h.match(r, repl, ev)
+	if err != nil {
+		return err
+	}
+	if remote > 1 {
+		ev.decideRemoteEarly(r.Context())
+	}
+	for i := range ev.candidates {
+		if h.decide(r, ev, &ev.candidates[i]) {
+			ev.giveBackEarly(r.Context(), i+1)
+			return nil
+		}
+	}
+	return nil
+}
+
+// match lists the zones that match r, with their keys, up to the first
+// whose missing key refuses the request, and counts those to be decided by
+// a remote store.
+func (h *Handler) match(r *http.Request, repl *caddy.Replacer, ev *evaluation) (remote int, err error) {
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
-				return caddyhttp.Error(http.StatusInternalServerError, err)
+				return 0, caddyhttp.Error(http.StatusInternalServerError, err)
 			}
 			if !ok {
 				continue
@@ -84,48 +129,105 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 			case missingSkip:
 				continue
 			case missingDeny:
-				ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: limiter.Decision{RetryAfter: l.window}})
-				z.metrics.count(false, z.dryRun)
+				ev.candidates = append(ev.candidates, candidate{zone: z, limit: l, missingDeny: true})
 				if !z.dryRun {
-					ev.denied = len(ev.outcomes) - 1
-					return nil
+					return remote, nil // the zones after it are not evaluated
 				}
 				continue
 			default:
 				key = missingKeyNamespace + z.key.clientIP(r)
 			}
 		}
-		store := l.store
-		d, err := store.Take(r.Context(), key, z.cost)
-		if err != nil {
-			z.metrics.failure()
-			h.logStoreFailure(z, err)
-			switch {
-			case z.fail == failClosed:
-				ev.failed = err
-				return nil
-			case z.fail == failLocal && l.local != nil:
-				store = l.local
-				if d, err = store.Take(r.Context(), key, z.cost); err != nil {
-					continue
-				}
-			default: // open: this zone does not limit, nor report
-				continue
-			}
-		}
-		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: key, d: d, taken: d.Allowed})
-		z.metrics.count(d.Allowed, z.dryRun)
-		switch {
-		case !d.Allowed && z.dryRun:
-			h.logDenial(r, z, key, d, true)
-		case !d.Allowed:
-			ev.denied = len(ev.outcomes) - 1
-			return nil
-		case l.policy.Algorithm == limiter.LeakyBucket && d.RetryAfter > ev.hold:
-			ev.hold = d.RetryAfter
+		ev.candidates = append(ev.candidates, candidate{zone: z, limit: l, key: key})
+		if l.remote {
+			remote++
 		}
 	}
-	return nil
+	return remote, nil
+}
+
+// decideRemoteEarly asks every remote zone's store at once, each on a
+// goroutine of its own but the last, which is asked on this one.
+func (ev *evaluation) decideRemoteEarly(ctx context.Context) {
+	var (
+		wg   sync.WaitGroup
+		last *candidate
+	)
+	for i := range ev.candidates {
+		c := &ev.candidates[i]
+		if !c.limit.remote || c.missingDeny {
+			continue
+		}
+		c.early = true
+		if last != nil {
+			wg.Add(1)
+			go func(c *candidate) {
+				defer wg.Done()
+				c.d, c.err = c.limit.store.Take(ctx, c.key, c.zone.cost)
+			}(last)
+		}
+		last = c
+	}
+	last.d, last.err = last.limit.store.Take(ctx, last.key, last.zone.cost)
+	wg.Wait()
+}
+
+// giveBackEarly returns what the remote zones from candidates[from:] took
+// ahead of their turn, since the request stopped before it.
+func (ev *evaluation) giveBackEarly(ctx context.Context, from int) {
+	for i := from; i < len(ev.candidates); i++ {
+		c := &ev.candidates[i]
+		if c.early && c.err == nil && c.d.Allowed {
+			_, _ = c.limit.store.Return(context.WithoutCancel(ctx), c.key, c.zone.cost, c.d)
+		}
+	}
+}
+
+// decide records c's decision on r, and reports whether it ends the
+// evaluation: a refusal, or a failure of a `fail closed` zone.
+func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bool) {
+	z, l := c.zone, c.limit
+	if c.missingDeny {
+		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: limiter.Decision{RetryAfter: l.window}})
+		z.metrics.count(false, z.dryRun)
+		if z.dryRun {
+			return false
+		}
+		ev.denied = len(ev.outcomes) - 1
+		return true
+	}
+	store, d, err := l.store, c.d, c.err
+	if !c.early {
+		d, err = store.Take(r.Context(), c.key, z.cost)
+	}
+	if err != nil {
+		z.metrics.failure()
+		h.logStoreFailure(z, err)
+		switch {
+		case z.fail == failClosed:
+			ev.failed = err
+			return true
+		case z.fail == failLocal && l.local != nil:
+			store = l.local
+			if d, err = store.Take(r.Context(), c.key, z.cost); err != nil {
+				return false
+			}
+		default: // open: this zone does not limit, nor report
+			return false
+		}
+	}
+	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, d: d, taken: d.Allowed})
+	z.metrics.count(d.Allowed, z.dryRun)
+	switch {
+	case !d.Allowed && z.dryRun:
+		h.logDenial(r, z, c.key, d, true)
+	case !d.Allowed:
+		ev.denied = len(ev.outcomes) - 1
+		return true
+	case l.policy.Algorithm == limiter.LeakyBucket && d.RetryAfter > ev.hold:
+		ev.hold = d.RetryAfter
+	}
+	return false
 }
 
 // refund gives back what every zone took, because the request is refused.

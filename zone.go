@@ -67,6 +67,9 @@ type limit struct {
 	policyItem string
 	// local decides for a redis zone with `fail local` while Redis is away.
 	local limiter.Store
+	// remote is set when store answers over the network, so a request
+	// matching several such zones waits for their decisions together.
+	remote bool
 	// poolKeys name the memory stores this limit holds in memoryStores.
 	poolKeys []string
 }
@@ -305,7 +308,7 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 	if err != nil {
 		return limit{}, fmt.Errorf("redis store: %w", err)
 	}
-	l.store = rs
+	l.store, l.remote = rs, true
 	if cfg.Fail == failLocal {
 		mem, key, err := loadMemoryStore(stateName+"\x00local", p, h.MaxKeys)
 		if err != nil {

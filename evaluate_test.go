@@ -1,0 +1,169 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// rendezvous lets the decisions of one request through once n of them
+// have arrived, or each after a timeout: missed counts those that waited
+// it out. Between requests, next readies it for the next one.
+type rendezvous struct {
+	n       int32
+	arrived atomic.Int32
+	all     chan struct{}
+	missed  atomic.Int32
+	total   int32
+}
+
+func newRendezvous(n int32) *rendezvous { return &rendezvous{n: n, all: make(chan struct{})} }
+
+func (rv *rendezvous) next() {
+	rv.total += rv.arrived.Swap(0)
+	rv.all = make(chan struct{})
+}
+
+func (rv *rendezvous) wait() {
+	if rv.arrived.Add(1) == rv.n {
+		close(rv.all)
+		return
+	}
+	select {
+	case <-rv.all:
+	case <-time.After(2 * time.Second):
+		rv.missed.Add(1)
+	}
+}
+
+// remoteStore stands in for a Redis store: a memory store whose decisions
+// wait at a rendezvous, counting what it is asked.
+type remoteStore struct {
+	limiter.Store
+	rv               *rendezvous
+	takes, returns   atomic.Int32
+	returnedAllowing atomic.Int32
+}
+
+func (s *remoteStore) Take(ctx context.Context, key string, cost int64) (limiter.Decision, error) {
+	s.takes.Add(1)
+	s.rv.wait()
+	return s.Store.Take(ctx, key, cost)
+}
+
+func (s *remoteStore) Return(ctx context.Context, key string, cost int64, taken limiter.Decision) (limiter.Decision, error) {
+	s.returns.Add(1)
+	if taken.Allowed {
+		s.returnedAllowing.Add(1)
+	}
+	return s.Store.Return(ctx, key, cost, taken)
+}
+
+// remoteZones provisions fixed-window zones of the given limits per hour,
+// named in order, and makes each a remoteStore meeting at rv.
+func remoteZones(t *testing.T, rv *rendezvous, prefix string, limits ...int) (*Handler, []*remoteStore) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("rate_limit {\n")
+	for i, n := range limits {
+		fmt.Fprintf(&b, " zone %s_%c {\n  key ip\n  algorithm fixed_window\n  rate %d/1h\n }\n", prefix, 'a'+i, n)
+	}
+	b.WriteString("}")
+	h := provisionHandler(t, b.String())
+	stores := make([]*remoteStore, len(h.zones))
+	for i, z := range h.zones {
+		stores[i] = &remoteStore{Store: z.limit.store, rv: rv}
+		z.limit.store, z.limit.remote = stores[i], true
+	}
+	return h, stores
+}
+
+// TestRemoteZonesDecidedTogether: a request matching two remote zones asks
+// both stores at once, and the outcome is what deciding them in name order
+// gives, whichever refuses.
+func TestRemoteZonesDecidedTogether(t *testing.T) {
+	t.Run("later zone refuses", func(t *testing.T) {
+		rv := newRendezvous(2) // two zones per request
+		h, stores := remoteZones(t, rv, "later", 100, 2)
+		var codes []int
+		for range 4 {
+			r, _ := newKeyRequest("198.51.100.50", nil)
+			_, code := serve(h, r, okHandler)
+			codes = append(codes, code)
+			rv.next()
+		}
+		if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
+			t.Fatalf("codes %v, want %v", codes, want)
+		}
+		// Every Take found the other one under way: none waited it out.
+		if rv.total != 8 || rv.missed.Load() != 0 {
+			t.Fatalf("%d decisions, %d asked alone: zones were decided one after the other", rv.total, rv.missed.Load())
+		}
+		// The first zone gave back what the two refused requests took.
+		if got := stores[0].returnedAllowing.Load(); got != 2 {
+			t.Fatalf("first zone gave back %d, want 2", got)
+		}
+		r, _ := newKeyRequest("198.51.100.50", nil)
+		w, _ := serve(h, r, okHandler)
+		if got := w.Header().Get("RateLimit"); !strings.Contains(got, `"later_a";r=98;`) {
+			t.Fatalf("RateLimit %q, want later_a at 98: only the two admitted requests spent", got)
+		}
+	})
+	t.Run("earlier zone refuses", func(t *testing.T) {
+		rv := newRendezvous(2)
+		h, stores := remoteZones(t, rv, "earlier", 2, 100)
+		var codes []int
+		for range 4 {
+			r, _ := newKeyRequest("198.51.100.51", nil)
+			_, code := serve(h, r, okHandler)
+			codes = append(codes, code)
+			rv.next()
+		}
+		if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
+			t.Fatalf("codes %v, want %v", codes, want)
+		}
+		if rv.total != 8 || rv.missed.Load() != 0 {
+			t.Fatalf("%d decisions, %d asked alone", rv.total, rv.missed.Load())
+		}
+		// The second zone was asked ahead of its turn on the refused
+		// requests too, and gave both back: it reports nothing for them.
+		if got := stores[1].returnedAllowing.Load(); got != 2 {
+			t.Fatalf("second zone gave back %d, want 2", got)
+		}
+		d, err := stores[1].Store.Take(context.Background(), "198.51.100.51", 1)
+		if err != nil || d.Remaining != 97 {
+			t.Fatalf("second zone after 2 admitted and 2 refused: remaining %d (%v), want 97", d.Remaining, err)
+		}
+	})
+}
+
+// TestRedisZonesTogether: two Redis zones on a real server, the earlier
+// refusing, give back what the later took on the refused requests.
+func TestRedisZonesTogether(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := provisionHandler(t, "rate_limit {\n "+redisURLBlock(srv.Addr(), redisTimeout)+"\n zone together_a {\n  store redis\n  algorithm fixed_window\n  rate 2/1h\n }\n zone together_b {\n  store redis\n  algorithm sliding_window_log\n  rate 100/1h\n }\n}")
+	var codes []int
+	for range 4 {
+		r, _ := newKeyRequest("198.51.100.52", nil)
+		_, code := serve(h, r, okHandler)
+		codes = append(codes, code)
+	}
+	if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
+	}
+	b := h.zones[1]
+	if b.name != "together_b" {
+		t.Fatalf("second zone %q", b.name)
+	}
+	d, err := b.limit.store.Take(context.Background(), "198.51.100.52", 1)
+	if err != nil || d.Remaining != 97 {
+		t.Fatalf("together_b after 2 admitted and 2 refused: remaining %d (%v), want 97", d.Remaining, err)
+	}
+}
