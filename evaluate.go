@@ -92,9 +92,34 @@ func putEvaluation(ev *evaluation) {
 // zones after a refusal took is then given back, so the outcome is the
 // same as deciding them in turn.
 func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation) error {
-	remote, err := h.match(r, repl, ev)
-	if err != nil {
-		return err
+	together := h.remoteZones > 1
+	remote := 0
+	var c candidate
+	for _, z := range h.zones {
+		ok, err := h.match(z, r, repl, &c)
+		if err != nil || !ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if !together {
+			// Decided at once, as matched: no list to keep.
+			if h.decide(r, ev, &c) {
+				return nil
+			}
+			continue
+		}
+		ev.candidates = append(ev.candidates, c)
+		if c.missingDeny && !z.dryRun {
+			break // the zones after it are not evaluated
+		}
+		if c.limit.remote {
+			remote++
+		}
+	}
+	if !together {
+		return nil
 	}
 	if remote > 1 {
 		ev.decideRemoteEarly(r.Context())
@@ -108,42 +133,33 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 	return nil
 }
 
-// match lists the zones that match r, with their keys, up to the first
-// whose missing key refuses the request, and counts those to be decided by
-// a remote store.
-func (h *Handler) match(r *http.Request, repl *caddy.Replacer, ev *evaluation) (remote int, err error) {
-	for _, z := range h.zones {
-		if len(z.matchers) > 0 {
-			ok, err := z.matchers.AnyMatchWithError(r)
-			if err != nil {
-				return 0, caddyhttp.Error(http.StatusInternalServerError, err)
-			}
-			if !ok {
-				continue
-			}
+// match reports whether zone z applies to r and, if so, sets c to it with
+// its limit and key.
+func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, c *candidate) (bool, error) {
+	if len(z.matchers) > 0 {
+		ok, err := z.matchers.AnyMatchWithError(r)
+		if err != nil {
+			return false, caddyhttp.Error(http.StatusInternalServerError, err)
 		}
-		l := z.limitFor(r, repl)
-		key, ok := z.key.evaluate(r, repl)
 		if !ok {
-			switch z.missing {
-			case missingSkip:
-				continue
-			case missingDeny:
-				ev.candidates = append(ev.candidates, candidate{zone: z, limit: l, missingDeny: true})
-				if !z.dryRun {
-					return remote, nil // the zones after it are not evaluated
-				}
-				continue
-			default:
-				key = missingKeyNamespace + z.key.clientIP(r)
-			}
-		}
-		ev.candidates = append(ev.candidates, candidate{zone: z, limit: l, key: key})
-		if l.remote {
-			remote++
+			return false, nil
 		}
 	}
-	return remote, nil
+	*c = candidate{zone: z, limit: z.limitFor(r, repl)}
+	key, ok := z.key.evaluate(r, repl)
+	if !ok {
+		switch z.missing {
+		case missingSkip:
+			return false, nil
+		case missingDeny:
+			c.missingDeny = true
+			return true, nil
+		default:
+			key = missingKeyNamespace + z.key.clientIP(r)
+		}
+	}
+	c.key = key
+	return true, nil
 }
 
 // decideRemoteEarly asks every remote zone's store at once, each on a

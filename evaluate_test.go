@@ -81,6 +81,7 @@ func remoteZones(t *testing.T, rv *rendezvous, prefix string, limits ...int) (*H
 		stores[i] = &remoteStore{Store: z.limit.store, rv: rv}
 		z.limit.store, z.limit.remote = stores[i], true
 	}
+	h.remoteZones = len(h.zones)
 	return h, stores
 }
 

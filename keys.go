@@ -148,6 +148,11 @@ func (t *keyTemplate) clientIP(r *http.Request) string {
 // maskIP groups an IP address to the zone's prefix lengths; any other
 // value is returned unchanged.
 func (t *keyTemplate) maskIP(v string) string {
+	if t.ipv4Bits >= 32 && strings.IndexByte(v, ':') < 0 {
+		// Not IPv6, so an IPv4 address kept whole or no address at all:
+		// either way v as it is (the common case, so no parse).
+		return v
+	}
 	if !maybeIP(v) {
 		return v
 	}

@@ -74,11 +74,14 @@ type Handler struct {
 	// mholt/caddy-ratelimit and ignored with a warning, as Distributed.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
-	zones   []*zone
-	headers headerMode
-	logger  *zap.Logger
-	sweeper *sweeper
-	jwt     *jwtVerifier
+	zones []*zone
+	// remoteZones counts the zones whose store answers over the network:
+	// with two or more, evaluate asks for their decisions together.
+	remoteZones int
+	headers     headerMode
+	logger      *zap.Logger
+	sweeper     *sweeper
+	jwt         *jwtVerifier
 	// redis is the shared client of the redis block, with its breaker, and
 	// its pool key.
 	redis    pooledRedis
@@ -227,6 +230,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		z.metrics = metrics.forZone(name, z.fail)
 		h.zones = append(h.zones, z)
+		if z.limit.remote {
+			h.remoteZones++
+		}
 	}
 
 	interval := time.Duration(h.SweepInterval)
