@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -166,5 +167,33 @@ func TestRedisZonesTogether(t *testing.T) {
 	d, err := b.limit.store.Take(context.Background(), "198.51.100.52", 1)
 	if err != nil || d.Remaining != 97 {
 		t.Fatalf("together_b after 2 admitted and 2 refused: remaining %d (%v), want 97", d.Remaining, err)
+	}
+}
+
+// BenchmarkRedisThreeZones is one request matching three Redis zones on a
+// loopback server, its zones decided together (as served) and, for
+// comparison, one after another.
+func BenchmarkRedisThreeZones(b *testing.B) {
+	srv := redistest.Start(b)
+	var zones strings.Builder
+	for _, name := range []string{"bench3_a", "bench3_b", "bench3_c"} {
+		fmt.Fprintf(&zones, " zone %s {\n  store redis\n  algorithm token_bucket\n  rate 1000000000/1s\n }\n", name)
+	}
+	h := provisionHandler(b, "rate_limit {\n "+redisURLBlock(srv.Addr(), redisTimeout)+"\n"+zones.String()+"}")
+	r, _ := newKeyRequest("198.51.100.53", nil)
+	w := httptest.NewRecorder()
+	for _, bc := range []struct {
+		name        string
+		remoteZones int
+	}{{"together", h.remoteZones}, {"one after another", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			h.remoteZones = bc.remoteZones
+			for b.Loop() {
+				clear(w.Header())
+				if err := h.ServeHTTP(w, r, okHandler); err != nil || w.Header().Get("RateLimit") == "" {
+					b.Fatalf("not decided by the zones: %v, %v", err, w.Header())
+				}
+			}
+		})
 	}
 }
