@@ -22,7 +22,10 @@
 # Two measures: requests/s, and Caddy's CPU time per request (user + system,
 # all threads, from /proc). On a shared machine requests/s swings with what
 # else runs; CPU per request barely does, and plain µs / site µs is the
-# throughput ratio a CPU-bound Caddy would show.
+# throughput ratio a CPU-bound Caddy would show. The last summary line
+# divides by the mean of plain's and same's CPU per request in the same
+# round instead: the baseline measured twice, so half as exposed to a
+# single run's noise.
 #
 # Usage: bench/http.sh [rounds] [seconds per run]
 # Env:   CONNS (default 32), THREADS (1), PIN (1: caddy on CPU 0, wrk on
@@ -193,6 +196,8 @@ for r in $(seq "$rounds"); do
 		row+=("$(ratio "${rps[$site]}" "${rps[plain]}")")
 		all[rr_$site]+="${row[-1]} "
 		all[cr_$site]+="$(ratio "${cpu[plain]}" "${cpu[$site]}") "
+		# Against both plain sites' mean: the baseline measured twice.
+		all[cb_$site]+="$(awk -v a="${cpu[plain]}" -v b="${cpu[same]}" -v c="${cpu[$site]}" 'BEGIN {printf "%.3f", (a + b) / 2 / c}') "
 	done
 	printf '%-6s %9s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s %8s | %6s %6s %6s %6s %6s\n' "$r" \
 		"${rps[plain]}" "${rps[same]}" "${rps[vars]}" "${rps[allow]}" "${rps[deny]}" "${rps[error]}" \
@@ -204,7 +209,7 @@ printf '%-6s %9s %9s %9s %9s %9s %9s | %8s %8s %8s %8s %8s %8s\n' median \
 	"$(median "${all[cpu_plain]}")" "$(median "${all[cpu_same]}")" "$(median "${all[cpu_vars]}")" "$(median "${all[cpu_allow]}")" "$(median "${all[cpu_deny]}")" "$(median "${all[cpu_error]}")"
 echo
 echo "                                   same/plain  vars/plain  allow/plain  deny/plain  error/plain"
-for m in rps:"requests/s, ratio of medians" rr:"requests/s, median of ratios" cr:"CPU/request, median of ratios"; do
+for m in rps:"requests/s, ratio of medians" rr:"requests/s, median of ratios" cr:"CPU/request, median of ratios" cb:"CPU/req. vs plain+same, median"; do
 	key=${m%%:*}
 	printf '%-32s' "${m#*:}"
 	for site in same vars allow deny error; do
