@@ -307,47 +307,12 @@ func equalInts(a, b []int) bool {
 
 // BenchmarkHandlerIPKey is one allowed request through the handler, keyed
 // by client IP: the cost the handler adds in front of every request. Each
-// request gets a fresh replacer and vars, as Caddy gives it, so what the
-// handler makes the replacer allocate is counted; BenchmarkRequestBaseline
-// is that setup alone, to subtract.
+// request has a fresh replacer, as in Caddy, so what the handler makes it
+// allocate is counted.
 func BenchmarkHandlerIPKey(b *testing.B) {
 	h := provisionHandler(b, "rate_limit {\n zone z {\n  key ip\n  algorithm token_bucket\n  rate 1000000000/1s\n }\n}")
-	r := httptest.NewRequest(http.MethodGet, "http://example.com/api/items?page=2", nil)
-	w := httptest.NewRecorder()
-	b.ReportAllocs()
-	for b.Loop() {
-		clear(w.Header())
-		if err := h.ServeHTTP(w, caddyRequest(r, "198.51.100.9"), okHandler); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkRequestBaseline is BenchmarkHandlerIPKey's per-request setup
-// and next handler without the rate_limit handler.
-func BenchmarkRequestBaseline(b *testing.B) {
-	r := httptest.NewRequest(http.MethodGet, "http://example.com/api/items?page=2", nil)
-	w := httptest.NewRecorder()
-	b.ReportAllocs()
-	for b.Loop() {
-		clear(w.Header())
-		if err := okHandler.ServeHTTP(w, caddyRequest(r, "198.51.100.9")); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// caddyRequest is r with what Caddy's server gives every request: a fresh
-// replacer with the HTTP placeholders and vars holding the client IP.
-func caddyRequest(r *http.Request, clientIP string) *http.Request {
-	r = r.WithContext(r.Context()) // NewTestReplacer changes its request
-	repl := caddyhttp.NewTestReplacer(r)
-	ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
-	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, map[string]any{
-		caddyhttp.TrustedProxyVarKey: false,
-		caddyhttp.ClientIPVarKey:     clientIP,
-	})
-	return r.WithContext(ctx)
+	r, _ := newKeyRequest("198.51.100.9", nil)
+	benchServeFresh(b, h, []*http.Request{r})
 }
 
 // TestCleanupStopsGoroutines provisions handlers with every kind of zone
