@@ -31,6 +31,15 @@ func (rv *rendezvous) next() {
 	rv.all = make(chan struct{})
 }
 
+// check fails unless total decisions arrived and each found the rest of
+// its request's under way, none waiting the timeout out.
+func (rv *rendezvous) check(t *testing.T, total int32) {
+	t.Helper()
+	if rv.total != total || rv.missed.Load() != 0 {
+		t.Fatalf("%d decisions, want %d; %d asked alone: the zones were decided one after the other", rv.total, total, rv.missed.Load())
+	}
+}
+
 func (rv *rendezvous) wait() {
 	if rv.arrived.Add(1) == rv.n {
 		close(rv.all)
@@ -93,20 +102,8 @@ func TestRemoteZonesDecidedTogether(t *testing.T) {
 	t.Run("later zone refuses", func(t *testing.T) {
 		rv := newRendezvous(2) // two zones per request
 		h, stores := remoteZones(t, rv, "later", 100, 2)
-		var codes []int
-		for range 4 {
-			r, _ := newKeyRequest("198.51.100.50", nil)
-			_, code := serve(h, r, okHandler)
-			codes = append(codes, code)
-			rv.next()
-		}
-		if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
-			t.Fatalf("codes %v, want %v", codes, want)
-		}
-		// Every Take found the other one under way: none waited it out.
-		if rv.total != 8 || rv.missed.Load() != 0 {
-			t.Fatalf("%d decisions, %d asked alone: zones were decided one after the other", rv.total, rv.missed.Load())
-		}
+		serveAll(t, h, "198.51.100.50", []int{200, 200, 429, 429}, rv.next)
+		rv.check(t, 8)
 		// The first zone gave back what the two refused requests took.
 		if got := stores[0].returnedAllowing.Load(); got != 2 {
 			t.Fatalf("first zone gave back %d, want 2", got)
@@ -120,19 +117,8 @@ func TestRemoteZonesDecidedTogether(t *testing.T) {
 	t.Run("earlier zone refuses", func(t *testing.T) {
 		rv := newRendezvous(2)
 		h, stores := remoteZones(t, rv, "earlier", 2, 100)
-		var codes []int
-		for range 4 {
-			r, _ := newKeyRequest("198.51.100.51", nil)
-			_, code := serve(h, r, okHandler)
-			codes = append(codes, code)
-			rv.next()
-		}
-		if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
-			t.Fatalf("codes %v, want %v", codes, want)
-		}
-		if rv.total != 8 || rv.missed.Load() != 0 {
-			t.Fatalf("%d decisions, %d asked alone", rv.total, rv.missed.Load())
-		}
+		serveAll(t, h, "198.51.100.51", []int{200, 200, 429, 429}, rv.next)
+		rv.check(t, 8)
 		// The second zone was asked ahead of its turn on the refused
 		// requests too, and gave both back: it reports nothing for them.
 		if got := stores[1].returnedAllowing.Load(); got != 2 {
@@ -151,15 +137,7 @@ func TestRedisZonesTogether(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	h := provisionHandler(t, "rate_limit {\n "+redisURLBlock(srv.Addr(), redisTimeout)+"\n zone together_a {\n  store redis\n  algorithm fixed_window\n  rate 2/1h\n }\n zone together_b {\n  store redis\n  algorithm sliding_window_log\n  rate 100/1h\n }\n}")
-	var codes []int
-	for range 4 {
-		r, _ := newKeyRequest("198.51.100.52", nil)
-		_, code := serve(h, r, okHandler)
-		codes = append(codes, code)
-	}
-	if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
-		t.Fatalf("codes %v, want %v", codes, want)
-	}
+	serveAll(t, h, "198.51.100.52", []int{200, 200, 429, 429}, nil)
 	b := h.zones[1]
 	if b.name != "together_b" {
 		t.Fatalf("second zone %q", b.name)

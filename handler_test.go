@@ -71,15 +71,7 @@ func TestHandlerMultipleZonesRefund(t *testing.T) {
 			rate 2/1h
 		}
 	}`)
-	var codes []int
-	for range 4 {
-		r, _ := newKeyRequest("198.51.100.1", nil)
-		_, code := serve(h, r, okHandler)
-		codes = append(codes, code)
-	}
-	if want := []int{200, 200, 429, 429}; !equalInts(codes, want) {
-		t.Fatalf("codes %v, want %v", codes, want)
-	}
+	serveAll(t, h, "198.51.100.1", []int{200, 200, 429, 429}, nil)
 	// The wide zone gave back what the refused requests took: two spent.
 	r, _ := newKeyRequest("198.51.100.1", nil)
 	w, _ := serve(h, r, okHandler)
@@ -290,6 +282,24 @@ func TestHandlerLeakyHoldCancelled(t *testing.T) {
 	_, code := serve(h, r.WithContext(ctx), okHandler)
 	if code != statusClientClosedRequest || time.Since(start) > time.Second {
 		t.Fatalf("cancelled hold: status %d after %v", code, time.Since(start))
+	}
+}
+
+// serveAll sends len(want) requests from ip through h, calling after (if
+// not nil) after each, and fails unless they are answered with want.
+func serveAll(t *testing.T, h *Handler, ip string, want []int, after func()) {
+	t.Helper()
+	var codes []int
+	for range want {
+		r, _ := newKeyRequest(ip, nil)
+		_, code := serve(h, r, okHandler)
+		codes = append(codes, code)
+		if after != nil {
+			after()
+		}
+	}
+	if !equalInts(codes, want) {
+		t.Fatalf("codes %v, want %v", codes, want)
 	}
 }
 
