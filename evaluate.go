@@ -97,10 +97,10 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 	var c candidate
 	for _, z := range h.zones {
 		ok, err := h.match(z, r, repl, &c)
-		if err != nil || !ok {
-			if err != nil {
-				return err
-			}
+		if err != nil {
+			return err
+		}
+		if !ok {
 			continue
 		}
 		if !together {
