@@ -131,23 +131,6 @@ func TestRemoteZonesDecidedTogether(t *testing.T) {
 	})
 }
 
-// TestRedisZonesTogether: two Redis zones on a real server, the earlier
-// refusing, give back what the later took on the refused requests.
-func TestRedisZonesTogether(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	h := provisionHandler(t, "rate_limit {\n "+redisURLBlock(srv.Addr(), redisTimeout)+"\n zone together_a {\n  store redis\n  algorithm fixed_window\n  rate 2/1h\n }\n zone together_b {\n  store redis\n  algorithm sliding_window_log\n  rate 100/1h\n }\n}")
-	serveAll(t, h, "198.51.100.52", []int{200, 200, 429, 429}, nil)
-	b := h.zones[1]
-	if b.name != "together_b" {
-		t.Fatalf("second zone %q", b.name)
-	}
-	d, err := b.limit.store.Take(context.Background(), "198.51.100.52", 1)
-	if err != nil || d.Remaining != 97 {
-		t.Fatalf("together_b after 2 admitted and 2 refused: remaining %d (%v), want 97", d.Remaining, err)
-	}
-}
-
 // BenchmarkRedisThreeZones is one request matching three Redis zones on a
 // loopback server, its zones decided together (as served) and, for
 // comparison, one after another.

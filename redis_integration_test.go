@@ -1092,3 +1092,42 @@ func clientHeader(client string) []string {
 	}
 	return []string{"X-Client", client}
 }
+
+// TestRedisSeveralZones: a request matching three Redis zones, through
+// Caddy. They are decided together; when the first refuses, what the
+// other two took is given back, so they report only admitted requests.
+func TestRedisSeveralZones(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	zone := func(name, extra string) string {
+		return "zone " + name + " {\n" + extra + "key header X-Client\nstore redis\n}\n"
+	}
+	inst := caddyproc.Start(t, redisGlobals+"\nhttp://{{http}} {\nrate_limit {\n"+
+		zone("several_a", "match {\npath /limited\n}\nalgorithm token_bucket\nrate 2/1h\n")+
+		zone("several_b", "algorithm sliding_window_log\nrate 100/1h\n")+
+		zone("several_c", "algorithm token_bucket\nrate 100/1h\n")+
+		redisURLBlock(srv.Addr(), redisTimeout)+"\n}\nrespond \"ok\"\n}\n")
+	c := newClient(t)
+	rs := sequence(t, c, 4, inst.URL("/limited"), clientHeader("several")...)
+	wantCodes(t, "three zones", rs, 200, 200, 429, 429)
+	for _, z := range []string{"several_b", "several_c"} {
+		if r := redisMember(t, rs[1], "RateLimit", z)["r"]; r != "98" {
+			t.Errorf("second request: %s r=%s, want 98", z, r)
+		}
+	}
+	if got := rs[3].header.Get("RateLimit"); got != `"several_a";r=0;t=`+rs[3].header.Get("Retry-After") {
+		t.Errorf("refusal's RateLimit %q: want the refusing zone alone", got)
+	}
+	open := get(t, c, inst.URL("/open"), clientHeader("several")...)
+	if open.code != 200 {
+		t.Fatalf("/open: %d", open.code)
+	}
+	for _, z := range []string{"several_b", "several_c"} {
+		if r := redisMember(t, open, "RateLimit", z)["r"]; r != "97" {
+			t.Errorf("after 2 admitted, 2 refused and 1 more: %s r=%s, want 97", z, r)
+		}
+	}
+	if t.Failed() {
+		t.Logf("caddy log:\n%s", inst.Log())
+	}
+}
