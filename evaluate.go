@@ -262,6 +262,14 @@ func (ev *evaluation) refund(r *http.Request) {
 	}
 }
 
+// finish frees the concurrency slots of a finished request, and recycles
+// ev. Deferred by ServeHTTP, so a panic further down the chain frees them
+// too.
+func (ev *evaluation) finish(r *http.Request) {
+	ev.release(r)
+	putEvaluation(ev)
+}
+
 // release frees the concurrency slots of a finished request.
 func (ev *evaluation) release(r *http.Request) {
 	var ctx context.Context
@@ -380,6 +388,9 @@ func (h *Handler) logStoreFailure(z *zone, err error) {
 // refused request would cost more than the refusal itself. The access log
 // records every 429.
 func (h *Handler) logDenial(r *http.Request, z *zone, key string, d limiter.Decision, dryRun bool) {
+	if !h.debugDenials {
+		return
+	}
 	ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded")
 	if ce == nil {
 		return

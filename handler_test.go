@@ -16,6 +16,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // provisionHandler parses a rate_limit directive and provisions it as Caddy
@@ -354,4 +357,42 @@ func TestCleanupStopsGoroutines(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > before {
 		t.Fatalf("%d goroutines after Cleanup, %d before", n, before)
 	}
+}
+
+// TestDenialLog: a refusal is logged at debug level, with its zone, when
+// the logger takes debug lines, and costs no logging call otherwise.
+func TestDenialLog(t *testing.T) {
+	for _, level := range []zapcore.Level{zapcore.DebugLevel, zapcore.InfoLevel} {
+		h := provisionHandler(t, "rate_limit {\n zone denial_log_"+level.String()+" {\n  events 1\n  window 1m\n }\n}")
+		core, logs := observer.New(level)
+		h.useLogger(zap.New(core))
+		serveAll(t, h, "198.51.100.60", []int{200, 429}, nil)
+		got := logs.FilterMessage("rate limit exceeded").All()
+		if level == zapcore.InfoLevel {
+			if len(got) != 0 {
+				t.Errorf("info level: %d denial lines, want none", len(got))
+			}
+			continue
+		}
+		if len(got) != 1 || got[0].ContextMap()["zone"] != "denial_log_debug" {
+			t.Errorf("debug level: denial lines %v, want one for zone denial_log_debug", got)
+		}
+	}
+}
+
+// TestConcurrencySlotFreedOnPanic: a handler further down that panics
+// still frees the request's concurrency slot as the panic passes by.
+func TestConcurrencySlotFreedOnPanic(t *testing.T) {
+	h := provisionHandler(t, "rate_limit {\n zone panic_slot {\n  algorithm concurrency\n  events 1\n  window 1m\n }\n}")
+	boom := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic("upstream handler bug") })
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not reach the caller")
+			}
+		}()
+		r, _ := newKeyRequest("198.51.100.61", nil)
+		serve(h, r, boom)
+	}()
+	serveAll(t, h, "198.51.100.61", []int{200}, nil)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -80,8 +81,12 @@ type Handler struct {
 	remoteZones int
 	headers     headerMode
 	logger      *zap.Logger
-	sweeper     *sweeper
-	jwt         *jwtVerifier
+	// debugDenials is set when the logger takes debug lines, which only a
+	// config reload (a new Provision) changes: a refusal then logs nothing
+	// without asking the logger, which costs a deep call per refusal.
+	debugDenials bool
+	sweeper      *sweeper
+	jwt          *jwtVerifier
 	// redis is the shared client of the redis block, with its breaker, and
 	// its pool key.
 	redis    pooledRedis
@@ -185,9 +190,15 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
+// useLogger makes l the handler's logger.
+func (h *Handler) useLogger(l *zap.Logger) {
+	h.logger = l
+	h.debugDenials = l.Core().Enabled(zapcore.DebugLevel)
+}
+
 // Provision sets up the zones and their stores.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
+	h.useLogger(ctx.Logger())
 	if err := h.Validate(); err != nil {
 		return err
 	}
@@ -328,42 +339,62 @@ func (h *Handler) releaseZones() {
 	h.zones = nil
 }
 
-// ServeHTTP evaluates every zone that matches r, refuses r if any zone
-// denies it, and otherwise holds it for any leaky bucket and passes it on.
+// ServeHTTP decides the request and, if it may pass, hands it to next.
+// The deciding happens in admit, whose frame is gone before next runs:
+// everything after this handler runs on top of ServeHTTP's frame, and a
+// deep enough chain makes every connection's goroutine grow its stack
+// again after each garbage collection shrinks it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	ev, pass, err := h.admit(w, r)
+	if !pass {
+		return err
+	}
+	if ev == nil {
+		return next.ServeHTTP(w, r)
+	}
+	defer ev.finish(r)
+	return next.ServeHTTP(w, r)
+}
+
+// admit decides r. It reports whether r may pass to the next handler;
+// if not, r has been answered or err says how. A passing request that a
+// zone decided comes with its evaluation, which finish must recycle.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation, pass bool, err error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.jwt != nil {
 		placeholdersFor(r, repl).useJWT(r, h.jwt)
 	}
-	ev := getEvaluation()
-	defer putEvaluation(ev)
+	ev = getEvaluation()
 	if err := h.evaluate(r, repl, ev); err != nil {
 		ev.refund(r)
-		return err
+		putEvaluation(ev)
+		return nil, false, err
 	}
-	if ev.failed != nil {
+	if failed := ev.failed; failed != nil {
 		ev.refund(r)
+		putEvaluation(ev)
 		w.Header().Set(hdrRetryAfter, "1")
-		return caddyhttp.Error(http.StatusServiceUnavailable, ev.failed)
+		return nil, false, caddyhttp.Error(http.StatusServiceUnavailable, failed)
 	}
 	if len(ev.outcomes) == 0 {
-		return next.ServeHTTP(w, r)
+		putEvaluation(ev)
+		return nil, true, nil
 	}
 	if ev.denied >= 0 {
 		ev.refund(r)
-		return h.deny(w, r, repl, ev)
+		err := h.deny(w, r, repl, ev)
+		putEvaluation(ev)
+		return nil, false, err
 	}
 	h.writeHeaders(w.Header(), ev, 0)
 	placeholdersFor(r, repl).decide(ev, 0)
 	if ev.hold > 0 {
 		if err := holdRequest(r, ev.hold); err != nil {
-			ev.release(r)
-			return err
+			ev.finish(r)
+			return nil, false, err
 		}
 	}
-	err := next.ServeHTTP(w, r)
-	ev.release(r)
-	return err
+	return ev, true, nil
 }
 
 // Interface guards
