@@ -93,7 +93,6 @@ func putEvaluation(ev *evaluation) {
 // same as deciding them in turn.
 func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation) error {
 	together := h.remoteZones > 1
-	remote := 0
 	var c candidate
 	for _, z := range h.zones {
 		ok, err := h.match(z, r, repl, &c)
@@ -114,16 +113,11 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 		if c.missingDeny && !z.dryRun {
 			break // the zones after it are not evaluated
 		}
-		if c.limit.remote {
-			remote++
-		}
 	}
 	if !together {
 		return nil
 	}
-	if remote > 1 {
-		ev.decideRemoteEarly(r.Context())
-	}
+	ev.decideRemoteEarly(r.Context())
 	for i := range ev.candidates {
 		if h.decide(r, ev, &ev.candidates[i]) {
 			ev.giveBackEarly(r.Context(), i+1)
@@ -162,16 +156,26 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, c *candi
 	return true, nil
 }
 
-// decideRemoteEarly asks every remote zone's store at once, each on a
-// goroutine of its own but the last, which is asked on this one.
+// decideRemoteEarly asks the stores of the request's remote zones at once,
+// when there are two or more: each on a goroutine of its own but the
+// last, which is asked on this one.
 func (ev *evaluation) decideRemoteEarly(ctx context.Context) {
+	n := 0
+	for i := range ev.candidates {
+		if ev.candidates[i].remoteTake() {
+			n++
+		}
+	}
+	if n < 2 {
+		return // one is asked in its turn, as fast
+	}
 	var (
 		wg   sync.WaitGroup
 		last *candidate
 	)
 	for i := range ev.candidates {
 		c := &ev.candidates[i]
-		if !c.limit.remote || c.missingDeny {
+		if !c.remoteTake() {
 			continue
 		}
 		c.early = true
@@ -187,6 +191,9 @@ func (ev *evaluation) decideRemoteEarly(ctx context.Context) {
 	last.d, last.err = last.limit.store.Take(ctx, last.key, last.zone.cost)
 	wg.Wait()
 }
+
+// remoteTake reports whether c is decided by a remote store's Take.
+func (c *candidate) remoteTake() bool { return c.limit.remote && !c.missingDeny }
 
 // giveBackEarly returns what the remote zones from candidates[from:] took
 // ahead of their turn, since the request stopped before it.
@@ -266,12 +273,6 @@ func (ev *evaluation) refund(r *http.Request) {
 // ev. Deferred by ServeHTTP, so a panic further down the chain frees them
 // too.
 func (ev *evaluation) finish(r *http.Request) {
-	ev.release(r)
-	putEvaluation(ev)
-}
-
-// release frees the concurrency slots of a finished request.
-func (ev *evaluation) release(r *http.Request) {
 	var ctx context.Context
 	for i := range ev.outcomes {
 		o := &ev.outcomes[i]
@@ -280,9 +281,9 @@ func (ev *evaluation) release(r *http.Request) {
 				ctx = context.WithoutCancel(r.Context())
 			}
 			_, _ = o.store.Return(ctx, o.key, o.zone.cost, o.d)
-			o.taken = false
 		}
 	}
+	putEvaluation(ev)
 }
 
 // deny answers a refused request: headers, placeholders, and a 429 error
