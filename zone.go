@@ -59,10 +59,10 @@ type zone struct {
 type limit struct {
 	policy limiter.Policy
 	store  limiter.Store
-	// quota and window are what RateLimit-Policy reports; policyItem is
-	// that zone's member of the field, made once.
-	quota      int64
-	quotaText  string // quota in decimal, for X-RateLimit-Limit
+	// quotaText (in decimal, for X-RateLimit-Limit) and window are what
+	// RateLimit-Policy reports; policyItem is that zone's member of the
+	// field, made once.
+	quotaText  string
 	window     time.Duration
 	policyItem string
 	// local decides for a redis zone with `fail local` while Redis is away.
@@ -282,7 +282,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 // (tier "") or a tier's, whose state is always kept apart.
 func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limit, error) {
 	q, w := p.Quota()
-	l := limit{policy: p, quota: q, quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
+	l := limit{policy: p, quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
 	stateName := name
 	if tier != "" {
 		stateName = name + "\x00tier=" + tier
