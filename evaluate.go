@@ -30,8 +30,9 @@ type outcome struct {
 	store limiter.Store
 	key   string
 	d     limiter.Decision
-	// taken is true when the store consumed units that must be given back
-	// if the request is refused, or released when it finishes.
+	// taken is true when the store consumed units that must be refunded
+	// if the request is refused, or when it finishes for an algorithm
+	// that releases on finish.
 	taken bool
 }
 
@@ -120,7 +121,7 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 	ev.decideRemoteEarly(r.Context())
 	for i := range ev.candidates {
 		if h.decide(r, ev, &ev.candidates[i]) {
-			ev.giveBackEarly(r.Context(), i+1)
+			ev.refundEarly(r.Context(), i+1)
 			return nil
 		}
 	}
@@ -195,13 +196,13 @@ func (ev *evaluation) decideRemoteEarly(ctx context.Context) {
 // remoteTake reports whether c is decided by a remote store's Take.
 func (c *candidate) remoteTake() bool { return c.limit.remote && !c.missingDeny }
 
-// giveBackEarly returns what the remote zones from candidates[from:] took
+// refundEarly refunds what the remote zones from candidates[from:] took
 // ahead of their turn, since the request stopped before it.
-func (ev *evaluation) giveBackEarly(ctx context.Context, from int) {
+func (ev *evaluation) refundEarly(ctx context.Context, from int) {
 	for i := from; i < len(ev.candidates); i++ {
 		c := &ev.candidates[i]
 		if c.early && c.err == nil && c.d.Allowed {
-			_, _ = c.limit.store.Return(context.WithoutCancel(ctx), c.key, c.zone.cost, c.d)
+			_, _ = c.limit.store.Refund(context.WithoutCancel(ctx), c.key, c.zone.cost, c.d)
 		}
 	}
 }
@@ -247,42 +248,38 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 	case !d.Allowed:
 		ev.denied = len(ev.outcomes) - 1
 		return true
-	case l.policy.Algorithm == limiter.LeakyBucket && d.RetryAfter > ev.hold:
+	case l.traits.HoldsRequests && d.RetryAfter > ev.hold:
 		ev.hold = d.RetryAfter
 	}
 	return false
 }
 
-// refund gives back what every zone took, because the request is refused.
-func (ev *evaluation) refund(r *http.Request) {
-	ctx := context.WithoutCancel(r.Context())
+// refund gives back what the zones took: everything, when the request is
+// refused; when it finished, what it only held while it ran (see
+// limiter.Traits.ReleasesOnFinish).
+func (ev *evaluation) refund(r *http.Request, finished bool) {
+	var ctx context.Context
 	for i := range ev.outcomes {
 		o := &ev.outcomes[i]
-		if !o.taken {
+		if !o.taken || (finished && !o.limit.traits.ReleasesOnFinish) {
 			continue
 		}
 		o.taken = false
+		if ctx == nil {
+			ctx = context.WithoutCancel(r.Context())
+		}
 		// Report the state after the refund, not the units it gave back.
-		if st, err := o.store.Return(ctx, o.key, o.zone.cost, o.d); err == nil {
+		if st, err := o.store.Refund(ctx, o.key, o.zone.cost, o.d); err == nil {
 			o.d.Remaining, o.d.ResetAfter = st.Remaining, st.ResetAfter
 		}
 	}
 }
 
-// finish frees the concurrency slots of a finished request, and recycles
-// ev. Deferred by ServeHTTP, so a panic further down the chain frees them
-// too.
-func (ev *evaluation) finish(r *http.Request) {
-	var ctx context.Context
-	for i := range ev.outcomes {
-		o := &ev.outcomes[i]
-		if o.taken && o.limit.policy.Algorithm == limiter.Concurrency {
-			if ctx == nil {
-				ctx = context.WithoutCancel(r.Context())
-			}
-			_, _ = o.store.Return(ctx, o.key, o.zone.cost, o.d)
-		}
-	}
+// done ends a request that passed: it refunds what the request held and
+// recycles ev. Deferred by ServeHTTP, so a panic further down the chain
+// refunds too.
+func (ev *evaluation) done(r *http.Request) {
+	ev.refund(r, true)
 	putEvaluation(ev)
 }
 
@@ -376,7 +373,7 @@ const failLogInterval = 10 * time.Second
 // logStoreFailure logs that a zone's store failed and which fail mode
 // applies, at most once per failLogInterval per zone.
 func (h *Handler) logStoreFailure(z *zone, err error) {
-	now := time.Now().UnixNano()
+	now := h.now().UnixNano()
 	last := z.failLogged.Load()
 	if now-last < int64(failLogInterval) || !z.failLogged.CompareAndSwap(last, now) {
 		return

@@ -67,12 +67,12 @@ func (s *remoteStore) Take(ctx context.Context, key string, cost int64) (limiter
 	return s.Store.Take(ctx, key, cost)
 }
 
-func (s *remoteStore) Return(ctx context.Context, key string, cost int64, taken limiter.Decision) (limiter.Decision, error) {
+func (s *remoteStore) Refund(ctx context.Context, key string, cost int64, taken limiter.Decision) (limiter.Decision, error) {
 	s.returns.Add(1)
 	if taken.Allowed {
 		s.returnedAllowing.Add(1)
 	}
-	return s.Store.Return(ctx, key, cost, taken)
+	return s.Store.Refund(ctx, key, cost, taken)
 }
 
 // remoteZones provisions fixed-window zones of the given limits per hour,

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -52,8 +51,9 @@ func policyItem(name string, p limiter.Policy) string {
 	b = strconv.AppendInt(b, q, 10)
 	b = append(b, ";w="...)
 	b = strconv.AppendInt(b, max(1, ceilSeconds(w)), 10)
-	if p.Algorithm == limiter.Concurrency {
-		b = append(b, `;qu="concurrent-requests"`...)
+	if unit := p.Algorithm.Traits().QuotaUnit; unit != "" {
+		b = append(b, ";qu="...)
+		b = appendSFString(b, unit)
 	}
 	return string(b)
 }
@@ -122,7 +122,7 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 		// window's end is reported as the second it ends in.
 		base := o.d.At()
 		if base.IsZero() { // a refusal no store made: missing_key deny
-			base = time.Now()
+			base = h.now()
 		}
 		reset := base.Add(o.d.ResetAfter)
 		epoch := reset.Unix()

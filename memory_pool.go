@@ -21,12 +21,15 @@ type pooledMemory struct{ *limiter.Memory }
 // Destruct implements caddy.Destructor; a memory store holds nothing but memory.
 func (pooledMemory) Destruct() error { return nil }
 
-// loadMemoryStore returns the memory store of zone name under p, creating it
-// if no running config holds it, and the key to release it by.
-func loadMemoryStore(name string, p limiter.Policy, maxKeys int) (*limiter.Memory, string, error) {
-	key := name + "\x00" + p.String()
+// loadMemoryStore returns the memory store of the limit state (see
+// limiter.StateID) under p, creating it if no running config holds it, and
+// the key to release it by. A store is made with the clock of the handler
+// that first needs it; stores are shared, so tests that set a clock use
+// zone names of their own.
+func loadMemoryStore(state string, p limiter.Policy, maxKeys int, clock limiter.Clock) (*limiter.Memory, string, error) {
+	key := state + "\x00" + p.String()
 	v, loaded, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		m, err := limiter.NewMemory(p, limiter.MemoryOptions{MaxKeys: maxKeys})
+		m, err := limiter.NewMemory(p, limiter.MemoryOptions{MaxKeys: maxKeys, Clock: clock})
 		if err != nil {
 			return nil, err
 		}

@@ -91,6 +91,9 @@ type Handler struct {
 	// its pool key.
 	redis    pooledRedis
 	redisKey string
+	// clock is the handler's time source, and its memory stores' when it
+	// creates them; nil is the system clock. Tests set it before Provision.
+	clock limiter.Clock
 }
 
 // Zone is one rate limit.
@@ -352,13 +355,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if ev == nil {
 		return next.ServeHTTP(w, r)
 	}
-	defer ev.finish(r)
+	defer ev.done(r)
 	return next.ServeHTTP(w, r)
 }
 
 // admit decides r. It reports whether r may pass to the next handler;
 // if not, r has been answered or err says how. A passing request that a
-// zone decided comes with its evaluation, which finish must recycle.
+// zone decided comes with its evaluation, which done must recycle.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation, pass bool, err error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.jwt != nil {
@@ -366,12 +369,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation,
 	}
 	ev = getEvaluation()
 	if err := h.evaluate(r, repl, ev); err != nil {
-		ev.refund(r)
+		ev.refund(r, false)
 		putEvaluation(ev)
 		return nil, false, err
 	}
 	if failed := ev.failed; failed != nil {
-		ev.refund(r)
+		ev.refund(r, false)
 		putEvaluation(ev)
 		w.Header().Set(hdrRetryAfter, "1")
 		return nil, false, caddyhttp.Error(http.StatusServiceUnavailable, failed)
@@ -381,7 +384,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation,
 		return nil, true, nil
 	}
 	if ev.denied >= 0 {
-		ev.refund(r)
+		ev.refund(r, false)
 		err := h.deny(w, r, repl, ev)
 		putEvaluation(ev)
 		return nil, false, err
@@ -390,11 +393,19 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation,
 	placeholdersFor(r, repl).decide(ev, 0)
 	if ev.hold > 0 {
 		if err := holdRequest(r, ev.hold); err != nil {
-			ev.finish(r)
+			ev.done(r)
 			return nil, false, err
 		}
 	}
 	return ev, true, nil
+}
+
+// now is the time on the handler's clock.
+func (h *Handler) now() time.Time {
+	if h.clock == nil {
+		return time.Now()
+	}
+	return h.clock.Now()
 }
 
 // Interface guards

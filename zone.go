@@ -28,9 +28,6 @@ const (
 	missingSkip = "skip"
 )
 
-// defaultConcurrencyLease is the window of a concurrency zone that sets none.
-const defaultConcurrencyLease = time.Minute
-
 // zone is a provisioned Zone: its matchers, key and store.
 type zone struct {
 	name     string
@@ -58,6 +55,7 @@ type zone struct {
 // limit is a policy with its store and what the headers say about it.
 type limit struct {
 	policy limiter.Policy
+	traits limiter.Traits
 	store  limiter.Store
 	// quotaText (in decimal, for X-RateLimit-Limit) and window are what
 	// RateLimit-Policy reports; policyItem is that zone's member of the
@@ -85,8 +83,8 @@ func (z *Zone) policy() limiter.Policy {
 	if p.Algorithm == "" {
 		p.Algorithm = limiter.SlidingWindowLog
 	}
-	if p.Algorithm == limiter.Concurrency && p.Window == 0 {
-		p.Window = defaultConcurrencyLease
+	if p.Window == 0 {
+		p.Window = p.Algorithm.Traits().DefaultWindow
 	}
 	if z.MaxDelay != nil {
 		d := time.Duration(*z.MaxDelay)
@@ -108,16 +106,17 @@ func (z *Zone) validate(name string) error {
 	if z.MaxEvents <= 0 {
 		return fmt.Errorf("events must be a positive number of events per window, got %d", z.MaxEvents)
 	}
-	if z.Window <= 0 && p.Algorithm != limiter.Concurrency {
+	traits := p.Algorithm.Traits()
+	if z.Window < 0 || (z.Window == 0 && traits.DefaultWindow == 0) {
 		return fmt.Errorf("window must be a positive duration")
 	}
-	if z.Burst != 0 && p.Algorithm != limiter.TokenBucket && p.Algorithm != limiter.LeakyBucket {
+	if z.Burst != 0 && !traits.Bucket {
 		return fmt.Errorf("burst applies only to token_bucket and leaky_bucket, not %s", p.Algorithm)
 	}
 	if z.Burst < 0 {
 		return fmt.Errorf("burst must be positive, got %d", z.Burst)
 	}
-	if z.MaxDelay != nil && p.Algorithm != limiter.LeakyBucket {
+	if z.MaxDelay != nil && !traits.HoldsRequests {
 		return fmt.Errorf("max_delay applies only to leaky_bucket, not %s", p.Algorithm)
 	}
 	if z.Cost < 0 {
@@ -282,26 +281,20 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 // (tier "") or a tier's, whose state is always kept apart.
 func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limit, error) {
 	q, w := p.Quota()
-	l := limit{policy: p, quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
-	stateName := name
-	if tier != "" {
-		stateName = name + "\x00tier=" + tier
-	}
+	l := limit{policy: p, traits: p.Algorithm.Traits(), quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
+	state := limiter.StateID(name, tier)
 	if cfg.Store != storeRedis {
-		mem, key, err := loadMemoryStore(stateName, p, h.MaxKeys)
+		mem, key, err := loadMemoryStore(state, p, h.MaxKeys, h.clock)
 		if err != nil {
 			return limit{}, err
 		}
 		l.store, l.poolKeys = mem, []string{key}
 		return l, nil
 	}
-	redisZone := name
-	if tier != "" {
-		redisZone = name + "#tier=" + tier
-	}
 	rs, err := limiter.NewRedis(h.redis.UniversalClient, p, limiter.RedisOptions{
 		Prefix:  h.Redis.KeyPrefix,
-		Zone:    redisZone,
+		Zone:    name,
+		Tier:    tier,
 		Timeout: time.Duration(h.Redis.Timeout),
 		Breaker: h.redis.breaker,
 	})
@@ -310,7 +303,7 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 	}
 	l.store, l.remote = rs, true
 	if cfg.Fail == failLocal {
-		mem, key, err := loadMemoryStore(stateName+"\x00local", p, h.MaxKeys)
+		mem, key, err := loadMemoryStore(state+"\x00local", p, h.MaxKeys, h.clock)
 		if err != nil {
 			return limit{}, err
 		}

@@ -163,7 +163,7 @@ func BenchmarkCompare(b *testing.B) {
 				parallel(b, client, set.callers, func(ctx context.Context, key string) error {
 					d, err := store.Take(ctx, key, 1)
 					if err == nil && alg == limiter.Concurrency && d.Allowed {
-						_, err = store.Return(ctx, key, 1, d)
+						_, err = store.Refund(ctx, key, 1, d)
 					}
 					return err
 				})

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // want is the visible part of a Decision a step expects, compared exactly.
@@ -46,10 +48,10 @@ func alignedBase(p Policy) int64 {
 }
 
 // newTestMemory is a memory store of p on a manual clock set to base.
-func newTestMemory(t testing.TB, p Policy, opts MemoryOptions) (*Memory, *manualClock) {
+func newTestMemory(t testing.TB, p Policy, opts MemoryOptions) (*Memory, *testutil.Clock) {
 	t.Helper()
-	clock := &manualClock{}
-	clock.set(alignedBase(p))
+	clock := &testutil.Clock{}
+	clock.SetMicro(alignedBase(p))
 	opts.Clock = clock
 	m, err := NewMemory(p, opts)
 	if err != nil {
@@ -63,14 +65,14 @@ func newTestMemory(t testing.TB, p Policy, opts MemoryOptions) (*Memory, *manual
 func runSteps(t *testing.T, p Policy, steps []step) {
 	t.Helper()
 	m, clock := newTestMemory(t, p, MemoryOptions{})
-	base := clock.now
+	base := clock.Now()
 	ctx := context.Background()
 	var last Decision
 	for i, st := range steps {
-		clock.now = base.Add(st.at)
+		clock.Set(base.Add(st.at))
 		var d Decision
 		if st.ret {
-			d, _ = m.Return(ctx, "k", st.cost, last)
+			d, _ = m.Refund(ctx, "k", st.cost, last)
 		} else {
 			d, _ = m.Take(ctx, "k", st.cost)
 			if d.Allowed {
@@ -324,8 +326,8 @@ func TestAlgorithmReturnRestores(t *testing.T) {
 				ref, refClock := newTestMemory(t, p, MemoryOptions{})
 				m, clock := newTestMemory(t, p, MemoryOptions{})
 				at := func(d time.Duration) {
-					refClock.now = time.UnixMicro(alignedBase(p)).Add(d)
-					clock.now = refClock.now
+					refClock.Set(time.UnixMicro(alignedBase(p)).Add(d))
+					clock.Set(refClock.Now())
 				}
 				// History: 3 units in the previous window and 4 in this
 				// one, so every algorithm holds non-trivial state.
@@ -343,7 +345,7 @@ func TestAlgorithmReturnRestores(t *testing.T) {
 					t.Fatalf("take of 2 denied: %+v", d)
 				}
 				at(250*ms + later)
-				m.Return(ctx, "k", 2, d)
+				m.Refund(ctx, "k", 2, d)
 				for i, probe := range []time.Duration{0, 100 * ms, 900 * ms, 1900 * ms, 2500 * ms} {
 					at(250*ms + later + probe)
 					for _, cost := range []int64{1, 3} {

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // benchKeys is how many distinct keys the Take benchmarks spread their
@@ -48,7 +50,7 @@ func benchStore(b *testing.B, p Policy, keys []string) *Memory {
 	for _, k := range keys {
 		d, _ := m.Take(ctx, k, 1)
 		if p.Algorithm == Concurrency {
-			m.Return(ctx, k, 1, d)
+			m.Refund(ctx, k, 1, d)
 		}
 	}
 	return m
@@ -69,7 +71,7 @@ func BenchmarkMemoryTake(b *testing.B) {
 				k := keys[i&(benchKeys-1)]
 				d, _ := m.Take(ctx, k, 1)
 				if a == Concurrency {
-					m.Return(ctx, k, 1, d)
+					m.Refund(ctx, k, 1, d)
 				}
 				i++
 			}
@@ -97,7 +99,7 @@ func BenchmarkMemoryTakeParallel(b *testing.B) {
 					k := keys[i&(benchKeys-1)]
 					d, _ := m.Take(ctx, k, 1)
 					if a == Concurrency {
-						m.Return(ctx, k, 1, d)
+						m.Refund(ctx, k, 1, d)
 					}
 					i++
 				}
@@ -162,8 +164,8 @@ func BenchmarkMemoryBytesPerTimestamp(b *testing.B) {
 	ctx := context.Background()
 	var perTS float64
 	for b.Loop() {
-		clock := &manualClock{}
-		clock.set(1_700_000_000_000_000)
+		clock := &testutil.Clock{}
+		clock.SetMicro(1_700_000_000_000_000)
 		before := heapInUse()
 		m, err := NewMemory(Policy{Algorithm: SlidingWindowLog, Events: perKey, Window: time.Hour},
 			MemoryOptions{MaxKeys: 2 * keysN, Clock: clock})
@@ -173,7 +175,7 @@ func BenchmarkMemoryBytesPerTimestamp(b *testing.B) {
 		// Distinct timestamps, as real traffic gives: one admission per key
 		// per millisecond.
 		for j := 0; j < perKey; j++ {
-			clock.advance(time.Millisecond)
+			clock.Advance(time.Millisecond)
 			for _, k := range keys {
 				if d, _ := m.Take(ctx, k, 1); !d.Allowed {
 					b.Fatalf("admission %d of %s denied", j, k)

@@ -34,26 +34,11 @@ func (s *bucketState) setDebt(p *params, now, debt int64) {
 	s.tatFrac = debt % p.l
 }
 
-func (s *bucketState) take(p *params, now, cost int64) Decision {
-	if p.alg == LeakyBucket {
-		return s.takeLeaky(p, now, cost)
-	}
-	return s.takeToken(p, now, cost)
-}
-
-func (s *bucketState) undo(p *params, now, cost int64, _ Decision) Decision {
+// refund gives cost units back: tat moves back by c/r, never before now.
+func (s *bucketState) refund(p *params, now, cost int64) int64 {
 	debt := s.debt(p, now) - cost*p.w
 	s.setDebt(p, now, debt)
-	return s.status(p, now)
-}
-
-// status is the key's state as a Decision with nothing taken.
-func (s *bucketState) status(p *params, now int64) Decision {
-	debt := s.debt(p, now)
-	if p.alg == LeakyBucket {
-		return Decision{Allowed: true, Remaining: leakyRemaining(p, debt), ResetAfter: microseconds(ceilDiv(debt, p.l))}
-	}
-	return Decision{Allowed: true, Remaining: (p.b*p.w - debt) / p.w, ResetAfter: microseconds(ceilDiv(debt, p.l))}
+	return s.debt(p, now)
 }
 
 func (s *bucketState) idle(p *params, now int64) bool {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // algorithmCase is one case of testdata/algorithm_cases.json, the expected
@@ -89,7 +91,7 @@ func runAlgorithmCases(t *testing.T, open caseStore) {
 				var d Decision
 				var err error
 				if st.Op == "release" {
-					d, err = store.Return(ctx, "k", cost, last)
+					d, err = store.Refund(ctx, "k", cost, last)
 				} else {
 					d, err = store.Take(ctx, "k", cost)
 					if d.Allowed {
@@ -118,20 +120,13 @@ func within(got time.Duration, wantUs int64) bool {
 	return diff >= -1000 && diff <= 1000
 }
 
-// manualClock is a Clock tests set by hand.
-type manualClock struct{ now time.Time }
-
-func (c *manualClock) Now() time.Time          { return c.now }
-func (c *manualClock) set(us int64)            { c.now = time.UnixMicro(us) }
-func (c *manualClock) advance(d time.Duration) { c.now = c.now.Add(d) }
-
 func TestAlgorithmCasesMemory(t *testing.T) {
 	runAlgorithmCases(t, func(t *testing.T, p Policy) (Store, func(int64)) {
-		clock := &manualClock{}
+		clock := &testutil.Clock{}
 		m, err := NewMemory(p, MemoryOptions{Clock: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return m, clock.set
+		return m, clock.SetMicro
 	})
 }

@@ -16,7 +16,7 @@ func (s *concurrencyState) take(p *params, now, cost int64) Decision {
 	return Decision{Allowed: true, Remaining: p.l - s.inFlight, at: now}
 }
 
-func (s *concurrencyState) undo(p *params, now, cost int64, _ Decision) Decision {
+func (s *concurrencyState) refund(p *params, now, cost int64, _ Decision) Decision {
 	s.inFlight = max(0, s.inFlight-cost)
 	return Decision{Allowed: true, Remaining: p.l - s.inFlight}
 }

@@ -45,7 +45,7 @@ func (s *fixedWindowState) take(p *params, now, cost int64) Decision {
 	return Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: end, at: now}
 }
 
-func (s *fixedWindowState) undo(p *params, now, cost int64, taken Decision) Decision {
+func (s *fixedWindowState) refund(p *params, now, cost int64, taken Decision) Decision {
 	now = s.roll(p, now)
 	if windowIndex(p, taken.at) == s.win {
 		s.count = max(0, s.count-cost)

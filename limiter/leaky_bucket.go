@@ -1,13 +1,16 @@
 package limiter
 
-// takeLeaky is the leaky bucket of DESIGN.md section 4, by virtual
+// leakyBucketState is a leaky bucket's state.
+type leakyBucketState struct{ bucketState }
+
+// take is the leaky bucket (docs/design.md), by virtual
 // scheduling: the request would start at max(tat, now), so it waits
 // tat - now. A wait beyond max_delay means the queue is full. Otherwise tat
 // advances by c/r and the caller holds the request for the wait.
 //
 // In time scaled by L (one unit costs W): wait = debt; allow iff
 // wait <= maxDelay; then debt += c×W.
-func (s *bucketState) takeLeaky(p *params, now, cost int64) Decision {
+func (s *leakyBucketState) take(p *params, now, cost int64) Decision {
 	wait := s.debt(p, now)
 	if wait > p.maxDelay {
 		return Decision{
@@ -25,6 +28,11 @@ func (s *bucketState) takeLeaky(p *params, now, cost int64) Decision {
 		RetryAfter: microseconds(ceilDiv(wait, p.l)),
 		at:         now,
 	}
+}
+
+func (s *leakyBucketState) refund(p *params, now, cost int64, _ Decision) Decision {
+	debt := s.bucketState.refund(p, now, cost)
+	return Decision{Allowed: true, Remaining: leakyRemaining(p, debt), ResetAfter: microseconds(ceilDiv(debt, p.l))}
 }
 
 // leakyRemaining is the free queue slots for unit requests:

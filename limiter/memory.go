@@ -68,7 +68,7 @@ type Memory struct {
 // memoryTables is the algorithm-specific part of Memory.
 type memoryTables interface {
 	take(key uint64, p *params, clock *memoryClock, cost int64) Decision
-	undo(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
+	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
 	len() int
@@ -81,18 +81,7 @@ func NewMemory(p Policy, opts MemoryOptions) (*Memory, error) {
 		return nil, fmt.Errorf("memory store: %w", err)
 	}
 	m := &Memory{policy: p, p: params, clock: memoryClock{opts.Clock}, seed: maphash.MakeSeed()}
-	switch params.alg {
-	case TokenBucket, LeakyBucket:
-		m.tables = newShardSet[bucketState]()
-	case FixedWindow:
-		m.tables = newShardSet[fixedWindowState]()
-	case SlidingWindowCounter:
-		m.tables = newShardSet[slidingCounterState]()
-	case SlidingWindowLog:
-		m.tables = newShardSet[slidingLogState]()
-	case Concurrency:
-		m.tables = newShardSet[concurrencyState]()
-	}
+	m.tables = params.alg.newTables()
 	m.SetMaxKeys(opts.MaxKeys)
 	return m, nil
 }
@@ -139,10 +128,10 @@ func (m *Memory) Take(_ context.Context, key string, cost int64) (Decision, erro
 	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost), nil
 }
 
-// Return implements Store; it never fails. A key forgotten since the Take
+// Refund implements Store; it never fails. A key forgotten since the Take
 // has nothing to give back.
-func (m *Memory) Return(_ context.Context, key string, cost int64, taken Decision) (Decision, error) {
-	return m.tables.undo(maphash.String(m.seed, key), &m.p, &m.clock, cost, taken), nil
+func (m *Memory) Refund(_ context.Context, key string, cost int64, taken Decision) (Decision, error) {
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, cost, taken), nil
 }
 
 // Sweep forgets every key whose state is back to empty and reports how many
@@ -158,7 +147,7 @@ func (m *Memory) Len() int { return m.tables.len() }
 type keyState[S any] interface {
 	*S
 	take(p *params, now, cost int64) Decision
-	undo(p *params, now, cost int64, taken Decision) Decision
+	refund(p *params, now, cost int64, taken Decision) Decision
 	idle(p *params, now int64) bool
 }
 
@@ -201,16 +190,16 @@ func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost
 	return d
 }
 
-func (set *shardSet[S, PS]) undo(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision {
+func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision {
 	sh := set.lock(key)
 	defer sh.mu.Unlock()
 	now := clock.now()
 	i, ok := sh.index[key]
 	if !ok {
 		var fresh S
-		return PS(&fresh).undo(p, now, 0, taken)
+		return PS(&fresh).refund(p, now, 0, taken)
 	}
-	return PS(&sh.slots[i].st).undo(p, now, cost, taken)
+	return PS(&sh.slots[i].st).refund(p, now, cost, taken)
 }
 
 func (set *shardSet[S, PS]) sweep(p *params, clock *memoryClock) int {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // onePerHour is a policy under which a key's first Take passes and every
@@ -148,23 +150,23 @@ func TestMemorySweep(t *testing.T) {
 		t.Run(string(c.alg), func(t *testing.T) {
 			p := Policy{Algorithm: c.alg, Events: 2, Window: time.Second}
 			m, clock := newTestMemory(t, p, MemoryOptions{})
-			base := clock.now
+			base := clock.Now()
 			d, _ := m.Take(ctx, "idle", 1)
 			if c.alg == Concurrency {
 				if n := m.Sweep(); n != 0 {
 					t.Fatalf("Sweep forgot %d keys with a unit in flight", n)
 				}
-				m.Return(ctx, "idle", 1, d)
+				m.Refund(ctx, "idle", 1, d)
 			} else {
 				// One µs before idle is empty, nothing goes.
-				clock.now = base.Add(c.idleFrom - us)
+				clock.Set(base.Add(c.idleFrom - us))
 				if n := m.Sweep(); n != 0 {
 					t.Fatalf("early Sweep forgot %d keys, want 0", n)
 				}
 			}
-			clock.now = base.Add(c.busyAt)
+			clock.Set(base.Add(c.busyAt))
 			m.Take(ctx, "busy", 1)
-			clock.now = base.Add(c.sweepAt)
+			clock.Set(base.Add(c.sweepAt))
 			if n := m.Sweep(); n != 1 {
 				t.Fatalf("Sweep forgot %d keys, want 1", n)
 			}
@@ -199,9 +201,9 @@ func TestMemorySweepShrinksLog(t *testing.T) {
 	ctx := context.Background()
 	p := Policy{Algorithm: SlidingWindowLog, Events: 1000, Window: time.Second}
 	m, clock := newTestMemory(t, p, MemoryOptions{})
-	base := clock.now
+	base := clock.Now()
 	for i := range 1000 {
-		clock.now = base.Add(time.Duration(i) * ms)
+		clock.Set(base.Add(time.Duration(i) * ms))
 		m.Take(ctx, "k", 1)
 	}
 	full, _ := logCapacity(m, "k")
@@ -209,7 +211,7 @@ func TestMemorySweepShrinksLog(t *testing.T) {
 		t.Fatalf("capacity %d with 1000 entries", full)
 	}
 	// At 1.990 s, only the entries of 990..999 ms are live.
-	clock.now = base.Add(1990 * ms)
+	clock.Set(base.Add(1990 * ms))
 	if n := m.Sweep(); n != 0 {
 		t.Fatalf("Sweep forgot %d keys with live entries", n)
 	}
@@ -219,7 +221,7 @@ func TestMemorySweepShrinksLog(t *testing.T) {
 	if d, _ := m.Take(ctx, "k", 1); !d.Allowed || d.Remaining != 1000-10 {
 		t.Fatalf("after compaction: %+v, want allowed with 990 remaining", d)
 	}
-	clock.now = base.Add(3 * s)
+	clock.Set(base.Add(3 * s))
 	if n := m.Sweep(); n != 1 {
 		t.Fatalf("Sweep forgot %d keys, want the expired log", n)
 	}
@@ -252,7 +254,7 @@ func TestMemoryReturnForgottenKey(t *testing.T) {
 			m, _ := newTestMemory(t, Policy{Algorithm: a, Events: 2, Window: time.Second}, MemoryOptions{MaxKeys: 1})
 			d, _ := m.Take(ctx, "gone", 1)
 			m.Take(ctx, "other", 1) // evicts gone
-			r, _ := m.Return(ctx, "gone", 1, d)
+			r, _ := m.Refund(ctx, "gone", 1, d)
 			if !r.Allowed || r.Remaining != 2 {
 				t.Fatalf("Return of a forgotten key: %+v, want a fresh state", r)
 			}
@@ -262,11 +264,6 @@ func TestMemoryReturnForgottenKey(t *testing.T) {
 		})
 	}
 }
-
-// atomicClock is a Clock goroutines may read while one advances it.
-type atomicClock struct{ us atomic.Int64 }
-
-func (c *atomicClock) Now() time.Time { return time.UnixMicro(c.us.Load()) }
 
 // TestMemoryConcurrent runs many goroutines taking and returning on
 // overlapping keys while another sweeps and the clock moves, then checks
@@ -286,8 +283,8 @@ func TestMemoryConcurrent(t *testing.T) {
 	for _, a := range []Algorithm{Concurrency, FixedWindow, SlidingWindowLog, TokenBucket} {
 		t.Run(string(a), func(t *testing.T) {
 			ctx := context.Background()
-			clock := &atomicClock{}
-			clock.us.Store(1_700_000_000_000_000)
+			clock := &testutil.Clock{}
+			clock.SetMicro(1_700_000_000_000_000)
 			m, err := NewMemory(Policy{Algorithm: a, Events: l, Window: w}, MemoryOptions{Clock: clock})
 			if err != nil {
 				t.Fatal(err)
@@ -307,7 +304,7 @@ func TestMemoryConcurrent(t *testing.T) {
 					default:
 					}
 					if a != TokenBucket { // the bucket's check needs a frozen clock
-						clock.us.Add(500)
+						clock.Advance(500 * time.Microsecond)
 					}
 					m.Sweep()
 				}
@@ -331,9 +328,9 @@ func TestMemoryConcurrent(t *testing.T) {
 								t.Errorf("%d in flight for %s, limit %d", n, key, l)
 							}
 							inFlight[k].Add(-1)
-							m.Return(ctx, key, 1, d)
+							m.Refund(ctx, key, 1, d)
 						case TokenBucket:
-							m.Return(ctx, key, 1, d)
+							m.Refund(ctx, key, 1, d)
 						default:
 							mu.Lock()
 							admitted = append(admitted, admission{k, d.at})
@@ -391,7 +388,7 @@ func TestMemoryConcurrent(t *testing.T) {
 // TestShardSize keeps a shard two whole cache lines: a shard sharing a line
 // with its neighbour makes goroutines on different keys contend.
 func TestShardSize(t *testing.T) {
-	if n := unsafe.Sizeof(shard[bucketState, *bucketState]{}); n != 128 {
+	if n := unsafe.Sizeof(shard[tokenBucketState, *tokenBucketState]{}); n != 128 {
 		t.Fatalf("shard is %d bytes, want 128: adjust its padding", n)
 	}
 }

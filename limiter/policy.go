@@ -8,44 +8,6 @@ import (
 	"time"
 )
 
-// Algorithm names a rate-limiting algorithm. The names are the ones operators
-// write in a Caddyfile.
-type Algorithm string
-
-// The algorithms of DESIGN.md section 4.
-const (
-	// TokenBucket allows bursts of up to Burst units and refills at
-	// Events/Window; a new key starts full.
-	TokenBucket Algorithm = "token_bucket"
-	// LeakyBucket shapes traffic: admitted requests leave 1/r apart and a
-	// request may be held up to MaxDelay before it continues.
-	LeakyBucket Algorithm = "leaky_bucket"
-	// FixedWindow counts units per aligned window of length Window.
-	FixedWindow Algorithm = "fixed_window"
-	// SlidingWindowLog keeps every admission of the last Window: exact, but
-	// memory grows with Events.
-	SlidingWindowLog Algorithm = "sliding_window_log"
-	// SlidingWindowCounter weights the previous window's count by how much
-	// of it still overlaps the sliding window: two counters per key.
-	SlidingWindowCounter Algorithm = "sliding_window_counter"
-	// Concurrency bounds how many requests of one key are in flight.
-	Concurrency Algorithm = "concurrency"
-)
-
-// Algorithms lists every algorithm in the order the documentation presents them.
-var Algorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, Concurrency}
-
-// Known reports whether a is one of Algorithms, so configuration can refuse
-// a misspelt name before any store sees it.
-func (a Algorithm) Known() bool {
-	for _, k := range Algorithms {
-		if a == k {
-			return true
-		}
-	}
-	return false
-}
-
 // maxScaled bounds every scaled product (Burst×Window, Events×Window) so the
 // integer arithmetic of the algorithms cannot overflow int64.
 const maxScaled = 1 << 61
@@ -72,7 +34,7 @@ type Policy struct {
 
 // params is a Policy compiled into the integers the algorithms compute with.
 type params struct {
-	alg Algorithm
+	alg *algorithm
 	l   int64 // events
 	w   int64 // window, microseconds
 	b   int64 // burst
@@ -90,7 +52,8 @@ func (p Policy) Validate() error {
 }
 
 func (p Policy) compile() (params, error) {
-	if !p.Algorithm.Known() {
+	alg := lookupAlgorithm(p.Algorithm)
+	if alg == nil {
 		return params{}, fmt.Errorf("unknown algorithm %q", p.Algorithm)
 	}
 	if p.Events <= 0 {
@@ -107,7 +70,7 @@ func (p Policy) compile() (params, error) {
 	if b == 0 {
 		b = p.Events
 	}
-	c := params{alg: p.Algorithm, l: p.Events, w: w, b: b}
+	c := params{alg: alg, l: p.Events, w: w, b: b}
 	// Scaled products the algorithms form: B×W and L×W, with room for a
 	// cost of up to B on top.
 	for _, f := range []int64{b, p.Events} {
@@ -115,7 +78,7 @@ func (p Policy) compile() (params, error) {
 			return params{}, fmt.Errorf("events or burst (%d) times window (%v) is too large to compute exactly", f, p.Window)
 		}
 	}
-	if p.Algorithm == LeakyBucket {
+	if alg.HoldsRequests {
 		if p.MaxDelay == nil {
 			c.maxDelay = (b - 1) * w
 		} else {
@@ -136,11 +99,8 @@ func (p Policy) compile() (params, error) {
 // MaxCost is the largest cost a single request may have under p: more than
 // this could never pass, so configuration refuses it.
 func (p Policy) MaxCost() int64 {
-	switch p.Algorithm {
-	case TokenBucket, LeakyBucket:
-		if p.Burst > 0 {
-			return p.Burst
-		}
+	if p.Algorithm.Traits().Bucket && p.Burst > 0 {
+		return p.Burst
 	}
 	return p.Events
 }
@@ -149,8 +109,7 @@ func (p Policy) MaxCost() int64 {
 // algorithms report L per W; the buckets report their capacity B and the time
 // to refill it from empty, B/r, so a bucket's burst is visible to clients.
 func (p Policy) Quota() (q int64, w time.Duration) {
-	switch p.Algorithm {
-	case TokenBucket, LeakyBucket:
+	if p.Algorithm.Traits().Bucket {
 		b := p.Burst
 		if b == 0 {
 			b = p.Events

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/bits"
 	"net"
 	"strconv"
 	"strings"
@@ -15,8 +14,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/floodgatehq/caddy-ratelimit/lua"
 )
 
 // DefaultRedisPrefix starts every key a Redis store writes when
@@ -39,10 +36,11 @@ var ErrStoreTimeout = errors.New("store did not answer in time")
 type RedisOptions struct {
 	// Prefix starts every key; empty means DefaultRedisPrefix.
 	Prefix string
-	// Zone names the zone whose state the store keeps, so zones sharing a
-	// Redis never share keys. Characters that would break a Cluster hash tag
-	// are escaped.
+	// Zone and Tier name the limit whose state the store keeps (Tier empty
+	// for the zone's own), so limits sharing a Redis never share keys; see
+	// StateID.
 	Zone string
+	Tier string
 	// Timeout bounds each decision; zero means DefaultRedisTimeout. A
 	// decision may run up to an eighth of it longer: deadlines are rounded
 	// up so that decisions share timers (see deadlines).
@@ -51,12 +49,13 @@ type RedisOptions struct {
 	// one of its own.
 	Breaker *Breaker
 
-	// now, when set, replaces Redis TIME with an explicit clock in
-	// microseconds, so tests can step time exactly. The scripts then keep
-	// every key 10 minutes longer than its state needs: a test's step may
-	// jump far ahead of the wall clock or stay put while real time passes,
-	// and state must not vanish under a test that has not reached its end.
-	now func() int64
+	// Clock, when set, replaces the Redis server's TIME, so tests can step
+	// time exactly as they do the memory store's. Leave it nil in
+	// production: instances sharing a Redis must share its clock. With a
+	// Clock the scripts keep every key 10 minutes longer than its state
+	// needs, since a test may step far ahead of the wall clock or stay put
+	// while real time passes, and state must not vanish under it.
+	Clock Clock
 }
 
 // Redis keeps the state of every key in Redis, so all instances that share a
@@ -81,7 +80,7 @@ type Redis struct {
 	timeout time.Duration
 	// deadlines bound each decision by timeout without a timer each.
 	deadlines *deadlines
-	now       func() int64
+	clock     Clock
 
 	leaseID  string // this store's random part of every lease id
 	leaseSeq atomic.Uint64
@@ -133,7 +132,7 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		cost:    p.MaxCost(),
 		zone:    opts.Zone,
 		timeout: opts.Timeout,
-		now:     opts.now,
+		clock:   opts.Clock,
 	}
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
@@ -147,42 +146,17 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	if prefix == "" {
 		prefix = DefaultRedisPrefix
 	}
-	r.keyHead = escapeKeyPart(prefix) + escapeKeyPart(opts.Zone) + ":{"
+	r.keyHead = escapeKeyPart(prefix) + StateID(opts.Zone, opts.Tier) + ":{"
 
-	// Token and leaky bucket compute in time scaled by L; dividing L and W
-	// by their gcd changes no decision and keeps the products small.
-	g := gcd(params.l, params.w)
-	l, w := params.l/g, params.w/g
-	var src, suffix string
-	switch params.alg {
-	case TokenBucket:
-		src, suffix = lua.TokenBucket(), "tb"
-		r.args = []any{l, w, params.b, params.maxAhead}
-	case LeakyBucket:
-		src, suffix = lua.LeakyBucket(), "lb"
-		r.args = []any{l, w, params.maxDelay / g, params.maxAhead}
-	case FixedWindow:
-		src, suffix = lua.FixedWindow(), "fw"
-		r.args = []any{params.l, params.w}
-	case SlidingWindowLog:
-		src, suffix = lua.SlidingWindowLog(), "swl"
-		r.args = []any{params.l, params.w}
-	case SlidingWindowCounter:
-		src, suffix = lua.SlidingWindowCounter(), "swc"
-		r.args = []any{params.l, params.w}
-	case Concurrency:
-		src, suffix = lua.Concurrency(), "cc"
-		r.args = []any{params.l, params.w}
+	args, qualifier := params.alg.redisArgs(&params)
+	r.args = args
+	if params.alg.leases {
 		var id [8]byte
 		_, _ = rand.Read(id[:]) // never fails: crypto/rand aborts the program instead
 		r.leaseID = hex.EncodeToString(id[:]) + "."
 	}
-	if (params.alg == TokenBucket || params.alg == LeakyBucket) && l != 1 {
-		// A bucket's state counts fractions of a microsecond in units of
-		// 1/L': a key written under one L' must not be read under another.
-		suffix += strconv.FormatInt(l, 10)
-	}
-	r.keyTail = "}:" + suffix
+	r.keyTail = "}:" + params.alg.keySuffix + qualifier
+	src := params.alg.script
 	r.script, r.src = redis.NewScript(src), src
 	r.batch.runOne = func(c *scriptCall) {
 		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
@@ -197,34 +171,10 @@ func checkRedisExact(p params) error {
 	if p.w > redisMaxWindow {
 		return fmt.Errorf("window %v is longer than the Redis store supports (%v)", microseconds(p.w), microseconds(redisMaxWindow))
 	}
-	switch p.alg {
-	case TokenBucket, LeakyBucket:
-		g := gcd(p.l, p.w)
-		sum := uint64(0)
-		for _, term := range [][2]uint64{{uint64(p.b), uint64(p.w / g)}, {uint64(p.maxDelay / g), 1}, {uint64(p.l / g), 1}} {
-			hi, lo := bits.Mul64(term[0], term[1])
-			var carry uint64
-			sum, carry = bits.Add64(sum, lo, 0)
-			if hi != 0 || carry != 0 {
-				return errors.New("burst, window and max_delay are too large to decide exactly in Redis")
-			}
-		}
-		if sum > redisExact/4 {
-			return errors.New("burst, window and max_delay are too large to decide exactly in Redis")
-		}
-	case SlidingWindowCounter:
-		if hi, lo := bits.Mul64(uint64(p.l), uint64(p.w)); hi != 0 || lo > redisExact/4 {
-			return errors.New("events times window is too large to decide exactly in Redis")
-		}
+	if p.alg.checkExact != nil {
+		return p.alg.checkExact(&p)
 	}
 	return nil
-}
-
-func gcd(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }
 
 // checkContextTimeouts refuses a client that would ignore the per-decision
@@ -245,16 +195,6 @@ func checkContextTimeouts(client redis.UniversalClient) error {
 		return errors.New("the Redis client ignores context deadlines, so the per-decision timeout could not be honoured: set ContextTimeoutEnabled")
 	}
 	return nil
-}
-
-// escapeKeyPart percent-encodes the characters that would end or open a
-// Cluster hash tag, and the escape character itself, so an operator's prefix
-// or zone name can never move a key to another slot.
-func escapeKeyPart(s string) string {
-	if !strings.ContainsAny(s, "{}%") {
-		return s
-	}
-	return strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D").Replace(s)
 }
 
 // Policy is the limit this store enforces.
@@ -281,7 +221,7 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 		return Decision{}, fmt.Errorf("redis store for zone %q: cost %d outside 1..%d", r.zone, cost, r.cost)
 	}
 	var lease string
-	if r.p.alg == Concurrency {
+	if r.p.alg.leases {
 		lease = r.leaseID + strconv.FormatUint(r.leaseSeq.Add(1), 36)
 	}
 	d, err := r.run(ctx, key, cost, lease)
@@ -294,22 +234,19 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 	return d, nil
 }
 
-// Return implements Store: it refunds what taken consumed, or releases its
-// concurrency lease, in one script run.
-func (r *Redis) Return(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
+// Refund implements Store: it gives back what taken consumed, or releases
+// its concurrency lease, in one script run.
+func (r *Redis) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
 	if cost < 1 || cost > r.cost {
 		return Decision{}, fmt.Errorf("redis store for zone %q: cost %d outside 1..%d", r.zone, cost, r.cost)
 	}
 	var extra any
-	switch r.p.alg {
-	case Concurrency:
-		extra = taken.lease
-	case FixedWindow, SlidingWindowCounter, SlidingWindowLog:
-		extra = taken.at
+	if r.p.alg.refundArg != nil {
+		extra = r.p.alg.refundArg(taken)
 	}
 	d, err := r.run(ctx, key, -cost, extra)
 	if err != nil {
-		return Decision{}, fmt.Errorf("redis store for zone %q: return: %w", r.zone, err)
+		return Decision{}, fmt.Errorf("redis store for zone %q: refund: %w", r.zone, err)
 	}
 	return d, nil
 }
@@ -344,8 +281,8 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 // arguments {cost, now, the policy's, extra}.
 func (r *Redis) newCall(ctx context.Context, key string, cost int64, extra any) *scriptCall {
 	var now any = ""
-	if r.now != nil {
-		now = r.now()
+	if r.clock != nil {
+		now = r.clock.Now().UnixMicro()
 	}
 	c := &scriptCall{ctx: ctx, key: r.Key(key)}
 	c.args = append(c.argv[:0], cost, now)

@@ -16,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // redisCaseStore opens stores on client for runAlgorithmCases: each case gets
@@ -23,16 +25,16 @@ import (
 func redisCaseStore(client redis.UniversalClient) caseStore {
 	var n atomic.Int64
 	return func(t *testing.T, p Policy) (Store, func(int64)) {
-		var now atomic.Int64
+		clock := &testutil.Clock{}
 		r, err := NewRedis(client, p, RedisOptions{
 			Zone:    fmt.Sprintf("case%d-%s", n.Add(1), t.Name()),
 			Timeout: 5 * time.Second,
-			now:     now.Load,
+			Clock:   clock,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r, now.Store
+		return r, clock.SetMicro
 	}
 }
 
@@ -127,7 +129,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 				}
 			}
 			if i%3 == 0 {
-				if _, err := r.Return(ctx, key, 1, last); err != nil {
+				if _, err := r.Refund(ctx, key, 1, last); err != nil {
 					t.Fatalf("%s: return: %v", alg, err)
 				}
 			}
@@ -137,7 +139,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 		if err != nil || !d.Allowed {
 			t.Fatalf("%s: take: %v %+v", alg, err, d)
 		}
-		if _, err := r.Return(ctx, "refunded", 1, d); err != nil {
+		if _, err := r.Refund(ctx, "refunded", 1, d); err != nil {
 			t.Fatalf("%s: return: %v", alg, err)
 		}
 		if n, _ := client.Exists(ctx, r.Key("refunded")).Result(); n != 0 {
@@ -389,7 +391,7 @@ func TestRedisConcurrencyLeases(t *testing.T) {
 	if err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("take 2: %+v %v", d, err)
 	}
-	if d, err = r.Return(ctx, "released", 2, d); err != nil || d.Remaining != 2 {
+	if d, err = r.Refund(ctx, "released", 2, d); err != nil || d.Remaining != 2 {
 		t.Fatalf("return: %+v %v", d, err)
 	}
 
@@ -544,7 +546,7 @@ func TestRedisAccuracy(t *testing.T) {
 				}
 				time.Sleep(time.Millisecond)
 				inFlight.Add(-1)
-				if _, err := st.Return(ctx, "hot", 1, d); err != nil {
+				if _, err := st.Refund(ctx, "hot", 1, d); err != nil {
 					failed.Add(1)
 				}
 			})
@@ -616,7 +618,7 @@ func BenchmarkRedisTake(b *testing.B) {
 						continue
 					}
 					if alg == Concurrency && d.Allowed {
-						if _, err := r.Return(ctx, string(key), 1, d); err != nil {
+						if _, err := r.Refund(ctx, string(key), 1, d); err != nil {
 							failed.Add(1)
 						}
 					}
@@ -654,12 +656,12 @@ func TestRedisMatchesMemory(t *testing.T) {
 		t.Run(p.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 42))
 			var now int64 = 1_763_800_000_000_000 // a real epoch, so absolute times are large
-			clock := &manualClock{}
+			clock := &testutil.Clock{}
 			mem, err := NewMemory(p, MemoryOptions{Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}
-			red := newTestRedis(t, client, p, RedisOptions{Zone: fmt.Sprintf("diff%d", i), Timeout: 5 * time.Second, now: func() int64 { return now }})
+			red := newTestRedis(t, client, p, RedisOptions{Zone: fmt.Sprintf("diff%d", i), Timeout: 5 * time.Second, Clock: clock})
 			var memTaken, redTaken []Decision
 			var costs []int64
 			// Half the steps keep the time, the others advance it by about
@@ -676,13 +678,13 @@ func TestRedisMatchesMemory(t *testing.T) {
 				if rng.IntN(2) == 0 {
 					now += rng.Int64N(span)
 				}
-				clock.set(now)
+				clock.SetMicro(now)
 				var dm, dr Decision
 				var errm, errr error
 				if len(memTaken) > 0 && rng.IntN(4) == 0 {
 					j := rng.IntN(len(memTaken))
-					dm, errm = mem.Return(ctx, "k", costs[j], memTaken[j])
-					dr, errr = red.Return(ctx, "k", costs[j], redTaken[j])
+					dm, errm = mem.Refund(ctx, "k", costs[j], memTaken[j])
+					dr, errr = red.Refund(ctx, "k", costs[j], redTaken[j])
 					memTaken = append(memTaken[:j], memTaken[j+1:]...)
 					redTaken = append(redTaken[:j], redTaken[j+1:]...)
 					costs = append(costs[:j], costs[j+1:]...)

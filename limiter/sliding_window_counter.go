@@ -66,7 +66,7 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 	return rest + p.w
 }
 
-func (s *slidingCounterState) undo(p *params, now, cost int64, taken Decision) Decision {
+func (s *slidingCounterState) refund(p *params, now, cost int64, taken Decision) Decision {
 	now = s.roll(p, now)
 	switch windowIndex(p, taken.at) {
 	case s.win:

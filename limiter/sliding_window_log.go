@@ -76,7 +76,7 @@ func (s *slidingLogState) retryAfter(p *params, now, need int64) int64 {
 	return p.w
 }
 
-func (s *slidingLogState) undo(p *params, now, cost int64, taken Decision) Decision {
+func (s *slidingLogState) refund(p *params, now, cost int64, taken Decision) Decision {
 	s.expire(p, now)
 	for i := len(s.ents) - 1; i >= s.head && cost > 0; i-- {
 		e := s.ents[i]

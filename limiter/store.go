@@ -12,15 +12,17 @@ type Store interface {
 	// consumes them. An error means no decision was made; the caller's
 	// fail mode applies.
 	Take(ctx context.Context, key string, cost int64) (Decision, error)
-	// Return gives back the units an allowed Take consumed: a refund when
-	// another zone denied the same request, or the release of a
-	// concurrency slot when the response is finished. It returns the
-	// key's state afterwards.
-	Return(ctx context.Context, key string, cost int64, taken Decision) (Decision, error)
+	// Refund gives back the units an allowed Take consumed: when another
+	// zone denied the same request, or, for an algorithm whose Traits say
+	// ReleasesOnFinish, when the response is finished. It returns the
+	// key's state afterwards. Every give-back, whatever its cause, is a
+	// Refund.
+	Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error)
 }
 
-// Clock tells the time. The memory store reads it on every decision, so
-// tests inject one to step time exactly.
+// Clock tells the time. It is the one way time is injected in this module:
+// stores, the breaker, the JWT verifier and the handler each take one in
+// their options, nil meaning the system clock, so tests step time exactly.
 type Clock interface {
 	Now() time.Time
 }

@@ -1,12 +1,15 @@
 package limiter
 
-// takeToken is the token bucket of DESIGN.md section 4:
+// tokenBucketState is a token bucket's state.
+type tokenBucketState struct{ bucketState }
+
+// take is the token bucket (docs/design.md):
 // tokens = min(B, tokens + elapsed×r); allow iff tokens >= c.
 //
 // With debt = (B - tokens)×W, kept exact in time scaled by L:
 // allow iff debt + c×W <= B×W; remaining = ⌊(B×W - debt)/W⌋;
 // reset = debt/L µs; retry_after = (debt + c×W - B×W)/L µs.
-func (s *bucketState) takeToken(p *params, now, cost int64) Decision {
+func (s *tokenBucketState) take(p *params, now, cost int64) Decision {
 	debt := s.debt(p, now)
 	full := p.b * p.w
 	need := debt + cost*p.w
@@ -25,4 +28,9 @@ func (s *bucketState) takeToken(p *params, now, cost int64) Decision {
 		ResetAfter: microseconds(ceilDiv(need, p.l)),
 		at:         now,
 	}
+}
+
+func (s *tokenBucketState) refund(p *params, now, cost int64, _ Decision) Decision {
+	debt := s.bucketState.refund(p, now, cost)
+	return Decision{Allowed: true, Remaining: (p.b*p.w - debt) / p.w, ResetAfter: microseconds(ceilDiv(debt, p.l))}
 }

@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/proc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // BinaryEnv names the environment variable that points at a prebuilt Caddy
@@ -358,7 +359,7 @@ func (i *Instance) Stop() {
 // before Caddy binds it; start retries when that happens.
 func (i *Instance) newAddr() (string, error) {
 	for range 100 {
-		port, err := proc.FreePort()
+		port, err := testutil.FreePort("127.0.0.1")
 		if err != nil {
 			return "", err
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/proc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // startTimeout bounds how long a server may take to answer PING, and a
@@ -219,7 +220,7 @@ func (s *Server) Restart() {
 // take it before redis-server binds it; start retries if so.
 func freePort(t testing.TB) int {
 	t.Helper()
-	port, err := proc.FreePort()
+	port, err := testutil.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,240 @@
+package limiter
+
+import (
+	"errors"
+	"math/bits"
+	"strconv"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/lua"
+)
+
+// Algorithm names a rate-limiting algorithm. The names are the ones operators
+// write in a Caddyfile.
+type Algorithm string
+
+// The algorithms, with their formulas in docs/design.md.
+const (
+	// TokenBucket allows bursts of up to Burst units and refills at
+	// Events/Window; a new key starts full.
+	TokenBucket Algorithm = "token_bucket"
+	// LeakyBucket shapes traffic: admitted requests leave 1/r apart and a
+	// request may be held up to MaxDelay before it continues.
+	LeakyBucket Algorithm = "leaky_bucket"
+	// FixedWindow counts units per aligned window of length Window.
+	FixedWindow Algorithm = "fixed_window"
+	// SlidingWindowLog keeps every admission of the last Window: exact, but
+	// memory grows with Events.
+	SlidingWindowLog Algorithm = "sliding_window_log"
+	// SlidingWindowCounter weights the previous window's count by how much
+	// of it still overlaps the sliding window: two counters per key.
+	SlidingWindowCounter Algorithm = "sliding_window_counter"
+	// Concurrency bounds how many requests of one key are in flight.
+	Concurrency Algorithm = "concurrency"
+)
+
+// Algorithms lists every algorithm in the order the documentation presents them.
+var Algorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter, Concurrency}
+
+// Traits is what code around the stores must know of an algorithm: which
+// options apply, how its limit is reported and what happens to a request
+// it admits. Callers ask for these rather than compare names, so an
+// algorithm is described once, in this file's table.
+type Traits struct {
+	// Bucket is set for a capacity (Burst, default Events) refilled at
+	// Events/Window: `burst` applies, and the quota is reported as that
+	// capacity over the time to refill it from empty.
+	Bucket bool
+	// HoldsRequests is set when an admitted request may have to wait
+	// Decision.RetryAfter before it continues; `max_delay` bounds that wait.
+	HoldsRequests bool
+	// ReleasesOnFinish is set when admitted units are only borrowed: the
+	// caller gives them back with Refund when the request finishes.
+	ReleasesOnFinish bool
+	// DefaultWindow stands for a Window the configuration leaves out;
+	// zero means the window is required.
+	DefaultWindow time.Duration
+	// QuotaUnit names the unit of the quota for the IETF RateLimit-Policy
+	// field (its qu parameter); empty means the field's default, requests.
+	QuotaUnit string
+}
+
+// Traits describes a; an unknown algorithm has none.
+func (a Algorithm) Traits() Traits {
+	if alg := lookupAlgorithm(a); alg != nil {
+		return alg.Traits
+	}
+	return Traits{}
+}
+
+// Known reports whether a is one of Algorithms, so configuration can refuse
+// a misspelt name before any store sees it.
+func (a Algorithm) Known() bool { return lookupAlgorithm(a) != nil }
+
+// algorithm is everything the stores need of one algorithm.
+type algorithm struct {
+	name Algorithm
+	Traits
+	// newTables makes a memory store's empty key tables for the
+	// algorithm's per-key state type.
+	newTables func() memoryTables
+	// script is the Redis script's source; keySuffix ends the Redis key
+	// of every client key, so algorithms never read each other's state.
+	script    string
+	keySuffix string
+	// redisArgs are the policy's arguments to the script, after cost, now,
+	// L and W; the bucket scripts take L and W reduced, and key names
+	// that depend on the reduction get it in keyQualifier.
+	redisArgs func(p *params) (args []any, keyQualifier string)
+	// refundArg is the argument a refund sends after the policy's, to
+	// say which admission it gives back; nil sends none.
+	refundArg func(taken Decision) any
+	// leases is set when every admission holds a lease id of its own
+	// (passed as the take's extra argument), which its refund names.
+	leases bool
+	// checkExact refuses policies the script cannot decide exactly in
+	// Lua's doubles, beyond the window bound every algorithm has; nil
+	// means that bound suffices.
+	checkExact func(p *params) error
+}
+
+// algorithmTable describes every algorithm; the order is Algorithms'.
+var algorithmTable = []*algorithm{
+	{
+		name:      TokenBucket,
+		Traits:    Traits{Bucket: true},
+		newTables: func() memoryTables { return newShardSet[tokenBucketState]() },
+		script:    mustScript("bucket.lua", "token_bucket.lua", "bucket_save.lua"),
+		keySuffix: "tb",
+		redisArgs: func(p *params) ([]any, string) {
+			l, w := p.reduced()
+			return []any{l, w, p.b, p.maxAhead}, bucketKeyQualifier(l)
+		},
+		checkExact: checkBucketExact,
+	},
+	{
+		name:      LeakyBucket,
+		Traits:    Traits{Bucket: true, HoldsRequests: true},
+		newTables: func() memoryTables { return newShardSet[leakyBucketState]() },
+		script:    mustScript("bucket.lua", "leaky_bucket.lua", "bucket_save.lua"),
+		keySuffix: "lb",
+		redisArgs: func(p *params) ([]any, string) {
+			l, w := p.reduced()
+			return []any{l, w, p.maxDelay / gcd(p.l, p.w), p.maxAhead}, bucketKeyQualifier(l)
+		},
+		checkExact: checkBucketExact,
+	},
+	{
+		name:      FixedWindow,
+		newTables: func() memoryTables { return newShardSet[fixedWindowState]() },
+		script:    mustScript("window.lua", "fixed_window.lua"),
+		keySuffix: "fw",
+		redisArgs: windowArgs,
+		refundArg: refundAt,
+	},
+	{
+		name:      SlidingWindowLog,
+		newTables: func() memoryTables { return newShardSet[slidingLogState]() },
+		script:    mustScript("sliding_window_log.lua"),
+		keySuffix: "swl",
+		redisArgs: windowArgs,
+		refundArg: refundAt,
+	},
+	{
+		name:      SlidingWindowCounter,
+		newTables: func() memoryTables { return newShardSet[slidingCounterState]() },
+		script:    mustScript("window.lua", "sliding_window_counter.lua"),
+		keySuffix: "swc",
+		redisArgs: windowArgs,
+		refundArg: refundAt,
+		checkExact: func(p *params) error {
+			if hi, lo := bits.Mul64(uint64(p.l), uint64(p.w)); hi != 0 || lo > redisExact/4 {
+				return errors.New("events times window is too large to decide exactly in Redis")
+			}
+			return nil
+		},
+	},
+	{
+		name:      Concurrency,
+		Traits:    Traits{ReleasesOnFinish: true, DefaultWindow: time.Minute, QuotaUnit: "concurrent-requests"},
+		newTables: func() memoryTables { return newShardSet[concurrencyState]() },
+		script:    mustScript("concurrency.lua"),
+		keySuffix: "cc",
+		redisArgs: windowArgs,
+		refundArg: func(taken Decision) any { return taken.lease },
+		leases:    true,
+	},
+}
+
+func lookupAlgorithm(a Algorithm) *algorithm {
+	for _, alg := range algorithmTable {
+		if alg.name == a {
+			return alg
+		}
+	}
+	return nil
+}
+
+// mustScript joins a script's parts at start-up. The names are this file's
+// constants, not input: a missing part is a build mistake, which
+// TestAlgorithmTable reports before anything runs.
+func mustScript(parts ...string) string {
+	src, err := lua.Script(parts...)
+	if err != nil {
+		panic(err)
+	}
+	return src
+}
+
+// windowArgs are the window algorithms' script arguments: none beyond L and W.
+func windowArgs(p *params) ([]any, string) { return []any{p.l, p.w}, "" }
+
+// refundAt names an admission by its decision time, which tells the window
+// algorithms which window or log entry to give back to.
+func refundAt(taken Decision) any { return taken.at }
+
+// reduced is L and W divided by their greatest common divisor: the bucket
+// algorithms compute in time scaled by L, and the reduction changes no
+// decision while keeping the products small.
+func (p *params) reduced() (l, w int64) {
+	g := gcd(p.l, p.w)
+	return p.l / g, p.w / g
+}
+
+// bucketKeyQualifier keeps bucket states apart by reduced L: their state
+// counts fractions of a microsecond in units of 1/L, so a key written
+// under one L must not be read under another.
+func bucketKeyQualifier(l int64) string {
+	if l == 1 {
+		return ""
+	}
+	return strconv.FormatInt(l, 10)
+}
+
+// checkBucketExact bounds the bucket scripts' products:
+// 4×(B×W' + max_delay×L' + L') <= 2^53, with L' and W' reduced.
+func checkBucketExact(p *params) error {
+	g := gcd(p.l, p.w)
+	sum := uint64(0)
+	for _, term := range [][2]uint64{{uint64(p.b), uint64(p.w / g)}, {uint64(p.maxDelay / g), 1}, {uint64(p.l / g), 1}} {
+		hi, lo := bits.Mul64(term[0], term[1])
+		var carry uint64
+		sum, carry = bits.Add64(sum, lo, 0)
+		if hi != 0 || carry != 0 {
+			return errBucketInexact
+		}
+	}
+	if sum > redisExact/4 {
+		return errBucketInexact
+	}
+	return nil
+}
+
+var errBucketInexact = errors.New("burst, window and max_delay are too large to decide exactly in Redis")
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}

@@ -1,0 +1,31 @@
+package limiter
+
+import "strings"
+
+// StateID names the state of one limit of a zone: the zone's own (tier "")
+// or one tier's, which is always kept apart. Every store keys its state by
+// it (the Redis store in its key names, the Caddy adapter in the pool that
+// keeps memory stores across reloads), so the two can never disagree on
+// what is one limit. The characters that would open or close a Redis
+// Cluster hash tag, the tier separator and the escape character itself are
+// escaped, so no zone or tier name can collide with another's or move a key
+// to another slot.
+func StateID(zone, tier string) string {
+	id := escapeKeyPart(zone)
+	if tier != "" {
+		id += "#tier=" + escapeKeyPart(tier)
+	}
+	return id
+}
+
+// keyPartEscapes percent-encodes what escapeKeyPart must.
+var keyPartEscapes = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D", "#", "%23")
+
+// escapeKeyPart percent-encodes a part of a key name: an operator's prefix,
+// a zone or a tier name.
+func escapeKeyPart(s string) string {
+	if !strings.ContainsAny(s, "{}%#") {
+		return s
+	}
+	return keyPartEscapes.Replace(s)
+}
