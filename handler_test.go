@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // provisionHandler parses a rate_limit directive and provisions it as Caddy
@@ -331,7 +332,7 @@ func BenchmarkHandlerIPKey(b *testing.B) {
 // TestCleanupStopsGoroutines provisions handlers with every kind of zone
 // and checks that Cleanup leaves no goroutine of theirs running.
 func TestCleanupStopsGoroutines(t *testing.T) {
-	before := runtime.NumGoroutine()
+	checkGoroutines := testutil.GoroutineCheck(t)
 	for i := range 5 {
 		h := new(Handler)
 		input := "rate_limit {\n zone leak_" + strconv.Itoa(i) + " {\n  rate 5/s\n }\n sweep_interval 1ms\n}"
@@ -350,13 +351,7 @@ func TestCleanupStopsGoroutines(t *testing.T) {
 		}
 		cancel()
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > before {
-		t.Fatalf("%d goroutines after Cleanup, %d before", n, before)
-	}
+	checkGoroutines()
 }
 
 // TestDenialLog: a refusal is logged at debug level, with its zone, when

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // liveGlobals opens the Caddyfiles of these tests: the harness's admin
@@ -294,13 +296,11 @@ http://[::1]:`+v6port+` {
 // not template (it fills only 127.0.0.1 addresses).
 func liveFreePort(t *testing.T, host string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	port, err := testutil.FreePort(host)
 	if err != nil {
 		t.Skipf("cannot listen on %s: %v", host, err)
 	}
-	defer l.Close()
-	_, port, _ := net.SplitHostPort(l.Addr().String())
-	return port
+	return strconv.Itoa(port)
 }
 
 // liveWaitListening waits for a listener the harness did not wait for.

@@ -458,7 +458,7 @@ func TestNewRedisRefuses(t *testing.T) {
 func TestRedisAccuracy(t *testing.T) {
 	s := redistest.Start(t)
 	ctx := context.Background()
-	baseline := runtime.NumGoroutine()
+	checkGoroutines := testutil.GoroutineCheck(t)
 
 	clients := make([]redis.UniversalClient, 3)
 	for i := range clients {
@@ -569,14 +569,7 @@ func TestRedisAccuracy(t *testing.T) {
 		}
 	}
 	// Closed clients leave no goroutines behind.
-	deadline := time.Now().Add(3 * time.Second)
-	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > baseline {
-		buf := make([]byte, 1<<16)
-		t.Errorf("%d goroutines after closing the clients, %d before opening them:\n%s", n, baseline, buf[:runtime.Stack(buf, true)])
-	}
+	checkGoroutines()
 }
 
 // checkPipelined fails t unless some of the stores' decisions shared round
