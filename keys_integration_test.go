@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
