@@ -112,8 +112,8 @@ func TestCaddyfileKeys(t *testing.T) {
 	}
 }
 
-// TestCaddyfileErrorsNameZoneAndLine checks every refusal DESIGN.md section
-// 2 lists: each names the zone (where there is one) and the line.
+// TestCaddyfileErrorsNameZoneAndLine checks every refusal the README
+// lists for a Caddyfile: each names the zone (where there is one) and the line.
 func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 	runParseErrorCases(t, []parseErrorCase{
 		{"unknown zone option", "rate_limit {\n zone a {\n  rate 1/s\n  bogus 1\n }\n}", []string{`"a"`, "bogus", ":4"}},

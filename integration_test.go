@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // globals opens every test Caddyfile: the harness's admin port, loopback
@@ -556,17 +557,13 @@ http://{{http}} {
 
 	// A slot is released just after the response is written, so poll
 	// briefly until a lone request sees every other slot free.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.Eventually(t, "the slots to come back", func() error {
 		r := get(t, c, inst.URL("/fast"))
 		if r.code == http.StatusOK && intHeader(t, r, "X-RateLimit-Remaining") == limit-1 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slots did not come back: status %d, remaining %q", r.code, r.header.Get("X-RateLimit-Remaining"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("status %d, remaining %q", r.code, r.header.Get("X-RateLimit-Remaining"))
+	})
 	// And L requests can be in flight together again.
 	for range limit {
 		go func() {

@@ -305,18 +305,13 @@ func liveFreePort(t *testing.T, host string) string {
 // liveWaitListening waits for a listener the harness did not wait for.
 func liveWaitListening(t *testing.T, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.Eventually(t, addr+" to listen", func() error {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not listening: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // TestLiveTiersFromMap: the tier comes from Caddy's `map` of the API key,

@@ -7,12 +7,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // TestRedisHandlerNoGoroutineLeak provisions a Handler with redis zones in
@@ -126,15 +126,14 @@ func ownGoroutines() []string {
 }
 
 // waitOwnGoroutinesGone fails the test unless every goroutine of go-redis
-// or Floodgate has ended within 10s of Cleanup: the client is closed by
-// then, and the readers of its connections only need to notice.
+// or Floodgate ends soon after Cleanup: the client is closed by then, and
+// the readers of its connections only need to notice.
 func waitOwnGoroutinesGone(t *testing.T, what string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(ownGoroutines()) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if left := ownGoroutines(); len(left) > 0 {
-		t.Fatalf("%s: %d goroutines of go-redis or Floodgate outlive Cleanup:\n\n%s", what, len(left), strings.Join(left, "\n\n"))
-	}
+	testutil.Eventually(t, what+": the goroutines of go-redis and Floodgate to end after Cleanup", func() error {
+		if left := ownGoroutines(); len(left) > 0 {
+			return fmt.Errorf("%d left:\n\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+		return nil
+	})
 }

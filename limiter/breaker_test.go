@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // replyError is an error reply from Redis, as go-redis reports one.
@@ -185,17 +186,13 @@ func TestRedisBreakerShared(t *testing.T) {
 
 	s.Resume()
 	step(breakerRetry)
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	testutil.Eventually(t, "the busy zone to decide after resuming", func() error {
 		_, err := busy.Take(ctx, "k", 1)
-		if err == nil {
-			break
+		if err != nil {
+			step(breakerRetry) // a failure reopened it; let the next try through
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("busy zone after resuming: %v", err)
-		}
-		step(breakerRetry) // a failure reopened it; let the next try through
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err
+	})
 	// No time passes on the breaker's clock: only the busy zone's success
 	// can have let the quiet one through.
 	if d, err := quiet.Take(ctx, "k", 1); err != nil || !d.Allowed {

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // fakeRounds stands in for Redis behind a batcher: lone calls block until
@@ -52,22 +53,18 @@ func fakeCall(ctx context.Context, id int64) *scriptCall {
 // round trips under way ("running").
 func waitBatcher(t *testing.T, b *batcher, what string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.Eventually(t, fmt.Sprintf("%d %s", n, what), func() error {
 		b.mu.Lock()
 		got := len(b.queue)
 		if what == "running" {
 			got = b.running
 		}
 		b.mu.Unlock()
-		if got == n {
-			return
+		if got != n {
+			return fmt.Errorf("%d %s", got, what)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d %s, want %d", got, what, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestBatcherQueuesWhileBusy checks the batcher's rules: a call runs at once

@@ -1,4 +1,4 @@
--- concurrency.lua: at most L units of a key in flight (DESIGN.md section 4).
+-- concurrency.lua: at most L units of a key in flight (docs/design.md).
 --
 -- State (KEYS[1], a sorted set): one member per unit in flight, named after
 -- the lease that holds it ("<lease>" for its first unit, "<lease>#<i>" for

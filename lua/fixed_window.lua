@@ -1,4 +1,4 @@
--- fixed_window.lua: the fixed window of DESIGN.md section 4, decided as
+-- fixed_window.lua: the fixed window (docs/design.md), decided as
 -- limiter/fixed_window.go decides it.
 --
 -- State (KEYS[1], a string): "<window index>:<count>", the units taken in

@@ -1,4 +1,4 @@
--- leaky_bucket.lua: the leaky bucket of DESIGN.md section 4 by virtual
+-- leaky_bucket.lua: the leaky bucket (docs/design.md) by virtual
 -- scheduling, decided exactly as limiter/leaky_bucket.go decides it.
 --
 -- State (KEYS[1], a string): the theoretical arrival time tat, when the queue

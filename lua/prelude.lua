@@ -1,4 +1,4 @@
--- prelude.lua: the start of every script. limiter/redis.go sends it in
+-- prelude.lua: the start of every script. lua.Script puts it in
 -- front of the algorithm's own file as one script, so a decision is still a
 -- single atomic EVALSHA; what every algorithm needs is written once, here.
 --
@@ -6,7 +6,7 @@
 -- "" = Redis TIME, the only value outside tests), L, W. Further arguments
 -- are the algorithm's. A test that sets now also steps it far from the wall
 -- clock, so its keys live 10 minutes longer than their state needs (pad,
--- in ms; see RedisOptions.now in limiter/redis.go).
+-- in ms; see RedisOptions.Clock in limiter/redis.go).
 --
 -- The scripts run on every request and the interpreter is most of their
 -- cost, so they are written straight through, with few function calls and

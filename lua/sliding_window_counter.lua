@@ -1,5 +1,5 @@
--- sliding_window_counter.lua: the sliding window counter of DESIGN.md
--- section 4, decided exactly as limiter/sliding_window_counter.go decides it:
+-- sliding_window_counter.lua: the sliding window counter (docs/design.md),
+-- decided exactly as limiter/sliding_window_counter.go decides it:
 -- est + c <= L is tested as prev×(W - e) + (cur + c)×W <= L×W.
 --
 -- State (KEYS[1], a string): "<window index>:<prev>:<cur>", the counts of

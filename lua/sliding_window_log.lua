@@ -1,5 +1,5 @@
--- sliding_window_log.lua: the exact sliding window log of DESIGN.md
--- section 4, decided as limiter/sliding_window_log.go decides it.
+-- sliding_window_log.lua: the exact sliding window log (docs/design.md),
+-- decided as limiter/sliding_window_log.go decides it.
 --
 -- State (KEYS[1], a list): one element per unit admitted in (now - W, now],
 -- the admission time in µs, oldest first. A request of cost c appends c

@@ -1,4 +1,4 @@
--- token_bucket.lua: the token bucket of DESIGN.md section 4, decided exactly
+-- token_bucket.lua: the token bucket (docs/design.md), decided exactly
 -- as limiter/token_bucket.go decides it. Sent after prelude.lua and
 -- bucket.lua, which read the arguments, the clock and the state, and before
 -- bucket_save.lua, which stores debt and returns reply.

@@ -1,5 +1,5 @@
 -- window.lua: what fixed_window.lua and sliding_window_counter.lua share;
--- sent after prelude.lua and before either of them (see limiter/redis.go).
+-- sent after prelude.lua and before either of them (see limiter/algorithm.go).
 
 -- The aligned window t falls in, ⌊t/W⌋, as limiter/fixed_window.go computes it.
 local function index(t)

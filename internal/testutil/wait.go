@@ -15,14 +15,19 @@ const WaitLimit = 10 * time.Second
 // pollEvery is how often a wait checks its condition again.
 const pollEvery = 5 * time.Millisecond
 
-// Eventually waits until cond holds, failing t with what if it does not
-// within WaitLimit.
-func Eventually(t testing.TB, what string, cond func() bool) {
+// Eventually waits until cond returns nil, failing t with what and cond's
+// last error if it does not within WaitLimit. The error says why the
+// condition does not hold yet, so a failure shows the state it was stuck in.
+func Eventually(t testing.TB, what string, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(WaitLimit)
-	for !cond() {
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", WaitLimit, what)
+			t.Fatalf("timed out after %v waiting for %s: %v", WaitLimit, what, err)
 		}
 		time.Sleep(pollEvery)
 	}
