@@ -54,6 +54,10 @@ type Traits struct {
 	// DefaultWindow stands for a Window the configuration leaves out;
 	// zero means the window is required.
 	DefaultWindow time.Duration
+	// Leases is set when a LocalTier may take units of the limit ahead of
+	// requests (Leaser): the admissions of a window or a bucket, not
+	// requests held or in flight.
+	Leases bool
 	// QuotaUnit names the unit of the quota for the IETF RateLimit-Policy
 	// field (its qu parameter); empty means the field's default, requests.
 	QuotaUnit string
@@ -92,6 +96,10 @@ type algorithm struct {
 	// leases is set when every admission holds a lease id of its own
 	// (passed as the take's extra argument), which its refund names.
 	leases bool
+	// leaseEndsWithReset is set when a lease must not outlive the
+	// decision's ResetAfter: a fixed window's units belong to the window
+	// they were taken in.
+	leaseEndsWithReset bool
 	// checkExact refuses policies the script cannot decide exactly in
 	// Lua's doubles, beyond the window bound every algorithm has; nil
 	// means that bound suffices.
@@ -102,7 +110,7 @@ type algorithm struct {
 var algorithmTable = []*algorithm{
 	{
 		name:      TokenBucket,
-		Traits:    Traits{Bucket: true},
+		Traits:    Traits{Bucket: true, Leases: true},
 		newTables: func() memoryTables { return newShardSet[tokenBucketState]() },
 		script:    mustScript("bucket.lua", "token_bucket.lua", "bucket_save.lua"),
 		keySuffix: "tb",
@@ -125,15 +133,18 @@ var algorithmTable = []*algorithm{
 		checkExact: checkBucketExact,
 	},
 	{
-		name:      FixedWindow,
-		newTables: func() memoryTables { return newShardSet[fixedWindowState]() },
-		script:    mustScript("window.lua", "fixed_window.lua"),
-		keySuffix: "fw",
-		redisArgs: windowArgs,
-		refundArg: refundAt,
+		name:               FixedWindow,
+		Traits:             Traits{Leases: true},
+		newTables:          func() memoryTables { return newShardSet[fixedWindowState]() },
+		script:             mustScript("window.lua", "fixed_window.lua"),
+		keySuffix:          "fw",
+		redisArgs:          windowArgs,
+		refundArg:          refundAt,
+		leaseEndsWithReset: true,
 	},
 	{
 		name:      SlidingWindowLog,
+		Traits:    Traits{Leases: true},
 		newTables: func() memoryTables { return newShardSet[slidingLogState]() },
 		script:    mustScript("sliding_window_log.lua"),
 		keySuffix: "swl",
@@ -142,6 +153,7 @@ var algorithmTable = []*algorithm{
 	},
 	{
 		name:      SlidingWindowCounter,
+		Traits:    Traits{Leases: true},
 		newTables: func() memoryTables { return newShardSet[slidingCounterState]() },
 		script:    mustScript("window.lua", "sliding_window_counter.lua"),
 		keySuffix: "swc",

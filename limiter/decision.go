@@ -23,6 +23,10 @@ type Decision struct {
 	at int64
 	// lease names the concurrency slot a Redis decision took.
 	lease string
+	// granted is how many units an admission took: its cost, or for a
+	// lease (Leaser.TakeUpTo) what it was granted. Only the algorithms
+	// that lease set it.
+	granted int64
 }
 
 // At is when the store decided, on the store's own clock (the Redis
@@ -34,6 +38,11 @@ func (d Decision) At() time.Time {
 	}
 	return time.UnixMicro(d.at)
 }
+
+// Granted is how many units an admission took: its cost, or for a lease
+// what it was granted; zero for a refusal and for the algorithms that do
+// not lease.
+func (d Decision) Granted() int64 { return d.granted }
 
 // microseconds converts the algorithms' microsecond counts to a Duration.
 func microseconds(us int64) time.Duration {

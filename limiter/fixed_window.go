@@ -36,13 +36,20 @@ func (s *fixedWindowState) roll(p *params, now int64) int64 {
 // take: allow iff count + c <= L; remaining = L - count;
 // reset = retry_after = end of the window.
 func (s *fixedWindowState) take(p *params, now, cost int64) Decision {
+	return s.takeUpTo(p, now, cost, cost)
+}
+
+// takeUpTo takes what the window has left, up to want, when it has at
+// least cost: a lease.
+func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Decision {
 	now = s.roll(p, now)
 	end := microseconds((s.win+1)*p.w - now)
 	if s.count+cost > p.l {
 		return Decision{Remaining: max(0, p.l-s.count), ResetAfter: end, RetryAfter: end, at: now}
 	}
-	s.count += cost
-	return Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: end, at: now}
+	granted := min(want, p.l-s.count)
+	s.count += granted
+	return Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: end, at: now, granted: granted}
 }
 
 func (s *fixedWindowState) refund(p *params, now, cost int64, taken Decision) Decision {

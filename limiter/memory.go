@@ -69,6 +69,7 @@ type Memory struct {
 type memoryTables interface {
 	take(key uint64, p *params, clock *memoryClock, cost int64) Decision
 	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
+	takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Decision, bool)
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
 	len() int
@@ -126,6 +127,19 @@ func (mc *memoryClock) now() int64 {
 // Take implements Store; it never fails.
 func (m *Memory) Take(_ context.Context, key string, cost int64) (Decision, error) {
 	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost), nil
+}
+
+// TakeUpTo implements Leaser for the algorithms whose Traits say Leases;
+// for the others it fails.
+func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Decision, error) {
+	if want < cost {
+		return Decision{}, fmt.Errorf("memory store: lease of %d wanted for a cost of %d", want, cost)
+	}
+	d, ok := m.tables.takeUpTo(maphash.String(m.seed, key), &m.p, &m.clock, cost, want)
+	if !ok {
+		return Decision{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
+	}
+	return d, nil
 }
 
 // Refund implements Store; it never fails. A key forgotten since the Take
@@ -188,6 +202,21 @@ func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost
 	d := PS(&sh.slots[sh.get(key)].st).take(p, clock.now(), cost)
 	sh.mu.Unlock()
 	return d
+}
+
+// upToTaker is the per-key state of an algorithm that leases.
+type upToTaker interface {
+	takeUpTo(p *params, now, cost, want int64) Decision
+}
+
+func (set *shardSet[S, PS]) takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Decision, bool) {
+	if _, ok := any(PS(new(S))).(upToTaker); !ok {
+		return Decision{}, false
+	}
+	sh := set.lock(key)
+	defer sh.mu.Unlock()
+	st := any(PS(&sh.slots[sh.get(key)].st)).(upToTaker)
+	return st.takeUpTo(p, clock.now(), cost, want), true
 }
 
 func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision {

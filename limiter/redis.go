@@ -230,6 +230,25 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 	}
 	if d.Allowed {
 		d.lease = lease
+		if r.p.alg.Leases {
+			d.granted = cost
+		}
+	}
+	return d, nil
+}
+
+// TakeUpTo implements Leaser with one script run, for the algorithms whose
+// Traits say Leases.
+func (r *Redis) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+	if !r.p.alg.Leases {
+		return Decision{}, fmt.Errorf("redis store for zone %q: %s does not lease", r.zone, r.policy.Algorithm)
+	}
+	if cost < 1 || cost > r.cost || want < cost {
+		return Decision{}, fmt.Errorf("redis store for zone %q: lease of %d for a cost of %d outside 1..%d", r.zone, want, cost, r.cost)
+	}
+	d, err := r.run(ctx, key, cost, want)
+	if err != nil {
+		return Decision{}, fmt.Errorf("redis store for zone %q: lease: %w", r.zone, err)
 	}
 	return d, nil
 }
@@ -294,11 +313,12 @@ func (r *Redis) newCall(ctx context.Context, key string, cost int64, extra any) 
 }
 
 // decodeReply reads a script's reply: {allowed, remaining, reset µs,
-// retry_after µs[, decision time µs]}; the bucket scripts leave out the
-// decision time, as the memory store's buckets do.
+// retry_after µs[, decision time µs[, units granted]]}; the bucket scripts
+// leave out the decision time but for a lease, and only a lease's
+// admission says what it granted.
 func decodeReply(reply []int64) (Decision, error) {
-	if len(reply) != 4 && len(reply) != 5 {
-		return Decision{}, fmt.Errorf("script replied with %d values, want 4 or 5", len(reply))
+	if len(reply) < 4 || len(reply) > 6 {
+		return Decision{}, fmt.Errorf("script replied with %d values, want 4 to 6", len(reply))
 	}
 	d := Decision{
 		Allowed:    reply[0] == 1,
@@ -306,8 +326,11 @@ func decodeReply(reply []int64) (Decision, error) {
 		ResetAfter: microseconds(reply[2]),
 		RetryAfter: microseconds(reply[3]),
 	}
-	if len(reply) == 5 {
+	if len(reply) >= 5 {
 		d.at = reply[4]
+	}
+	if len(reply) == 6 {
+		d.granted = reply[5]
 	}
 	return d, nil
 }

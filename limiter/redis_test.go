@@ -659,7 +659,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			}
 			// Costs up to a twentieth of the quota exhaust large quotas too.
 			maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
-			outcomes := map[bool]int{}
+			outcomes, leases := map[bool]int{}, map[bool]int{}
 			for step := range 400 {
 				if rng.IntN(2) == 0 {
 					now += rng.Int64N(span)
@@ -676,8 +676,21 @@ func TestRedisMatchesMemory(t *testing.T) {
 					costs = append(costs[:j], costs[j+1:]...)
 				} else {
 					cost := 1 + rng.Int64N(maxCost)
-					dm, errm = mem.Take(ctx, "k", cost)
-					dr, errr = red.Take(ctx, "k", cost)
+					if p.Algorithm.Traits().Leases && rng.IntN(3) == 0 {
+						// A lease: up to a few times the cost, so some
+						// are cut short by what the limit has left.
+						want := cost + rng.Int64N(3*maxCost)
+						dm, errm = mem.TakeUpTo(ctx, "k", cost, want)
+						dr, errr = red.TakeUpTo(ctx, "k", cost, want)
+						if dm.Granted() != dr.Granted() {
+							t.Fatalf("step %d: lease of %d for %d: memory granted %d, redis %d", step, want, cost, dm.Granted(), dr.Granted())
+						}
+						leases[dm.Granted() < want]++
+						cost = dm.Granted()
+					} else {
+						dm, errm = mem.Take(ctx, "k", cost)
+						dr, errr = red.Take(ctx, "k", cost)
+					}
 					if dm.Allowed && dr.Allowed {
 						memTaken, redTaken, costs = append(memTaken, dm), append(redTaken, dr), append(costs, cost)
 					}
@@ -692,6 +705,9 @@ func TestRedisMatchesMemory(t *testing.T) {
 			}
 			if outcomes[true] == 0 || outcomes[false] == 0 {
 				t.Errorf("%d allowed, %d denied: the steps should exercise both", outcomes[true], outcomes[false])
+			}
+			if p.Algorithm.Traits().Leases && (leases[true] == 0 || leases[false] == 0) {
+				t.Errorf("%d leases cut short, %d whole: the steps should exercise both", leases[true], leases[false])
 			}
 		})
 	}

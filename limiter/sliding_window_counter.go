@@ -30,6 +30,12 @@ func (s *slidingCounterState) roll(p *params, now int64) int64 {
 // window; allow iff est + c <= L, decided exactly as
 // prev×(W - e) + (cur + c)×W <= L×W.
 func (s *slidingCounterState) take(p *params, now, cost int64) Decision {
+	return s.takeUpTo(p, now, cost, cost)
+}
+
+// takeUpTo takes the most units that fit, up to want, when cost fits: a
+// lease. The most g with prev×(W - e) + (cur + g)×W <= L×W.
+func (s *slidingCounterState) takeUpTo(p *params, now, cost, want int64) Decision {
 	now = s.roll(p, now)
 	e := now - s.win*p.w
 	if s.prev*(p.w-e)+(s.cur+cost)*p.w > p.l*p.w {
@@ -39,9 +45,10 @@ func (s *slidingCounterState) take(p *params, now, cost int64) Decision {
 		d.at = now
 		return d
 	}
-	s.cur += cost
+	granted := min(want, (p.l*p.w-s.prev*(p.w-e))/p.w-s.cur)
+	s.cur += granted
 	d := s.status(p, now)
-	d.at = now
+	d.at, d.granted = now, granted
 	return d
 }
 

@@ -43,6 +43,12 @@ func (s *slidingLogState) push(at, units int64) {
 // take: allow iff count + c <= L, then append (now, c); remaining = L - count;
 // reset = newest + W - now; retry_after = when enough of the oldest leave.
 func (s *slidingLogState) take(p *params, now, cost int64) Decision {
+	return s.takeUpTo(p, now, cost, cost)
+}
+
+// takeUpTo takes what the window has left, up to want, when it has at
+// least cost: a lease, logged as one admission of every unit granted.
+func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
 	now = max(now, 0)
 	s.expire(p, now)
 	if s.total+cost > p.l {
@@ -52,15 +58,16 @@ func (s *slidingLogState) take(p *params, now, cost int64) Decision {
 		d.at = now
 		return d
 	}
+	granted := min(want, p.l-s.total)
 	// Keep entries in time order even if the clock stepped back.
 	at := now
 	if n := len(s.ents); n > s.head {
 		at = max(at, logAt(s.ents[n-1]))
 	}
-	s.push(at, cost)
-	s.total += cost
+	s.push(at, granted)
+	s.total += granted
 	d := s.status(p, now)
-	d.at = at
+	d.at, d.granted = at, granted
 	return d
 }
 

@@ -20,6 +20,18 @@ type Store interface {
 	Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error)
 }
 
+// Leaser is a shared store that can grant several units in one decision,
+// so a LocalTier in front of it can spend them without asking again. The
+// algorithms whose Traits say Leases implement it.
+type Leaser interface {
+	Store
+	// TakeUpTo decides like Take, but an admission takes as many units
+	// as the limit has left, up to want (>= cost), and Granted reports
+	// how many. Refund gives back any part of them, naming the
+	// admission's Decision.
+	TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error)
+}
+
 // Clock tells the time. It is the one way time is injected in this module:
 // stores, the breaker, the JWT verifier and the handler each take one in
 // their options, nil meaning the system clock, so tests step time exactly.

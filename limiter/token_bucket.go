@@ -10,6 +10,12 @@ type tokenBucketState struct{ bucketState }
 // allow iff debt + c×W <= B×W; remaining = ⌊(B×W - debt)/W⌋;
 // reset = debt/L µs; retry_after = (debt + c×W - B×W)/L µs.
 func (s *tokenBucketState) take(p *params, now, cost int64) Decision {
+	return s.takeUpTo(p, now, cost, cost)
+}
+
+// takeUpTo takes as many tokens as the bucket holds, up to want, when it
+// holds at least cost: a lease.
+func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Decision {
 	debt := s.debt(p, now)
 	full := p.b * p.w
 	need := debt + cost*p.w
@@ -21,12 +27,15 @@ func (s *tokenBucketState) take(p *params, now, cost int64) Decision {
 			at:         now,
 		}
 	}
+	granted := min(want, (full-debt)/p.w)
+	need = debt + granted*p.w
 	s.setDebt(p, now, need)
 	return Decision{
 		Allowed:    true,
 		Remaining:  (full - need) / p.w,
 		ResetAfter: microseconds(ceilDiv(need, p.l)),
 		at:         now,
+		granted:    granted,
 	}
 }
 

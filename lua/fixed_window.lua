@@ -8,9 +8,11 @@
 -- window.lua.
 --
 -- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
--- the decision being returned (µs).
+-- the decision being returned (µs), for a lease the units wanted.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+-- A lease (ARGV[5], want >= cost) takes what the window has left, up to
+-- want, when it has at least cost, and its reply adds the units granted.
 
 local win, count = index(now), 0
 local v = redis.call('GET', KEYS[1])
@@ -45,6 +47,13 @@ end
 if count + cost > l then
   return {0, math.max(0, l - count), left, left, now}
 end
+local want = tonumber(ARGV[5])
+if want then
+  cost = math.min(want, l - count)
+end
 count = count + cost
 save()
+if want then
+  return {1, l - count, left, 0, now, cost}
+end
 return {1, l - count, left, 0, now}

@@ -10,9 +10,11 @@
 -- window.lua.
 --
 -- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
--- the decision being returned (µs).
+-- the decision being returned (µs), for a lease the units wanted.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+-- A lease (ARGV[5], want >= cost) takes the most units that fit, up to
+-- want, when cost fits, and its reply adds the units granted.
 
 -- Roll the stored counts forward to the window now falls in.
 local win, prev, cur = index(now), 0, 0
@@ -94,6 +96,15 @@ if prev * (w - e) + (cur + cost) * w > l * w then
   end
   return status(0, retry)
 end
+local want = tonumber(ARGV[5])
+if want then
+  -- The most g with prev×(W - e) + (cur + g)×W <= L×W.
+  cost = math.min(want, floor((l * w - prev * (w - e)) / w) - cur)
+end
 cur = cur + cost
 save()
-return status(1, 0)
+local reply = status(1, 0)
+if want then
+  reply[6] = cost
+end
+return reply

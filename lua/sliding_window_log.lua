@@ -9,9 +9,11 @@
 -- Sent after prelude.lua, which reads the arguments and the clock.
 --
 -- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
--- the decision being returned (µs).
+-- the decision being returned (µs), for a lease the units wanted.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
+-- A lease (ARGV[5], want >= cost) takes what the window has left, up to
+-- want, when it has at least cost, and its reply adds the units granted.
 
 local key = KEYS[1]
 
@@ -81,6 +83,11 @@ if count + cost > l then
   return status(0, retry, now)
 end
 
+local want = tonumber(ARGV[5])
+if want then
+  cost = math.min(want, l - count)
+end
+
 -- Keep entries in time order even if the clock stepped back.
 local at = math.max(now, newest() or now)
 local entry = string.format('%d', at)
@@ -95,4 +102,8 @@ while left > 0 do
   left = left - #push
 end
 redis.call('PEXPIRE', key, ceil((at + w - now) / 1000) + pad)
-return status(1, 0, at)
+local reply = status(1, 0, at)
+if want then
+  reply[6] = cost
+end
+return reply

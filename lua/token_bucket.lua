@@ -3,13 +3,18 @@
 -- bucket.lua, which read the arguments, the clock and the state, and before
 -- bucket_save.lua, which stores debt and returns reply.
 --
--- ARGV: cost, now, L, W (see prelude.lua), B, max ahead. L and W arrive
--- divided by their greatest common divisor, which changes no decision and
--- keeps products small.
+-- ARGV: cost, now, L, W (see prelude.lua), B, max ahead, and for a lease
+-- the units wanted (see below). L and W arrive divided by their greatest
+-- common divisor, which changes no decision and keeps products small.
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs}. Unlike the window
 -- algorithms' it leaves out the decision time: a bucket's reset is a
 -- duration with no boundary to align to, and the reply stays shorter.
+--
+-- A lease (ARGV[7], want >= cost) takes as many tokens as the bucket
+-- holds, up to want, when it holds at least cost; it is refused exactly
+-- as a take of cost is. Its reply adds the decision time and the units
+-- granted: {1, remaining, reset µs, 0, now µs, granted}.
 
 local b = tonumber(ARGV[5])
 local debt, full = queued, b * w
@@ -23,6 +28,14 @@ else
   if need > full then
     return {0, floor((full - debt) / w), ceil(debt / l), ceil((need - full) / l)}
   end
+  local want = tonumber(ARGV[7])
+  if want then
+    cost = math.min(want, floor((full - debt) / w))
+    need = debt + cost * w
+  end
   debt = need
 end
 local reply = {1, floor((full - debt) / w), ceil(debt / l), 0}
+if ARGV[7] and op == 'take' then
+  reply[5], reply[6] = now, cost
+end
