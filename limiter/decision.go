@@ -13,6 +13,9 @@ type Decision struct {
 	// ResetAfter is how long until the key's state is empty again: the
 	// quota fully restored if nothing else arrives.
 	ResetAfter time.Duration
+	// Source says where the decision was made: by the store, or by a
+	// LocalTier from memory without asking it.
+	Source Source
 	// RetryAfter is, on a denial, the earliest time a request of the same
 	// cost would pass if nothing else arrived. On a leaky-bucket admission
 	// it is how long the request must be held before it continues.
@@ -23,10 +26,37 @@ type Decision struct {
 	at int64
 	// lease names the concurrency slot a Redis decision took.
 	lease string
+	// leaseGen numbers the LocalTier lease a decision was spent from, so
+	// a refund goes back into that lease; zero for any other decision.
+	leaseGen uint64
 	// granted is how many units an admission took: its cost, or for a
 	// lease (Leaser.TakeUpTo) what it was granted. Only the algorithms
 	// that lease set it.
 	granted int64
+}
+
+// Source is where a Decision was made.
+type Source uint8
+
+// The sources of a decision.
+const (
+	// SourceStore: the store decided (for Redis, a round trip).
+	SourceStore Source = iota
+	// SourceLease: a LocalTier spent units of a lease in memory.
+	SourceLease
+	// SourceDenyCache: a LocalTier repeated a refusal of the store.
+	SourceDenyCache
+)
+
+// String names the source as metrics and logs do.
+func (s Source) String() string {
+	switch s {
+	case SourceLease:
+		return "lease"
+	case SourceDenyCache:
+		return "deny_cache"
+	}
+	return "store"
 }
 
 // At is when the store decided, on the store's own clock (the Redis

@@ -1,0 +1,476 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// LeaseLifetime is the longest a lease is spent from: its unspent units
+// then go back to the shared store, so quota is stranded on one instance
+// for at most this long.
+const LeaseLifetime = time.Second
+
+// tierShards is how many independently locked tables a LocalTier splits
+// its keys over.
+const tierShards = 32
+
+// tierGiveBackTimeout bounds one give-back of unspent units, which runs
+// off the request path.
+const tierGiveBackTimeout = time.Second
+
+// LocalTierOptions configures a LocalTier.
+type LocalTierOptions struct {
+	// LeaseFraction is the largest share of the quota one lease may
+	// hold, in (0, 1]: a lease holds at most ⌈LeaseFraction × Q⌉ units,
+	// where Q is the policy's quota (Burst for a token bucket, else
+	// Events). Zero takes no leases.
+	LeaseFraction float64
+	// DenyFor is the longest a refusal from the shared store is repeated
+	// from memory (the denial cache); zero repeats none.
+	DenyFor time.Duration
+	// MaxKeys bounds the keys the tier remembers; a key beyond it is
+	// decided by the shared store alone. Zero means DefaultMaxKeys.
+	MaxKeys int
+	// Clock is read on every decision; nil means the system clock.
+	Clock Clock
+	// OnGiveBackError, when set, hears of unspent units a give-back could
+	// not return (they stay taken in the shared store until its state
+	// expires), so the caller can log it.
+	OnGiveBackError func(error)
+}
+
+// LocalTier is a tier in this process in front of a shared store, so most
+// decisions of a busy limit need no round trip while every admitted unit
+// is still taken from the shared store first:
+//
+//   - Leases: when a key's lease cannot cover a request, the tier takes
+//     units for it with one Leaser.TakeUpTo, starting at the request's
+//     cost and doubling while leases are used up within a second of their
+//     grant, up to ⌈LeaseFraction × Q⌉; later requests spend them in
+//     memory. A lease lives at most LeaseLifetime (a fixed window's never
+//     past its window's end); then, and at Close, its unspent units are
+//     refunded to the store.
+//   - Denial cache: a refusal from the store is repeated from memory, its
+//     times counted down, until the smaller of its RetryAfter and DenyFor
+//     has passed.
+//
+// Across any number of instances admissions therefore never exceed the
+// limit; under-admission is bounded by what other instances hold in leases,
+// for at most LeaseLifetime. docs/design.md says more.
+type LocalTier struct {
+	store    Leaser
+	leasing  bool
+	maxLease int64
+	quota    int64
+	// leaseEndsWithReset: see algorithm.leaseEndsWithReset.
+	leaseEndsWithReset bool
+	denyFor            int64 // µs
+	maxKeys            int64
+	keys               atomic.Int64
+	clock              memoryClock
+	seed               maphash.Seed
+	shards             [tierShards]tierShard
+	onGiveBackError    func(error)
+
+	closed   atomic.Bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	stopped  chan struct{} // closed when the janitor has returned
+	// givingBack counts the give-backs under way, so Close returns only
+	// when nothing is left to refund.
+	givingBack sync.WaitGroup
+}
+
+type tierShard struct {
+	mu   sync.Mutex
+	keys map[string]*tierKey
+}
+
+// tierKey is what the tier knows of one key. Its fields are guarded by its
+// shard's lock.
+type tierKey struct {
+	// units is the lease's unspent units, spendable until expires (µs).
+	units   int64
+	expires int64
+	// grant is the store's decision that granted the lease, at grantAt
+	// (µs) on the tier's clock; gen numbers the key's leases, so a refund
+	// finds the lease its units came from.
+	grant   Decision
+	grantAt int64
+	gen     uint64
+	// size is the next lease's size, before the cost floor.
+	size int64
+	// denial is the store's refusal repeated until deniedUntil (µs); it
+	// was made at deniedAt.
+	denial      Decision
+	deniedAt    int64
+	deniedUntil int64
+	// refill is the lease request under way, which requests that find
+	// the lease short wait for instead of asking the store again.
+	refill *tierRefill
+	// used is when the key was last decided (µs), for the janitor.
+	used int64
+}
+
+// tierRefill is a lease request under way.
+type tierRefill struct {
+	done chan struct{}
+	d    Decision
+	err  error
+}
+
+// NewLocalTier puts a LocalTier in front of store, enforcing p (the
+// store's policy). Close it to give back its leases.
+func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, error) {
+	params, err := p.compile()
+	if err != nil {
+		return nil, fmt.Errorf("local tier: %w", err)
+	}
+	f := opts.LeaseFraction
+	if f < 0 || f > 1 || math.IsNaN(f) {
+		return nil, fmt.Errorf("local tier: lease fraction %v outside (0, 1]", f)
+	}
+	if f > 0 && !params.alg.Leases {
+		return nil, fmt.Errorf("local tier: %s does not lease", p.Algorithm)
+	}
+	if opts.DenyFor < 0 {
+		return nil, fmt.Errorf("local tier: negative deny duration %v", opts.DenyFor)
+	}
+	q, _ := p.Quota()
+	t := &LocalTier{
+		store:              store,
+		leasing:            f > 0,
+		maxLease:           int64(math.Ceil(f * float64(q))),
+		quota:              q,
+		leaseEndsWithReset: params.alg.leaseEndsWithReset,
+		denyFor:            opts.DenyFor.Microseconds(),
+		maxKeys:            int64(opts.MaxKeys),
+		clock:              memoryClock{opts.Clock},
+		seed:               maphash.MakeSeed(),
+		onGiveBackError:    opts.OnGiveBackError,
+		stop:               make(chan struct{}),
+		stopped:            make(chan struct{}),
+	}
+	if t.maxKeys <= 0 {
+		t.maxKeys = DefaultMaxKeys
+	}
+	for i := range t.shards {
+		t.shards[i].keys = make(map[string]*tierKey)
+	}
+	go t.janitor()
+	return t, nil
+}
+
+func (t *LocalTier) shard(key string) *tierShard {
+	return &t.shards[maphash.String(t.seed, key)%tierShards]
+}
+
+// Take implements Store: from the key's lease or its cached refusal when
+// they answer, else from the store.
+func (t *LocalTier) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+	if t.closed.Load() {
+		return t.store.Take(ctx, key, cost)
+	}
+	sh := t.shard(key)
+	for {
+		now := t.clock.now()
+		sh.mu.Lock()
+		k := sh.keys[key]
+		if k != nil {
+			k.used = now
+			if now < k.deniedUntil {
+				d := k.cachedDenial(now)
+				sh.mu.Unlock()
+				return d, nil
+			}
+			if k.units >= cost && now < k.expires {
+				k.units -= cost
+				d := t.leaseDecision(k, now)
+				sh.mu.Unlock()
+				return d, nil
+			}
+			if r := k.refill; r != nil {
+				// Another request is asking the store for this key: wait
+				// for its answer rather than ask again.
+				sh.mu.Unlock()
+				select {
+				case <-r.done:
+				case <-ctx.Done():
+					return Decision{}, fmt.Errorf("local tier: waiting for a lease: %w", ctx.Err())
+				}
+				if r.err != nil {
+					return Decision{}, r.err
+				}
+				if !r.d.Allowed {
+					return r.d, nil
+				}
+				continue // spend from the new lease, or ask for the next
+			}
+		}
+		if !t.leasing {
+			sh.mu.Unlock()
+			return t.takeFromStore(ctx, sh, key, cost)
+		}
+		if k == nil {
+			if t.keys.Load() >= t.maxKeys {
+				sh.mu.Unlock()
+				return t.store.Take(ctx, key, cost)
+			}
+			k = &tierKey{used: now}
+			sh.keys[key] = k
+			t.keys.Add(1)
+		}
+		return t.refill(ctx, sh, k, key, cost, now)
+	}
+}
+
+// takeFromStore asks the store alone (no leases) and caches a refusal.
+func (t *LocalTier) takeFromStore(ctx context.Context, sh *tierShard, key string, cost int64) (Decision, error) {
+	d, err := t.store.Take(ctx, key, cost)
+	if err != nil || d.Allowed || t.denyFor == 0 {
+		return d, err
+	}
+	now := t.clock.now()
+	sh.mu.Lock()
+	k := sh.keys[key]
+	if k == nil && t.keys.Load() < t.maxKeys {
+		k = &tierKey{}
+		sh.keys[key] = k
+		t.keys.Add(1)
+	}
+	if k != nil {
+		k.used = now
+		k.cacheDenial(d, now, t.denyFor)
+	}
+	sh.mu.Unlock()
+	return d, nil
+}
+
+// refill asks the store for a new lease for k, whose shard is locked and
+// is unlocked on return, and spends cost from it.
+func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key string, cost, now int64) (Decision, error) {
+	// Size: doubled when the last lease was used up within a lifetime of
+	// its grant, restarted at the cost when the key was not leased
+	// recently, else kept.
+	life := LeaseLifetime.Microseconds()
+	switch {
+	case k.gen == 0 || now-k.grantAt >= 2*life:
+		k.size = cost
+	case k.units < cost && now-k.grantAt < life:
+		k.size = min(2*k.size, t.maxLease)
+	}
+	want := min(max(k.size, cost), max(t.maxLease, cost))
+	leftover, grant := k.units, k.grant
+	k.units, k.expires = 0, 0
+	r := &tierRefill{done: make(chan struct{})}
+	k.refill = r
+	sh.mu.Unlock()
+
+	if leftover > 0 {
+		t.giveBack(key, leftover, grant)
+	}
+	// Not cancelled with the request that asks: others may wait for the
+	// answer. The store bounds the call with its own timeout.
+	d, err := t.store.TakeUpTo(context.WithoutCancel(ctx), key, cost, want)
+	now = t.clock.now()
+
+	sh.mu.Lock()
+	k.refill = nil
+	r.d, r.err = d, err
+	switch {
+	case err != nil:
+	case !d.Allowed:
+		if t.denyFor > 0 {
+			k.cacheDenial(d, now, t.denyFor)
+		}
+	default:
+		k.gen++
+		k.grant, k.grantAt = d, now
+		k.units = d.granted - cost
+		k.expires = now + life
+		if t.leaseEndsWithReset {
+			k.expires = min(k.expires, now+d.ResetAfter.Microseconds())
+		}
+		d = t.leaseDecision(k, now)
+		d.Source = SourceStore
+	}
+	if t.closed.Load() && k.units > 0 {
+		// Close ran while the store answered: give back now, on this
+		// request, as Close may have stopped waiting for give-backs.
+		leftover, grant = k.units, k.grant
+		k.units, k.expires = 0, 0
+		defer t.giveBackNow(key, leftover, grant)
+	}
+	sh.mu.Unlock()
+	close(r.done)
+	if err != nil {
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+// leaseDecision is the decision for a request spent from k's lease at
+// now: the store's remaining when it granted the lease plus what the
+// lease still holds (this instance's best knowledge, never above the
+// quota), and the store's reset counted down.
+func (t *LocalTier) leaseDecision(k *tierKey, now int64) Decision {
+	elapsed := max(0, now-k.grantAt)
+	d := Decision{
+		Allowed:    true,
+		Remaining:  min(t.quota, k.grant.Remaining+k.units),
+		ResetAfter: max(0, k.grant.ResetAfter-microseconds(elapsed)),
+		Source:     SourceLease,
+		at:         k.grant.at,
+		leaseGen:   k.gen,
+	}
+	if d.at != 0 {
+		d.at += elapsed
+	}
+	return d
+}
+
+// cacheDenial remembers the store's refusal d, made at now, for the
+// smaller of its RetryAfter and denyFor.
+func (k *tierKey) cacheDenial(d Decision, now, denyFor int64) {
+	k.denial, k.deniedAt = d, now
+	k.deniedUntil = now + min(d.RetryAfter.Microseconds(), denyFor)
+}
+
+// cachedDenial is the remembered refusal as it stands at now: its times
+// counted down.
+func (k *tierKey) cachedDenial(now int64) Decision {
+	elapsed := now - k.deniedAt
+	d := k.denial
+	d.ResetAfter = max(0, d.ResetAfter-microseconds(elapsed))
+	d.RetryAfter = max(time.Microsecond, d.RetryAfter-microseconds(elapsed))
+	d.Source = SourceDenyCache
+	if d.at != 0 {
+		d.at += elapsed
+	}
+	return d
+}
+
+// Refund implements Store. Units spent from a lease go back into it while
+// it lasts, so a request another zone refused costs no round trip; else
+// they go back to the store.
+func (t *LocalTier) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
+	if taken.leaseGen != 0 && !t.closed.Load() {
+		now := t.clock.now()
+		sh := t.shard(key)
+		sh.mu.Lock()
+		if k := sh.keys[key]; k != nil && k.gen == taken.leaseGen && now < k.expires {
+			k.units += cost
+			d := t.leaseDecision(k, now)
+			sh.mu.Unlock()
+			return d, nil
+		}
+		sh.mu.Unlock()
+	}
+	return t.store.Refund(ctx, key, cost, taken)
+}
+
+// giveBack refunds a lease's unspent units to the store, off the request
+// path. taken is the decision that granted them, which names the window
+// or log entry they belong to.
+func (t *LocalTier) giveBack(key string, units int64, taken Decision) {
+	t.givingBack.Add(1)
+	go func() {
+		defer t.givingBack.Done()
+		t.giveBackNow(key, units, taken)
+	}()
+}
+
+func (t *LocalTier) giveBackNow(key string, units int64, taken Decision) {
+	ctx, cancel := context.WithTimeout(context.Background(), tierGiveBackTimeout)
+	defer cancel()
+	if _, err := t.store.Refund(ctx, key, units, taken); err != nil && t.onGiveBackError != nil {
+		t.onGiveBackError(fmt.Errorf("giving back %d unspent units of a lease: %w", units, err))
+	}
+}
+
+// janitor gives back the units of expired leases and forgets keys that
+// have nothing left to remember, every quarter of a lease's lifetime.
+func (t *LocalTier) janitor() {
+	defer close(t.stopped)
+	tick := time.NewTicker(LeaseLifetime / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+			t.sweep(false)
+		}
+	}
+}
+
+// sweep gives back expired leases (every lease when all is set, as Close
+// does) and forgets idle keys. It locks one shard at a time.
+func (t *LocalTier) sweep(all bool) {
+	idleFor := 2 * LeaseLifetime.Microseconds()
+	for i := range t.shards {
+		sh := &t.shards[i]
+		now := t.clock.now()
+		sh.mu.Lock()
+		for key, k := range sh.keys {
+			if k.units > 0 && (all || now >= k.expires) {
+				t.giveBack(key, k.units, k.grant)
+				k.units, k.expires = 0, 0
+			}
+			if k.units == 0 && k.refill == nil && now >= k.deniedUntil && now-k.used >= idleFor {
+				delete(sh.keys, key)
+				t.keys.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Close gives back every lease's unspent units and stops the tier's
+// goroutine; it waits for the give-backs until ctx is done. The tier
+// still decides afterwards, by the store alone: Caddy may route requests
+// on old connections to a handler after its Cleanup.
+func (t *LocalTier) Close(ctx context.Context) error {
+	t.closed.Store(true)
+	t.stopOnce.Do(func() { close(t.stop) })
+	<-t.stopped // no sweep runs after this one
+	t.sweep(true)
+	done := make(chan struct{})
+	go func() {
+		t.givingBack.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return errors.Join(errors.New("local tier: leases still being given back"), ctx.Err())
+	}
+}
+
+// Len is how many keys the tier remembers.
+func (t *LocalTier) Len() int { return int(t.keys.Load()) }
+
+var _ Leaser = (*Redis)(nil)
+var _ Leaser = (*Memory)(nil)
+var _ Store = (*LocalTier)(nil)
+
+// held is how many units the tier's leases hold, and whether a give-back
+// is under way (tests wait for both to settle).
+func (t *LocalTier) held() (units int64) {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, k := range sh.keys {
+			units += k.units
+		}
+		sh.mu.Unlock()
+	}
+	return units
+}

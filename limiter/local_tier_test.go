@@ -1,0 +1,315 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+)
+
+// newTestTier puts a LocalTier in front of a memory store that stands for
+// the shared one, both on clock, and closes it when the test ends.
+func newTestTier(t *testing.T, p Policy, clock *testutil.Clock, opts LocalTierOptions) (*LocalTier, *countingLeaser) {
+	t.Helper()
+	shared, err := NewMemory(p, MemoryOptions{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &countingLeaser{Memory: shared}
+	opts.Clock = clock
+	tier, err := NewLocalTier(store, p, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tier.Close(context.Background()) })
+	return tier, store
+}
+
+// countingLeaser is a memory store that counts the calls a tier makes and
+// records the size of each lease it asks for.
+type countingLeaser struct {
+	*Memory
+	mu      sync.Mutex
+	wants   []int64
+	takes   atomic.Int64
+	refunds atomic.Int64
+	// refunded is the units given back.
+	refunded atomic.Int64
+}
+
+func (c *countingLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+	c.mu.Lock()
+	c.wants = append(c.wants, want)
+	c.mu.Unlock()
+	return c.Memory.TakeUpTo(ctx, key, cost, want)
+}
+
+func (c *countingLeaser) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+	c.takes.Add(1)
+	return c.Memory.Take(ctx, key, cost)
+}
+
+func (c *countingLeaser) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
+	c.refunds.Add(1)
+	c.refunded.Add(cost)
+	return c.Memory.Refund(ctx, key, cost, taken)
+}
+
+func (c *countingLeaser) leaseSizes() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int64(nil), c.wants...)
+}
+
+// TestLeaseSizing: a lease starts at the cost, doubles while each is used
+// up within a second of its grant, stops at ⌈fraction × Q⌉, and restarts
+// at the cost for a key not leased for a while.
+func TestLeaseSizing(t *testing.T) {
+	ctx := context.Background()
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	p := Policy{Algorithm: FixedWindow, Events: 1000, Window: time.Hour}
+	tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 0.05}) // at most 50
+	for i := range 200 {
+		d, err := tier.Take(ctx, "k", 1)
+		if err != nil || !d.Allowed {
+			t.Fatalf("take %d: %+v, %v", i, d, err)
+		}
+		clock.Advance(time.Millisecond)
+	}
+	want := []int64{1, 2, 4, 8, 16, 32, 50, 50, 50}
+	if got := store.leaseSizes(); !equalInts(got, want) {
+		t.Fatalf("lease sizes %v, want %v", got, want)
+	}
+	// 1+2+4+8+16+32+50+50+50 = 213 taken from the store for 200 admitted.
+	if d, _ := store.Memory.Take(ctx, "k", 1); d.Remaining != 1000-213-1 {
+		t.Fatalf("the store has %d left, want %d", d.Remaining, 1000-213-1)
+	}
+	// Not leased for a while: the next lease starts at the cost again.
+	clock.Advance(3 * LeaseLifetime)
+	if _, err := tier.Take(ctx, "k", 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := store.leaseSizes(); got[len(got)-1] != 3 {
+		t.Fatalf("lease after a pause: %d, want the cost, 3", got[len(got)-1])
+	}
+}
+
+func equalInts(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestLeaseExpiry: a lease is spent from for at most LeaseLifetime, a
+// fixed window's never past its window's end; then its unspent units go
+// back to the store, and Close gives back the rest.
+func TestLeaseExpiry(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
+		t.Run(string(alg), func(t *testing.T) {
+			p := Policy{Algorithm: alg, Events: 100, Window: time.Hour}
+			// Half a second before a window boundary.
+			clock := testutil.NewClock(time.Unix(0, 0).Add(500 * time.Hour).Add(-LeaseLifetime / 2))
+			tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 0.2})
+			take := func() Decision {
+				t.Helper()
+				d, err := tier.Take(ctx, "k", 1)
+				if err != nil || !d.Allowed {
+					t.Fatalf("take: %+v, %v", d, err)
+				}
+				return d
+			}
+			for range 4 { // leases of 1 and 2 used up, then one of 4
+				take()
+			}
+			d := take() // spent from the lease of 4: 2 left in it
+			if d.Source != SourceLease {
+				t.Fatalf("source %v, want lease", d.Source)
+			}
+			// What the store had left after the grant plus the lease's 2.
+			if d.Remaining != 100-7+2 {
+				t.Fatalf("remaining %d, want %d", d.Remaining, 100-7+2)
+			}
+			expires := LeaseLifetime
+			if alg == FixedWindow {
+				expires = LeaseLifetime / 2 // the window ends first
+			}
+			clock.Advance(expires - time.Microsecond)
+			if d := take(); d.Source != SourceLease {
+				t.Fatalf("just before expiry: source %v, want lease", d.Source)
+			}
+			clock.Advance(time.Microsecond)
+			tier.sweep(false)
+			tier.givingBack.Wait()
+			if got := store.refunded.Load(); got != 1 {
+				t.Fatalf("gave back %d units at expiry, want the 1 unspent", got)
+			}
+			if d := take(); d.Source != SourceStore {
+				t.Fatalf("after expiry: source %v, want store", d.Source)
+			}
+			if err := tier.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Every admitted unit, and only those, is taken in the store.
+			admitted := int64(7)
+			if alg == FixedWindow {
+				admitted = 1 // a new window began at the expiry
+			}
+			if st, _ := store.Memory.Take(ctx, "k", 1); st.Remaining != 100-admitted-1 {
+				t.Fatalf("store has %d left after Close, want %d", st.Remaining, 100-admitted-1)
+			}
+		})
+	}
+}
+
+// TestLeaseRefund: units refunded (another zone refused the request) go
+// back into the lease they came from, with no call to the store; once the
+// lease is gone they go back to the store.
+func TestLeaseRefund(t *testing.T) {
+	ctx := context.Background()
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	p := Policy{Algorithm: SlidingWindowLog, Events: 10, Window: time.Minute}
+	tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 1})
+	var last Decision
+	for range 4 { // leases of 1, 2 and 4: 3 left in the last
+		last, _ = tier.Take(ctx, "k", 1)
+	}
+	d, err := tier.Refund(ctx, "k", 1, last)
+	if err != nil || store.refunds.Load() != 0 {
+		t.Fatalf("refund into the lease: %v, %d calls to the store", err, store.refunds.Load())
+	}
+	if d.Remaining != 10-7+4 {
+		t.Fatalf("remaining after the refund %d, want %d", d.Remaining, 10-7+4)
+	}
+	clock.Advance(LeaseLifetime)
+	tier.sweep(false)
+	tier.givingBack.Wait()
+	if _, err := tier.Refund(ctx, "k", 1, last); err != nil {
+		t.Fatal(err)
+	}
+	if got := store.refunded.Load(); got != 5 {
+		t.Fatalf("%d units back in the store, want 4 unspent and 1 refunded", got)
+	}
+	// 7 taken, 4 unspent and 1 refunded twice (once into the lease, once
+	// to the store).
+	if st, _ := store.Memory.Take(ctx, "k", 1); st.Remaining != 10-2-1 {
+		t.Fatalf("store has %d left, want %d", st.Remaining, 10-2-1)
+	}
+}
+
+// TestDenyCache: a refusal is repeated from memory, its times counted
+// down, until the smaller of its Retry-After and the cache's duration.
+func TestDenyCache(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name    string
+		denyFor time.Duration
+		lease   float64
+		until   time.Duration // how long the refusal is repeated
+	}{
+		{"short cache", 200 * time.Millisecond, 0, 200 * time.Millisecond},
+		{"retry-after first", time.Hour, 0, 3 * time.Second},
+		{"with leases", 200 * time.Millisecond, 0.5, 200 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+			// One token per 3 s: a refusal's Retry-After is under 3 s.
+			p := Policy{Algorithm: TokenBucket, Events: 2, Window: 6 * time.Second}
+			tier, store := newTestTier(t, p, clock, LocalTierOptions{DenyFor: c.denyFor, LeaseFraction: c.lease})
+			for range 2 {
+				tier.Take(ctx, "k", 1)
+			}
+			first, _ := tier.Take(ctx, "k", 1)
+			if first.Allowed || first.Source != SourceStore || first.RetryAfter != 3*time.Second {
+				t.Fatalf("first refusal %+v", first)
+			}
+			calls := store.takes.Load() + int64(len(store.leaseSizes()))
+			clock.Advance(c.until - time.Millisecond)
+			d, _ := tier.Take(ctx, "k", 1)
+			if d.Allowed || d.Source != SourceDenyCache {
+				t.Fatalf("within the cache: %+v", d)
+			}
+			if want := first.RetryAfter - c.until + time.Millisecond; d.RetryAfter != want {
+				t.Fatalf("cached Retry-After %v, want %v (counted down)", d.RetryAfter, want)
+			}
+			if want := first.ResetAfter - c.until + time.Millisecond; d.ResetAfter != want {
+				t.Fatalf("cached reset %v, want %v (counted down)", d.ResetAfter, want)
+			}
+			if got := store.takes.Load() + int64(len(store.leaseSizes())); got != calls {
+				t.Fatalf("the store was asked %d more times", got-calls)
+			}
+			clock.Advance(time.Millisecond)
+			d, _ = tier.Take(ctx, "k", 1)
+			if d.Source != SourceStore {
+				t.Fatalf("after the cache: %+v, want a decision of the store", d)
+			}
+		})
+	}
+}
+
+// TestLocalTiersNeverOverAdmit races three tiers (three instances) over one
+// shared store and checks that they admit at most the limit together, and
+// that after Close every unit not admitted is back in the store.
+func TestLocalTiersNeverOverAdmit(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
+		t.Run(string(alg), func(t *testing.T) {
+			const limit = 100
+			p := Policy{Algorithm: alg, Events: limit, Window: time.Hour}
+			clock := testutil.NewClock(time.Unix(0, 0).Add(500*time.Hour + time.Minute))
+			shared, err := NewMemory(p, MemoryOptions{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tiers []*LocalTier
+			for range 3 {
+				tier, err := NewLocalTier(shared, p, LocalTierOptions{LeaseFraction: 0.2, DenyFor: time.Second, Clock: clock})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tiers = append(tiers, tier)
+			}
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for i := range 600 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					d, err := tiers[i%3].Take(ctx, "k", 1)
+					if err != nil {
+						t.Error(err)
+					}
+					if d.Allowed {
+						admitted.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			if n := admitted.Load(); n > limit || n < limit-2*20 {
+				t.Fatalf("admitted %d, want at most %d and at least %d", n, limit, limit-2*20)
+			}
+			for _, tier := range tiers {
+				if err := tier.Close(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st, _ := shared.Take(ctx, "k", 1)
+			left := st.Remaining
+			if st.Allowed {
+				left++
+			}
+			if left != limit-admitted.Load() {
+				t.Fatalf("store has %d left after Close, want %d", left, limit-admitted.Load())
+			}
+		})
+	}
+}
