@@ -190,6 +190,10 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 			err = parseIntArg(d, &z.IPv6Prefix, 1, 128)
 		case "dry_run":
 			z.DryRun, err = true, noArgs(d)
+		case "local_quota":
+			err = parseLocalQuota(d, &z.LocalQuota)
+		case "deny_cache":
+			err = parseDenyCache(d, z)
 		default:
 			return d.Errf("zone %q: unknown option %q", name, opt)
 		}
@@ -371,6 +375,37 @@ func parseJitter(d *caddyfile.Dispenser, dst *float64) error {
 		return d.Errf("jitter: want a non-negative fraction such as 0.2, got %q", d.Val())
 	}
 	*dst = v
+	return noArgs(d)
+}
+
+// parseLocalQuota reads `local_quota <fraction>`, a share of the quota in
+// (0, 1]; Validate checks the store and algorithm.
+func parseLocalQuota(d *caddyfile.Dispenser, dst *float64) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	v, err := strconv.ParseFloat(d.Val(), 64)
+	if err != nil || !(v > 0 && v <= 1) {
+		return d.Errf("local_quota: want a fraction of the quota above 0 and at most 1, such as 0.1, got %q", d.Val())
+	}
+	*dst = v
+	return noArgs(d)
+}
+
+// parseDenyCache reads `deny_cache <duration> | off`.
+func parseDenyCache(d *caddyfile.Dispenser, z *Zone) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	var v time.Duration
+	if d.Val() != "off" {
+		var err error
+		if v, err = caddy.ParseDuration(d.Val()); err != nil || v <= 0 {
+			return d.Errf("deny_cache: want a positive duration or off, got %q", d.Val())
+		}
+	}
+	dc := caddy.Duration(v)
+	z.DenyCache = &dc
 	return noArgs(d)
 }
 

@@ -147,6 +147,32 @@ func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 	})
 }
 
+// TestCaddyfileLocalTierErrors: local_quota and deny_cache are refused,
+// with the zone and the line, where they cannot apply.
+func TestCaddyfileLocalTierErrors(t *testing.T) {
+	redis := "\n redis {\n  addresses 127.0.0.1:6379\n }\n}"
+	runParseErrorCases(t, []parseErrorCase{
+		{"local_quota on memory", "rate_limit {\n zone a {\n  rate 5/s\n  local_quota 0.1\n }\n}", []string{`"a"`, "local_quota", "store redis", ":2"}},
+		{"local_quota on leaky bucket", "rate_limit {\n zone a {\n  algorithm leaky_bucket\n  rate 5/s\n  store redis\n  local_quota 0.1\n }" + redis, []string{`"a"`, "local_quota", "leaky_bucket", ":2"}},
+		{"local_quota on concurrency", "rate_limit {\n zone a {\n  algorithm concurrency\n  events 5\n  store redis\n  local_quota 0.1\n }" + redis, []string{`"a"`, "local_quota", "concurrency", ":2"}},
+		{"local_quota zero", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 0\n }" + redis, []string{`"a"`, "local_quota", ":5"}},
+		{"local_quota above one", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 1.5\n }" + redis, []string{`"a"`, "local_quota", ":5"}},
+		{"local_quota not a number", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota lots\n }" + redis, []string{`"a"`, "local_quota", ":5"}},
+		{"deny_cache on memory", "rate_limit {\n zone a {\n  rate 5/s\n  deny_cache 1s\n }\n}", []string{`"a"`, "deny_cache", ":2"}},
+		{"deny_cache on concurrency", "rate_limit {\n zone a {\n  algorithm concurrency\n  events 5\n  store redis\n  deny_cache 1s\n }" + redis, []string{`"a"`, "deny_cache", "concurrency", ":2"}},
+		{"deny_cache bad", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  deny_cache soon\n }" + redis, []string{`"a"`, "deny_cache", ":5"}},
+	})
+	for _, ok := range []string{
+		"rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 1\n  deny_cache off\n }" + redis,
+		"rate_limit {\n zone a {\n  algorithm concurrency\n  events 5\n  store redis\n  deny_cache off\n }" + redis,
+		"rate_limit {\n zone a {\n  algorithm token_bucket\n  rate 5/s\n  store redis\n  local_quota 0.25\n  deny_cache 500ms\n }" + redis,
+	} {
+		if _, err := parseDirective(t, ok); err != nil {
+			t.Errorf("refused %q: %v", ok, err)
+		}
+	}
+}
+
 // parseErrorCase is a rate_limit directive the parser must refuse, and
 // what its error must say (zone name, option, ":<line>").
 type parseErrorCase struct {

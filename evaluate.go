@@ -213,7 +213,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 	z, l := c.zone, c.limit
 	if c.missingDeny {
 		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: limiter.Decision{RetryAfter: l.window}})
-		z.metrics.count(false, z.dryRun)
+		z.metrics.count(false, z.dryRun, limiter.SourceStore)
 		if z.dryRun {
 			return false
 		}
@@ -241,7 +241,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 		}
 	}
 	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, d: d, taken: d.Allowed})
-	z.metrics.count(d.Allowed, z.dryRun)
+	z.metrics.count(d.Allowed, z.dryRun, d.Source)
 	switch {
 	case !d.Allowed && z.dryRun:
 		h.logDenial(r, z, c.key, d, true)

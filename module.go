@@ -166,6 +166,24 @@ type Zone struct {
 	// DryRun decides, counts, logs and sets headers, but never refuses.
 	DryRun bool `json:"dry_run,omitempty"`
 
+	// LocalQuota lets each instance take units of a redis zone's quota
+	// from Redis ahead of requests (a lease) and spend them in memory, so
+	// a busy key costs one round trip per lease instead of one per
+	// request. A lease holds at most this fraction of the quota (0 to 1;
+	// default 0, off) and lives at most a second, after which its unspent
+	// units go back to Redis. Instances together never admit more than
+	// the limit; see the README's "Two tiers". Only for store redis with
+	// token_bucket, fixed_window, sliding_window_log or
+	// sliding_window_counter.
+	LocalQuota float64 `json:"local_quota,omitempty"`
+
+	// DenyCache is, for a redis zone, the longest a key's refusal by
+	// Redis is repeated from memory (with Retry-After counting down)
+	// before Redis is asked again, so a flood of refused requests does
+	// not reach Redis. Default: 1s; 0 (Caddyfile: off) turns it off. Not
+	// for concurrency zones, whose slots free at any moment.
+	DenyCache *caddy.Duration `json:"deny_cache,omitempty"`
+
 	// usesJWTClaimKey records `key jwt_claim`, which needs a jwt block.
 	usesJWTClaimKey bool
 }

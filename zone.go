@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -70,6 +72,9 @@ type limit struct {
 	remote bool
 	// poolKeys name the memory stores this limit holds in memoryStores.
 	poolKeys []string
+	// tier is the redis store's local tier (leases, denial cache), which
+	// release closes so its leases go back to Redis.
+	tier *limiter.LocalTier
 }
 
 // policy builds the limiter policy the zone describes.
@@ -139,6 +144,9 @@ func (z *Zone) validate(name string) error {
 	default:
 		return fmt.Errorf("unknown fail mode %q (want open, closed or local)", z.Fail)
 	}
+	if err := z.validateLocalTier(traits); err != nil {
+		return err
+	}
 	if err := z.validateTier(p); err != nil {
 		return err
 	}
@@ -161,6 +169,52 @@ func (z *Zone) validate(name string) error {
 	}
 	return nil
 }
+
+// validateLocalTier checks local_quota and deny_cache, which only a redis
+// zone's store can use.
+func (z *Zone) validateLocalTier(traits limiter.Traits) error {
+	if z.LocalQuota != 0 {
+		switch {
+		case !(z.LocalQuota > 0 && z.LocalQuota <= 1):
+			return fmt.Errorf("local_quota must be a fraction above 0 and at most 1, got %v", z.LocalQuota)
+		case z.Store != storeRedis:
+			return fmt.Errorf("local_quota applies only to store redis: a memory zone decides in memory already")
+		case !traits.Leases:
+			return fmt.Errorf("local_quota applies only to token_bucket, fixed_window, sliding_window_log and sliding_window_counter, not %s", z.policy().Algorithm)
+		}
+	}
+	if z.DenyCache != nil {
+		switch {
+		case *z.DenyCache < 0:
+			return fmt.Errorf("deny_cache must not be negative")
+		case z.Store != storeRedis:
+			return fmt.Errorf("deny_cache applies only to store redis")
+		case traits.ReleasesOnFinish && *z.DenyCache != 0:
+			return fmt.Errorf("deny_cache does not apply to %s: its slots free whenever a request finishes", z.policy().Algorithm)
+		}
+	}
+	return nil
+}
+
+// denyCache is how long a redis zone repeats a refusal from memory.
+func (z *Zone) denyCache(traits limiter.Traits) time.Duration {
+	switch {
+	case traits.ReleasesOnFinish:
+		return 0
+	case z.DenyCache == nil:
+		return defaultDenyCache
+	}
+	return time.Duration(*z.DenyCache)
+}
+
+// tierCloseTimeout bounds how long releasing a zone waits for its leases
+// to go back to Redis.
+const tierCloseTimeout = 2 * time.Second
+
+// defaultDenyCache is how long a redis zone repeats a refusal by default:
+// a flood from one key then costs Redis one script a second. A refusal is
+// never repeated past its own Retry-After.
+const defaultDenyCache = time.Second
 
 // validateTier checks every tier's limit as the zone's own is checked.
 func (z *Zone) validateTier(p limiter.Policy) error {
@@ -302,6 +356,22 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 		return limit{}, fmt.Errorf("redis store: %w", err)
 	}
 	l.store, l.remote = rs, true
+	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
+		logger := h.logger.With(zap.String("zone", name))
+		tier, err := limiter.NewLocalTier(rs, p, limiter.LocalTierOptions{
+			LeaseFraction: cfg.LocalQuota,
+			DenyFor:       deny,
+			MaxKeys:       h.MaxKeys,
+			Clock:         h.clock,
+			OnGiveBackError: func(err error) {
+				logger.Warn("unspent lease units could not be given back to Redis; they return when the key's state expires", zap.Error(err))
+			},
+		})
+		if err != nil {
+			return limit{}, fmt.Errorf("local tier: %w", err)
+		}
+		l.store, l.tier = tier, tier
+	}
 	if cfg.Fail == failLocal {
 		mem, key, err := loadMemoryStore(state+"\x00local", p, h.MaxKeys, h.clock)
 		if err != nil {
@@ -321,9 +391,17 @@ func (z *zone) limits() []*limit {
 	return ls
 }
 
-// release gives back what provisionZone acquired.
+// release gives back what provisionZone acquired: leases go back to Redis
+// (within tierCloseTimeout), memory stores to their pool. The zone still
+// decides afterwards, as Caddy may route requests on old connections to a
+// handler after its Cleanup.
 func (z *zone) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), tierCloseTimeout)
+	defer cancel()
 	for _, l := range z.limits() {
+		if l.tier != nil {
+			_ = l.tier.Close(ctx)
+		}
 		for _, key := range l.poolKeys {
 			releaseMemoryStore(key)
 		}
