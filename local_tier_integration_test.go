@@ -1,0 +1,287 @@
+package ratelimit
+
+// End-to-end tests of the two tiers of redis zones (local_quota leases and
+// the denial cache) through real Caddy processes on a real redis-server.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// takenInRedis is how many units of a `key global` zone's limit Redis
+// counts as taken now: admitted by some instance, or held in a lease. For
+// the window algorithms it is read from the state as the scripts write it;
+// for the token bucket, from how far its tat lies ahead of Redis TIME.
+func takenInRedis(t *testing.T, client *redis.Client, zone string, p limiter.Policy) int64 {
+	t.Helper()
+	ctx := context.Background()
+	store, err := limiter.NewRedis(client, p, limiter.RedisOptions{Zone: zone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := store.Key("global")
+	switch p.Algorithm {
+	case limiter.SlidingWindowLog:
+		n, err := client.LLen(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	case limiter.FixedWindow, limiter.SlidingWindowCounter:
+		v, err := client.Get(ctx, key).Result()
+		if err == redis.Nil {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts := strings.Split(v, ":")
+		n, _ := strconv.ParseInt(parts[len(parts)-1], 10, 64) // count, or cur
+		return n
+	case limiter.TokenBucket:
+		v, err := client.Get(ctx, key).Result()
+		if err == redis.Nil {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// With L = 100 and W = 1h, L and W reduce to 1 and 36 s: the
+		// value is tat in µs, and each token taken moves it 36 s ahead.
+		tat, _ := strconv.ParseInt(v, 10, 64)
+		now, err := client.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		perToken := (time.Hour / 100).Microseconds()
+		ahead := tat - now.UnixMicro()
+		return (ahead + perToken - 1) / perToken
+	}
+	t.Fatalf("no reading of %s state", p.Algorithm)
+	return 0
+}
+
+// TestLeasesAccuracyAcrossInstances: three Caddy processes on one Redis,
+// one key, 100 per hour with local_quota 0.2. 600 requests at once, spread
+// over the three, admit at most 100; once the leases are back in Redis (2 s
+// at most: a lease lives a second), a second wave of 300 brings the total
+// to exactly 100. A first wave of 60 admits 60 and leaves units in every
+// lease, which only their give-back returns. The counter's key is new, so
+// its estimate is exact here (see TestRedisAccuracyAcrossInstances).
+func TestLeasesAccuracyAcrossInstances(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	algs := []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow, limiter.SlidingWindowLog, limiter.SlidingWindowCounter}
+	waves := []int{600, 60}
+	var routes []redisRoute
+	for _, alg := range algs {
+		for _, n := range waves {
+			routes = append(routes, redisRoute{path: fmt.Sprintf("/%s_%d", alg, n), zone: "key global\nalgorithm " + string(alg) + "\nrate 100/1h\nlocal_quota 0.2\nfail closed"})
+		}
+	}
+	cfg := redisSite(redisURLBlock(srv.Addr(), redisTimeout), routes...)
+	insts := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
+	c := newClient(t)
+	client := srv.Client(t)
+	defer func() {
+		if t.Failed() {
+			for i, inst := range insts {
+				t.Logf("caddy %d log:\n%s", i, inst.Log())
+			}
+		}
+	}()
+	for _, alg := range algs {
+		for _, n := range waves {
+			checkLeaseWaves(t, c, insts, client, alg, n)
+		}
+	}
+}
+
+// checkLeaseWaves sends a first wave of n requests and then, once the
+// leases are back in Redis, a second of 300, and checks what they admit.
+func checkLeaseWaves(t *testing.T, c *http.Client, insts []*caddyproc.Instance, client *redis.Client, alg limiter.Algorithm, n int) {
+	t.Helper()
+	const limit = 100
+	zone := fmt.Sprintf("%s_%d", alg, n)
+	var urls []string
+	for _, inst := range insts {
+		urls = append(urls, inst.URL("/"+zone))
+	}
+	awayFromHourBoundary(t, 30*time.Second)
+	first := burst(c, urls, n)
+	if len(first.errs) > 0 || len(first.other) > 0 || first.ok > min(limit, n) || (n < limit && first.ok != n) {
+		t.Errorf("%s, first wave of %d: %d admitted, errors %v, other statuses %v; want at most %d and only 200 or 429",
+			zone, n, first.ok, firstErr(first.errs), first.other, min(limit, n))
+	}
+	// Wait for the leases to lapse and go back, reading Redis, then for
+	// the refusals cached with them to lapse too.
+	p := limiter.Policy{Algorithm: alg, Events: limit, Window: time.Hour}
+	start := time.Now()
+	testutil.Eventually(t, zone+": leases given back to Redis", func() error {
+		if taken := takenInRedis(t, client, zone, p); taken != int64(first.ok) {
+			return fmt.Errorf("%d units taken in Redis, %d admitted", taken, first.ok)
+		}
+		return nil
+	})
+	back := time.Since(start)
+	if back > 2*time.Second {
+		t.Errorf("%s: leases back in Redis %v after the first wave, want within 2s", zone, back)
+	}
+	time.Sleep(time.Second + 10*time.Millisecond - min(back, time.Second))
+	second := burst(c, urls, 300)
+	t.Logf("%s: first wave %d admitted (per instance %v) in %v, leases back after %v, second wave %d admitted",
+		zone, first.ok, first.okPerServer, first.elapsed.Round(time.Millisecond), back.Round(time.Millisecond), second.ok)
+	if len(second.errs) > 0 || len(second.other) > 0 {
+		t.Errorf("%s, second wave: errors %v, other statuses %v", zone, firstErr(second.errs), second.other)
+	}
+	if total := first.ok + second.ok; total != limit {
+		t.Errorf("%s: %d + %d admitted, want exactly %d in all", zone, first.ok, second.ok, limit)
+	}
+}
+
+// TestLeasesGivenBackAtCleanup: units a lease holds go back to Redis
+// when a config reload replaces the handler and when Caddy stops, so none
+// is stranded until the key expires.
+func TestLeasesGivenBackAtCleanup(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	site := func(body string) string {
+		return strings.Replace(redisSite(redisURLBlock(srv.Addr(), redisTimeout),
+			redisRoute{path: "/fw", zone: "key global\nalgorithm fixed_window\nrate 100/1h\nlocal_quota 1"}),
+			`respond "ok"`, `respond "`+body+`"`, 1)
+	}
+	awayFromHourBoundary(t, 30*time.Second)
+	inst := caddyproc.Start(t, site("v1"))
+	c := newClient(t)
+	client := srv.Client(t)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
+	taken := func() int64 { return takenInRedis(t, client, "fw", p) }
+
+	// Leases of 1, 2 and 4: 7 taken for 4 admitted, 3 held.
+	wantCodes(t, "before the reload", sequence(t, c, 4, inst.URL("/fw")), 200, 200, 200, 200)
+	if n := taken(); n != 7 {
+		t.Fatalf("%d taken in Redis after 4 requests, want 7 (leases of 1, 2 and 4)", n)
+	}
+	if err := inst.Load(site("v2")); err != nil {
+		t.Fatalf("Load: %v\n%s", err, inst.Log())
+	}
+	if n := taken(); n != 4 {
+		t.Errorf("%d taken in Redis after the reload, want the 4 admitted: the old handler's lease was not given back", n)
+	}
+	// The new handler leases afresh: 1, then 2 for the next two requests.
+	rs := sequence(t, c, 2, inst.URL("/fw"))
+	wantCodes(t, "after the reload", rs, 200, 200)
+	if rs[0].body != "v2" {
+		t.Fatalf("body %q: the reload did not take effect", rs[0].body)
+	}
+	wantRemaining(t, "after the reload", rs[1:], "fw", 100-7+1)
+	inst.Stop()
+	if n := taken(); n != 6 {
+		t.Errorf("%d taken in Redis after Caddy stopped, want the 6 admitted", n)
+	}
+}
+
+// TestDenyCacheThroughCaddy: a key Redis refused is refused from memory, with
+// Retry-After counting down and the other fields unchanged, and no script
+// runs in Redis until the cache's duration has passed.
+func TestDenyCacheThroughCaddy(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout),
+		redisRoute{path: "/fw", zone: "key global\nalgorithm fixed_window\nrate 2/1h\ndeny_cache 3s"},
+		redisRoute{path: "/off", zone: "key global\nalgorithm fixed_window\nrate 2/1h\ndeny_cache off"}))
+	awayFromHourBoundary(t, 30*time.Second)
+	c := newClient(t)
+	client := srv.Client(t)
+	scripts := func() int64 {
+		stats, err := client.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls int64
+		for line := range strings.SplitSeq(stats, "\n") {
+			if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") {
+				_, rest, _ := strings.Cut(line, "calls=")
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				calls += n
+			}
+		}
+		return calls
+	}
+	for _, path := range []string{"/fw", "/off"} {
+		rs := sequence(t, c, 3, inst.URL(path))
+		wantCodes(t, path, rs, 200, 200, 429)
+		refused := rs[2]
+		before := scripts()
+		time.Sleep(1100 * time.Millisecond)
+		again := get(t, c, inst.URL(path))
+		ran := scripts() - before
+		if again.code != http.StatusTooManyRequests {
+			t.Fatalf("%s: refused key answered %d", path, again.code)
+		}
+		for _, h := range []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"} {
+			if again.header.Get(h) != refused.header.Get(h) {
+				t.Errorf("%s: %s %q, was %q", path, h, again.header.Get(h), refused.header.Get(h))
+			}
+		}
+		first, later := intHeader(t, refused, "Retry-After"), intHeader(t, again, "Retry-After")
+		if later != first-1 && later != first-2 {
+			t.Errorf("%s: Retry-After %d a second after %d, want it counted down", path, later, first)
+		}
+		switch {
+		case path == "/fw" && ran != 0:
+			t.Errorf("/fw: %d scripts ran in Redis for a cached refusal", ran)
+		case path == "/off" && ran == 0:
+			t.Errorf("/off: no script ran with deny_cache off")
+		}
+	}
+}
+
+// TestLeasesRedisKilled: with Redis gone, requests a lease still
+// covers pass from memory; once it is spent the fail mode applies, and no
+// request waits past the decision timeout.
+func TestLeasesRedisKilled(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), "200ms"),
+		redisRoute{path: "/closed", zone: "key global\nalgorithm sliding_window_log\nrate 1000/1h\nlocal_quota 1\nfail closed"}))
+	c := newClient(t)
+	// Leases of 1, 2, 4, 8 and 16: 31 taken, 16 requests made, 15 held.
+	rs := sequence(t, c, 16, inst.URL("/closed"))
+	for i, r := range rs {
+		if r.code != http.StatusOK {
+			t.Fatalf("request %d before the kill: %d", i, r.code)
+		}
+	}
+	srv.Stop()
+	var codes []int
+	for range 20 {
+		r := get(t, c, inst.URL("/closed"))
+		if r.took() > 200*time.Millisecond+time.Second {
+			t.Errorf("a request took %v with Redis gone", r.took())
+		}
+		codes = append(codes, r.code)
+	}
+	want := make([]int, 20)
+	for i := range want {
+		want[i] = http.StatusServiceUnavailable
+		if i < 15 {
+			want[i] = http.StatusOK
+		}
+	}
+	if fmt.Sprint(codes) != fmt.Sprint(want) {
+		t.Errorf("with Redis killed: %v, want 15 from the lease then fail closed's 503", codes)
+	}
+}
