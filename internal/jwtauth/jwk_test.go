@@ -1,7 +1,9 @@
 package jwtauth
 
 import (
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/base64"
@@ -79,6 +81,36 @@ func TestParseJWKSKeys(t *testing.T) {
 	for _, doc := range []string{"", "null", "[]", `{"keys":{}}`, `{"keys":null}`} {
 		if _, _, err := parseJWKS([]byte(doc)); err == nil {
 			t.Errorf("parseJWKS(%q): no error", doc)
+		}
+	}
+}
+
+// TestParseJWKSLeniency checks the slips the parser forgave before go-jose
+// read JWKs, and still does: an EC coordinate written without its leading
+// zero byte, and private members published next to a public key.
+func TestParseJWKSLeniency(t *testing.T) {
+	k := jwttest.TestKeys(t)
+	var short map[string]any
+	for range 10000 {
+		priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if point, _ := priv.PublicKey.Bytes(); point[1] == 0 {
+			short = jwttest.ECJWK(t, "short", &priv.PublicKey)
+			short["x"] = jwttest.B64(point[2:33])
+			break
+		}
+	}
+	if short == nil {
+		t.Fatal("no P-256 key with a leading zero in x")
+	}
+	withPrivate := jwttest.RSAJWK("p", &k.RSA.PublicKey)
+	withPrivate["d"] = "not even base64 !"
+	withPrivate["p"] = 7
+	for name, jwk := range map[string]map[string]any{"short EC coordinate": short, "private members": withPrivate} {
+		if keys, skipped, err := parseJWKS(jwttest.JWKSDoc(t, jwk)); err != nil || len(keys) != 1 {
+			t.Errorf("%s: refused: %v %v", name, err, skipped)
 		}
 	}
 }
