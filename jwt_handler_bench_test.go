@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
 )
 
 // Handler benchmarks keyed by a JWT claim, to set beside
@@ -72,7 +75,7 @@ func benchServe(b *testing.B, h *Handler, w *httptest.ResponseRecorder, r *http.
 // benchmark cannot pass while timing the missing-key path.
 func benchCheckVerified(b *testing.B, h *Handler, r *http.Request) {
 	b.Helper()
-	if _, ok := h.jwt.claims(r); !ok {
+	if _, ok := h.jwt.Claims(r); !ok {
 		b.Fatal("the benchmark token does not verify")
 	}
 }
@@ -82,13 +85,13 @@ func benchCheckVerified(b *testing.B, h *Handler, r *http.Request) {
 // verification is a cache hit, so this is the steady-state cost for a
 // client reusing its token. Compare with BenchmarkHandlerIPKey.
 func BenchmarkHandlerJWTCached(b *testing.B) {
-	k := keys(b)
+	k := jwttest.TestKeys(b)
 	path := filepath.Join(b.TempDir(), "rsa.pem")
-	if err := os.WriteFile(path, k.rsaPEM, 0o600); err != nil {
+	if err := os.WriteFile(path, k.RSAPEM, 0o600); err != nil {
 		b.Fatal(err)
 	}
 	h := benchJWTHandler(b, "bench_jwt_cached", "public_key "+path)
-	token := sign(b, jwt.SigningMethodRS256, k.rsa, "", claimsAt(time.Now(), jwt.MapClaims{"sub": "bench-user"}))
+	token := jwttest.Sign(b, jwt.SigningMethodRS256, k.RSA, "", jwttest.ClaimsAt(time.Now(), jwt.MapClaims{"sub": "bench-user"}))
 	bases := benchJWTBases([]string{token})
 	benchCheckVerified(b, h, bases[0])
 	benchServeFresh(b, h, bases)
@@ -117,10 +120,10 @@ func benchServeFresh(b *testing.B, h *Handler, bases []*http.Request) {
 // handler has never seen: a full signature check per request, per
 // algorithm. Signing is slower than verifying, so a pool of distinct tokens
 // (distinct subjects too, so each is a new bucket) is signed before the
-// timer and reused with the verifier's caches emptied, timer stopped,
-// before each pass.
+// timer and reused with a fresh verifier (so empty caches), built with the
+// timer stopped, before each pass.
 func BenchmarkHandlerJWTFirstSight(b *testing.B) {
-	k := keys(b)
+	k := jwttest.TestKeys(b)
 	dir := b.TempDir()
 	pemFile := func(name string, data []byte) string {
 		path := filepath.Join(dir, name)
@@ -135,29 +138,31 @@ func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 		method  jwt.SigningMethod
 		key     any
 	}{
-		{"HS256", "secret " + string(k.hmac), jwt.SigningMethodHS256, k.hmac},
-		{"RS256", "public_key " + pemFile("rsa.pem", k.rsaPEM), jwt.SigningMethodRS256, k.rsa},
-		{"ES256", "public_key " + pemFile("ec256.pem", k.ec256PE), jwt.SigningMethodES256, k.ec256},
-		{"EdDSA", "public_key " + pemFile("ed25519.pem", k.edPEM), jwt.SigningMethodEdDSA, k.ed},
+		{"HS256", "secret " + string(k.HMAC), jwt.SigningMethodHS256, k.HMAC},
+		{"RS256", "public_key " + pemFile("rsa.pem", k.RSAPEM), jwt.SigningMethodRS256, k.RSA},
+		{"ES256", "public_key " + pemFile("ec256.pem", k.EC256PEM), jwt.SigningMethodES256, k.EC256},
+		{"EdDSA", "public_key " + pemFile("ed25519.pem", k.EdPEM), jwt.SigningMethodEdDSA, k.Ed},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			h := benchJWTHandler(b, "bench_jwt_first_"+tc.name, tc.jwtConf)
 			now := time.Now()
 			tokens := make([]string, benchBatch)
 			for i := range tokens {
-				tokens[i] = sign(b, tc.method, tc.key, "", claimsAt(now, jwt.MapClaims{"sub": fmt.Sprintf("user-%d", i), "jti": i}))
+				tokens[i] = jwttest.Sign(b, tc.method, tc.key, "", jwttest.ClaimsAt(now, jwt.MapClaims{"sub": fmt.Sprintf("user-%d", i), "jti": i}))
 			}
 			bases := benchJWTBases(tokens)
 			reqs := make([]*http.Request, benchBatch)
 			benchRequests(reqs, bases)
 			benchCheckVerified(b, h, reqs[0])
 			w := httptest.NewRecorder()
+			var verified int64 // by the verifiers replaced so far
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				if i%benchBatch == 0 {
 					b.StopTimer()
-					h.jwt.good, h.jwt.bad = newJWTCache(jwtCacheSize), newJWTCache(jwtFailureCacheSize)
+					verified += h.jwt.Verifications()
+					benchRenewVerifier(b, h)
 					if i > 0 {
 						benchRequests(reqs, bases)
 					}
@@ -166,9 +171,22 @@ func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 				benchServe(b, h, w, reqs[i%benchBatch])
 			}
 			b.StopTimer()
-			if misses := h.jwt.verifyMisses.Load(); misses < int64(b.N) {
+			if misses := verified + h.jwt.Verifications(); misses < int64(b.N) {
 				b.Fatalf("%d verifications for %d requests: some were cache hits", misses, b.N)
 			}
 		})
 	}
+}
+
+// benchRenewVerifier gives h a verifier built afresh from its jwt block, so
+// no token is in its caches, and closes the old one.
+func benchRenewVerifier(b *testing.B, h *Handler) {
+	b.Helper()
+	v, err := h.JWT.newVerifier(context.Background(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	old := h.jwt
+	h.jwt = v
+	old.Close()
 }

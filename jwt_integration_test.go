@@ -26,6 +26,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
 )
 
 // liveJWKSDeadline bounds the wait for a kid miss to refetch the JWKS: one
@@ -36,17 +37,17 @@ const liveJWKSDeadline = 30 * time.Second
 // configuration, and what is needed to sign tokens for each.
 type liveJWT struct {
 	inst   *caddyproc.Instance
-	k      *testKeys
+	k      *jwttest.Keys
 	secret []byte
 	// attacker is an RSA key Caddy does not know, for forged signatures.
 	attacker *rsa.PrivateKey
-	jwks     *jwksServer
+	jwks     *jwttest.JWKSServer
 }
 
 // startLiveJWT writes the PEM files, starts the JWKS server and Caddy.
 func startLiveJWT(t *testing.T) *liveJWT {
 	t.Helper()
-	f := &liveJWT{k: keys(t)}
+	f := &liveJWT{k: jwttest.TestKeys(t)}
 	var raw [24]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		t.Fatal(err)
@@ -64,10 +65,10 @@ func startLiveJWT(t *testing.T) *liveJWT {
 		}
 		return path
 	}
-	rsaPath := pemFile("rsa.pem", f.k.rsaPEM)
-	ecPath := pemFile("ec256.pem", f.k.ec256PE)
-	edPath := pemFile("ed25519.pem", f.k.edPEM)
-	f.jwks = newJWKSServer(t, jwksDoc(t, rsaJWK("k1", &f.k.rsa.PublicKey)))
+	rsaPath := pemFile("rsa.pem", f.k.RSAPEM)
+	ecPath := pemFile("ec256.pem", f.k.EC256PEM)
+	edPath := pemFile("ed25519.pem", f.k.EdPEM)
+	f.jwks = jwttest.NewJWKSServer(t, jwttest.JWKSDoc(t, jwttest.RSAJWK("k1", &f.k.RSA.PublicKey)))
 
 	// route is one rate_limit with its own jwt block, which also requires
 	// the issuer and audience claimsAt writes.
@@ -149,13 +150,13 @@ http://{{http}} {` +
 // for sub, with extra claims merged in (nil values delete).
 func (f *liveJWT) token(t *testing.T, m jwt.SigningMethod, key any, kid, sub string, extra jwt.MapClaims) string {
 	t.Helper()
-	c := claimsAt(time.Now(), extra)
+	c := jwttest.ClaimsAt(time.Now(), extra)
 	c["sub"] = sub
 	// A fresh jti makes each token distinct, as re-issued tokens are.
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	c["jti"] = hex.EncodeToString(id[:])
-	return sign(t, m, key, kid, c)
+	return jwttest.Sign(t, m, key, kid, c)
 }
 
 // get sends GET path with the token as a bearer token ("" sends none).
@@ -199,9 +200,9 @@ func TestLiveJWT(t *testing.T) {
 			key        any
 		}{
 			{"/hs", "jwt_hs", jwt.SigningMethodHS256, f.secret},
-			{"/rs", "jwt_rs", jwt.SigningMethodRS256, k.rsa},
-			{"/es", "jwt_es", jwt.SigningMethodES256, k.ec256},
-			{"/ed", "jwt_ed", jwt.SigningMethodEdDSA, k.ed},
+			{"/rs", "jwt_rs", jwt.SigningMethodRS256, k.RSA},
+			{"/es", "jwt_es", jwt.SigningMethodES256, k.EC256},
+			{"/ed", "jwt_ed", jwt.SigningMethodEdDSA, k.Ed},
 		} {
 			t.Run(tc.method.Alg(), func(t *testing.T) {
 				t.Parallel()
@@ -240,10 +241,10 @@ func TestLiveJWT(t *testing.T) {
 	t.Run("nested claim", func(t *testing.T) {
 		t.Parallel()
 		acme := jwt.MapClaims{"org": map[string]any{"id": "acme", "name": "Acme"}}
-		alice := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "alice", acme)
-		bob := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "bob", acme)
-		carol := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "carol", jwt.MapClaims{"org": map[string]any{"id": 42}})
-		dave := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "dave", jwt.MapClaims{"org": "acme"})
+		alice := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "alice", acme)
+		bob := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "bob", acme)
+		carol := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "carol", jwt.MapClaims{"org": map[string]any{"id": 42}})
+		dave := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "dave", jwt.MapClaims{"org": "acme"})
 		f.codes(t, "alice of acme", "/org", alice, 200, 200)
 		f.codes(t, "bob of acme", "/org", bob, 200, 429)
 		f.codes(t, "alice of acme again", "/org", alice, 429)
@@ -300,11 +301,11 @@ func TestLiveJWT(t *testing.T) {
 		for i, tok := range []string{
 			f.token(t, jwt.SigningMethodRS256, f.attacker, "", "forged-1", nil),
 			f.token(t, jwt.SigningMethodHS256, []byte("attacker-chosen-secret-0123456789"), "", "forged-2", nil),
-			f.token(t, jwt.SigningMethodES256, k.ec256, "", "forged-3", nil),
+			f.token(t, jwt.SigningMethodES256, k.EC256, "", "forged-3", nil),
 		} {
 			f.codes(t, fmt.Sprintf("token %d not verified by the inner jwt block", i), "/two", tok, 429)
 		}
-		alice := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "alice", nil)
+		alice := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "alice", nil)
 		f.codes(t, "genuine alice", "/two", alice, 200, 429)
 	})
 
@@ -319,13 +320,13 @@ func TestLiveJWT(t *testing.T) {
 func (f *liveJWT) badTokens(t *testing.T, sub string) map[string]string {
 	t.Helper()
 	k := f.k
-	genuine := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "someone-else", nil)
+	genuine := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "someone-else", nil)
 	parts := strings.Split(genuine, ".")
-	payload, err := json.Marshal(claimsAt(time.Now(), jwt.MapClaims{"sub": sub}))
+	payload, err := json.Marshal(jwttest.ClaimsAt(time.Now(), jwt.MapClaims{"sub": sub}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	none, err := jwt.NewWithClaims(jwt.SigningMethodNone, claimsAt(time.Now(), jwt.MapClaims{"sub": sub})).
+	none, err := jwt.NewWithClaims(jwt.SigningMethodNone, jwttest.ClaimsAt(time.Now(), jwt.MapClaims{"sub": sub})).
 		SignedString(jwt.UnsafeAllowNoneSignatureType)
 	if err != nil {
 		t.Fatal(err)
@@ -334,13 +335,13 @@ func (f *liveJWT) badTokens(t *testing.T, sub string) map[string]string {
 		"forged signature":  f.token(t, jwt.SigningMethodRS256, f.attacker, "", sub, nil),
 		"tampered payload":  parts[0] + "." + base64.RawURLEncoding.EncodeToString(payload) + "." + parts[2],
 		"alg none":          none,
-		"expired":           sign(t, jwt.SigningMethodRS256, k.rsa, "", claimsAt(time.Now().Add(-3*time.Hour), jwt.MapClaims{"sub": sub})),
-		"not yet valid":     f.token(t, jwt.SigningMethodRS256, k.rsa, "", sub, jwt.MapClaims{"nbf": time.Now().Add(time.Hour).Unix()}),
-		"wrong issuer":      f.token(t, jwt.SigningMethodRS256, k.rsa, "", sub, jwt.MapClaims{"iss": "https://evil.test"}),
-		"wrong audience":    f.token(t, jwt.SigningMethodRS256, k.rsa, "", sub, jwt.MapClaims{"aud": "someone-else"}),
-		"HS256, PEM secret": f.token(t, jwt.SigningMethodHS256, k.rsaPEM, "", sub, nil),
+		"expired":           jwttest.Sign(t, jwt.SigningMethodRS256, k.RSA, "", jwttest.ClaimsAt(time.Now().Add(-3*time.Hour), jwt.MapClaims{"sub": sub})),
+		"not yet valid":     f.token(t, jwt.SigningMethodRS256, k.RSA, "", sub, jwt.MapClaims{"nbf": time.Now().Add(time.Hour).Unix()}),
+		"wrong issuer":      f.token(t, jwt.SigningMethodRS256, k.RSA, "", sub, jwt.MapClaims{"iss": "https://evil.test"}),
+		"wrong audience":    f.token(t, jwt.SigningMethodRS256, k.RSA, "", sub, jwt.MapClaims{"aud": "someone-else"}),
+		"HS256, PEM secret": f.token(t, jwt.SigningMethodHS256, k.RSAPEM, "", sub, nil),
 		"HS256, JWT_SECRET": f.token(t, jwt.SigningMethodHS256, f.secret, "", sub, nil),
-		"ES256, other key":  f.token(t, jwt.SigningMethodES256, k.ec256, "", sub, nil),
+		"ES256, other key":  f.token(t, jwt.SigningMethodES256, k.EC256, "", sub, nil),
 		"garbage":           "not.a.token",
 	}
 }
@@ -351,8 +352,8 @@ func (f *liveJWT) badTokens(t *testing.T, sub string) map[string]string {
 func (f *liveJWT) checkBadTokens(t *testing.T, mode string) {
 	path, zone := "/bad-"+mode, "bad_"+mode
 	k := f.k
-	alice := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "alice", nil)
-	bob := f.token(t, jwt.SigningMethodRS256, k.rsa, "", "bob", nil)
+	alice := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "alice", nil)
+	bob := f.token(t, jwt.SigningMethodRS256, k.RSA, "", "bob", nil)
 	f.codes(t, "genuine alice", path, alice, 200, 200, 429)
 
 	admitted := 0
@@ -406,15 +407,15 @@ func (f *liveJWT) checkBadTokens(t *testing.T, mode string) {
 // not fetch again.
 func (f *liveJWT) checkJWKSRotation(t *testing.T) {
 	k := f.k
-	old := f.token(t, jwt.SigningMethodRS256, k.rsa, "k1", "alice", nil)
+	old := f.token(t, jwt.SigningMethodRS256, k.RSA, "k1", "alice", nil)
 	f.codes(t, "kid k1 before rotation", "/jwks", old, 200)
-	fetches := f.jwks.hits.Load()
+	fetches := f.jwks.Hits.Load()
 	if fetches < 1 {
 		t.Fatalf("the JWKS was never fetched, yet a token verified")
 	}
 
-	f.jwks.set(jwksDoc(t, ecJWK(t, "k2", &k.ec256.PublicKey)))
-	fresh := f.token(t, jwt.SigningMethodES256, k.ec256, "k2", "bob", nil)
+	f.jwks.Set(jwttest.JWKSDoc(t, jwttest.ECJWK(t, "k2", &k.EC256.PublicKey)))
+	fresh := f.token(t, jwt.SigningMethodES256, k.EC256, "k2", "bob", nil)
 	deadline := time.Now().Add(liveJWKSDeadline)
 	attempts := 0
 	for {
@@ -427,12 +428,12 @@ func (f *liveJWT) checkJWKSRotation(t *testing.T) {
 			t.Fatalf("kid k2 while the refetch is pending: status %d, want 429 (missing_key deny)", r.code)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("kid k2 still refused after %v and %d attempts; JWKS fetched %d times", liveJWKSDeadline, attempts, f.jwks.hits.Load())
+			t.Fatalf("kid k2 still refused after %v and %d attempts; JWKS fetched %d times", liveJWKSDeadline, attempts, f.jwks.Hits.Load())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("kid k2 verified after %d attempt(s)", attempts)
-	if got := f.jwks.hits.Load(); got != fetches+1 {
+	if got := f.jwks.Hits.Load(); got != fetches+1 {
 		t.Errorf("JWKS fetched %d times after rotation, want exactly one refetch (%d)", got-fetches, fetches+1)
 	}
 
@@ -444,7 +445,7 @@ func (f *liveJWT) checkJWKSRotation(t *testing.T) {
 		tok := f.token(t, jwt.SigningMethodRS256, f.attacker, kid, "mallory", nil)
 		f.codes(t, "unknown kid "+kid, "/jwks", tok, 429)
 	}
-	if got := f.jwks.hits.Load(); got != fetches+1 {
+	if got := f.jwks.Hits.Load(); got != fetches+1 {
 		t.Errorf("JWKS fetched %d times after rotation and more misses; a kid miss may refetch at most once a minute", got-fetches)
 	}
 	f.codes(t, "kid k2 again", "/jwks", fresh, 200)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/floodgatehq/caddy-ratelimit/internal/jwtauth"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
@@ -86,7 +87,7 @@ type Handler struct {
 	// without asking the logger, which costs a deep call per refusal.
 	debugDenials bool
 	sweeper      *sweeper
-	jwt          *jwtVerifier
+	jwt          *jwtauth.Verifier
 	// redis is the shared client of the redis block, with its breaker, and
 	// its pool key.
 	redis    pooledRedis
@@ -335,7 +336,7 @@ func (h *Handler) provisionShared(ctx caddy.Context) error {
 		h.redis, h.redisKey = c, key
 	}
 	if h.JWT != nil {
-		v, err := h.JWT.provision(ctx, h.logger)
+		v, err := h.JWT.newVerifier(ctx, h.logger)
 		if err != nil {
 			return fmt.Errorf("jwt: %w", err)
 		}
@@ -345,10 +346,8 @@ func (h *Handler) provisionShared(ctx caddy.Context) error {
 }
 
 func (h *Handler) releaseShared() {
-	if h.jwt != nil {
-		h.jwt.close()
-		h.jwt = nil
-	}
+	h.jwt.Close()
+	h.jwt = nil
 	releaseRedisClient(h.redisKey)
 	h.redis, h.redisKey = pooledRedis{}, ""
 }

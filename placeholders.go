@@ -6,6 +6,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/jwtauth"
 )
 
 // requestPlaceholders answers the placeholders rate_limit handlers provide
@@ -60,7 +62,7 @@ func placeholdersFor(r *http.Request, repl *caddy.Replacer) *requestPlaceholders
 // at most once however many zones, tiers or later handlers read its
 // claims. Each handler's zones are keyed by what its own jwt block
 // verified; later handlers see the last one's view.
-func (p *requestPlaceholders) useJWT(r *http.Request, v *jwtVerifier) {
+func (p *requestPlaceholders) useJWT(r *http.Request, v *jwtauth.Verifier) {
 	if p.jwt == nil || p.jwt.v != v || p.jwt.r != r {
 		p.jwt = &jwtClaims{v: v, r: r}
 	}
@@ -105,11 +107,11 @@ func (p *requestPlaceholders) replace(key string) (any, bool) {
 
 // jwtClaims is one request's verified token, parsed on first use.
 type jwtClaims struct {
-	v      *jwtVerifier
+	v      *jwtauth.Verifier
 	r      *http.Request
 	done   bool
 	ok     bool
-	claims map[string]any
+	claims jwtauth.Claims
 }
 
 // claim is the claim at path as a key string. A missing, invalid or
@@ -117,13 +119,13 @@ type jwtClaims struct {
 // that is a missing key, never a bucket of its own.
 func (c *jwtClaims) claim(path string) string {
 	if !c.done {
-		c.claims, c.ok = c.v.claims(c.r)
+		c.claims, c.ok = c.v.Claims(c.r)
 		c.done = true
 	}
 	if !c.ok {
 		return ""
 	}
-	if v, ok := lookupClaim(c.claims, path); ok {
+	if v, ok := c.claims.Lookup(path); ok {
 		return v
 	}
 	return ""

@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
 )
 
 // TestPlaceholdersTwoHandlers runs one request through two rate_limit
@@ -15,11 +17,11 @@ import (
 // zone by what its own block verified and that later handlers see the
 // second handler's decision, as they would with repl.Set.
 func TestPlaceholdersTwoHandlers(t *testing.T) {
-	k := keys(t)
+	k := jwttest.TestKeys(t)
 	// The first handler trusts the test secret; the second only reads
 	// claims, unverified. The token is signed with another secret, so
 	// only the second handler's zone finds a subject.
-	first := provisionHandler(t, "rate_limit {\n jwt {\n  secret "+string(k.hmac)+"\n }\n zone first {\n  key jwt_claim sub\n  missing_key skip\n  events 10\n  window 1m\n }\n}")
+	first := provisionHandler(t, "rate_limit {\n jwt {\n  secret "+string(k.HMAC)+"\n }\n zone first {\n  key jwt_claim sub\n  missing_key skip\n  events 10\n  window 1m\n }\n}")
 	second := provisionHandler(t, "rate_limit {\n jwt {\n  allow_unverified\n }\n zone second {\n  key jwt_claim sub\n  missing_key deny\n  events 3\n  window 1m\n }\n}")
 	var seen struct{ zone, remaining, sub string }
 	var exceededKnown bool
@@ -37,7 +39,7 @@ func TestPlaceholdersTwoHandlers(t *testing.T) {
 
 	// Signed with another secret: the first handler finds no subject and
 	// skips its zone; the second reads alice, unverified.
-	token := sign(t, jwt.SigningMethodHS256, []byte("another secret, 32 bytes long.."), "", claimsAt(time.Now(), jwt.MapClaims{"sub": "alice"}))
+	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte("another secret, 32 bytes long.."), "", jwttest.ClaimsAt(time.Now(), jwt.MapClaims{"sub": "alice"}))
 	var r *http.Request
 	r, repl = newKeyRequest("198.51.100.40", map[string]string{"Authorization": "Bearer " + token})
 	if _, ok := repl.Get("http.rate_limit.zone"); ok {
@@ -52,7 +54,7 @@ func TestPlaceholdersTwoHandlers(t *testing.T) {
 
 	// With a token the first handler accepts, both zones decide, and the
 	// second handler's decision and claims are what later handlers see.
-	token = sign(t, jwt.SigningMethodHS256, k.hmac, "", claimsAt(time.Now(), jwt.MapClaims{"sub": "bob"}))
+	token = jwttest.Sign(t, jwt.SigningMethodHS256, k.HMAC, "", jwttest.ClaimsAt(time.Now(), jwt.MapClaims{"sub": "bob"}))
 	r, repl = newKeyRequest("198.51.100.40", map[string]string{"Authorization": "Bearer " + token})
 	if _, code := serve(first, r, chain); code != 200 {
 		t.Fatalf("status %d, want 200", code)

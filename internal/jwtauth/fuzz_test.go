@@ -1,4 +1,4 @@
-package ratelimit
+package jwtauth
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 	"testing"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
 )
 
 // hmacGenuine reports whether token carries a correct HMAC signature made
@@ -56,24 +58,24 @@ func hmacGenuine(token string, secret []byte) bool {
 }
 
 func FuzzJWTClaims(f *testing.F) {
-	k := keys(f)
-	clock := newTestClock(testEpoch)
-	hmacV := provisionJWT(f, &JWTConfig{Secret: string(k.hmac), Issuer: "https://issuer.test", now: clock.now})
-	rsaV := provisionJWT(f, pemConfigNow(f, k.rsaPEM, clock))
-	unverifiedV := provisionJWT(f, &JWTConfig{AllowUnverified: true, now: clock.now})
-	cookieV := provisionJWT(f, &JWTConfig{Secret: string(k.hmac), From: &TokenSource{Cookie: "t"}, now: clock.now})
-	queryV := provisionJWT(f, &JWTConfig{Secret: string(k.hmac), From: &TokenSource{Query: "t"}, now: clock.now})
-	verifiers := []*jwtVerifier{hmacV, rsaV, unverifiedV, cookieV, queryV}
+	k := jwttest.TestKeys(f)
+	clock := jwttest.NewClock(jwttest.Epoch)
+	hmacV := newVerifier(f, Options{Secret: k.HMAC, Issuer: "https://issuer.test", Clock: clock})
+	rsaV := newVerifier(f, Options{PublicKeyFile: pemFile(f, k.RSAPEM), Clock: clock})
+	unverifiedV := newVerifier(f, Options{AllowUnverified: true, Clock: clock})
+	cookieV := newVerifier(f, Options{Secret: k.HMAC, Place: Cookie, Name: "t", Clock: clock})
+	queryV := newVerifier(f, Options{Secret: k.HMAC, Place: Query, Name: "t", Clock: clock})
+	verifiers := []*Verifier{hmacV, rsaV, unverifiedV, cookieV, queryV}
 
-	valid := sign(f, jwt.SigningMethodHS256, k.hmac, "", claimsAt(testEpoch, jwt.MapClaims{"org": map[string]any{"id": 7}}))
-	rsaTok := sign(f, jwt.SigningMethodRS256, k.rsa, "kid", claimsAt(testEpoch, nil))
-	none, _ := jwt.NewWithClaims(jwt.SigningMethodNone, claimsAt(testEpoch, nil)).SignedString(jwt.UnsafeAllowNoneSignatureType)
+	valid := jwttest.Sign(f, jwt.SigningMethodHS256, k.HMAC, "", jwttest.ClaimsAt(jwttest.Epoch, jwt.MapClaims{"org": map[string]any{"id": 7}}))
+	rsaTok := jwttest.Sign(f, jwt.SigningMethodRS256, k.RSA, "kid", jwttest.ClaimsAt(jwttest.Epoch, nil))
+	none, _ := jwt.NewWithClaims(jwt.SigningMethodNone, jwttest.ClaimsAt(jwttest.Epoch, nil)).SignedString(jwt.UnsafeAllowNoneSignatureType)
 	for _, seed := range []string{
 		valid,
 		rsaTok,
-		sign(f, jwt.SigningMethodHS512, k.hmac, "", claimsAt(testEpoch, jwt.MapClaims{"aud": []string{"a", "b"}, "n": 1e300})),
-		sign(f, jwt.SigningMethodHS256, k.hmac, "", jwt.MapClaims{"exp": "x", "nbf": []int{1}, "iss": 5}),
-		sign(f, jwt.SigningMethodHS256, rsaPEMSecret(k), "", claimsAt(testEpoch, nil)),
+		jwttest.Sign(f, jwt.SigningMethodHS512, k.HMAC, "", jwttest.ClaimsAt(jwttest.Epoch, jwt.MapClaims{"aud": []string{"a", "b"}, "n": 1e300})),
+		jwttest.Sign(f, jwt.SigningMethodHS256, k.HMAC, "", jwt.MapClaims{"exp": "x", "nbf": []int{1}, "iss": 5}),
+		jwttest.Sign(f, jwt.SigningMethodHS256, rsaPEMSecret(k), "", jwttest.ClaimsAt(jwttest.Epoch, nil)),
 		none,
 		valid[:len(valid)/2],
 		valid[:len(valid)-1],
@@ -97,7 +99,7 @@ func FuzzJWTClaims(f *testing.F) {
 	// stays small (and cheap to mutate and minimize) while 1 MB headers are
 	// still exercised.
 	f.Add(".", uint16(1<<12))
-	f.Add("x", uint16(jwtMaxTokenLen-1))
+	f.Add("x", uint16(maxTokenLen-1))
 	f.Add("xxxxxxxxxxxxxxxx", uint16(1<<16-1)) // 1 MiB
 	f.Add(valid, uint16(1<<12))                // about 1 MB of concatenated tokens
 	f.Fuzz(func(t *testing.T, piece string, repeat uint16) {
@@ -108,21 +110,21 @@ func FuzzJWTClaims(f *testing.F) {
 		for _, v := range verifiers {
 			var r *http.Request
 			switch v.place {
-			case tokenInCookie:
+			case Cookie:
 				r = httptest.NewRequest(http.MethodGet, "http://example.test/", nil)
 				r.Header.Set("Cookie", "t="+token)
-			case tokenInQuery:
+			case Query:
 				r = httptest.NewRequest(http.MethodGet, "http://example.test/", nil)
 				r.URL.RawQuery = "t=" + url.QueryEscape(token)
 			default:
-				r = bearer(token)
+				r = jwttest.Bearer(token)
 			}
-			c, ok := v.claims(r)
+			c, ok := v.Claims(r)
 			if ok != (c != nil) {
 				t.Fatalf("ok=%v with claims %v", ok, c)
 			}
 			// The cached answer agrees with the first one.
-			c2, ok2 := v.claims(r)
+			c2, ok2 := v.Claims(r)
 			if ok2 != ok {
 				t.Fatalf("second answer ok=%v, first %v", ok2, ok)
 			}
@@ -130,7 +132,7 @@ func FuzzJWTClaims(f *testing.F) {
 				if c2 == nil {
 					t.Fatal("cached success without claims")
 				}
-				if v != unverifiedV && v != rsaV && !hmacGenuine(v.extract(r), k.hmac) {
+				if v != unverifiedV && v != rsaV && !hmacGenuine(v.extract(r), k.HMAC) {
 					t.Fatalf("accepted a token without a genuine signature: %q", v.extract(r))
 				}
 				if v == rsaV && !strings.HasPrefix(v.extract(r), strings.Split(rsaTok, ".")[0]) {
@@ -139,14 +141,14 @@ func FuzzJWTClaims(f *testing.F) {
 					t.Fatalf("RSA config accepted a foreign token %q", v.extract(r))
 				}
 				for _, p := range []string{"sub", "org.id", "aud", token} {
-					lookupClaim(c, p)
+					c.Lookup(p)
 				}
 			}
 			// A raw header value (no Bearer scheme) must be ignored by
 			// the Authorization source, and never panic.
 			r2 := httptest.NewRequest(http.MethodGet, "http://example.test/", nil)
 			r2.Header.Set("Authorization", token)
-			if _, ok := hmacV.claims(r2); ok && !strings.HasPrefix(strings.ToLower(token), "bearer ") {
+			if _, ok := hmacV.Claims(r2); ok && !strings.HasPrefix(strings.ToLower(token), "bearer ") {
 				t.Fatal("token accepted without the Bearer scheme")
 			}
 		}
@@ -169,13 +171,7 @@ func FuzzJWTClaims(f *testing.F) {
 
 // rsaPEMSecret returns the RSA public key PEM, used as an HMAC secret by an
 // attacker trying algorithm confusion.
-func rsaPEMSecret(k *testKeys) []byte { return k.rsaPEM }
-
-func pemConfigNow(tb testing.TB, pemData []byte, clock *testClock) *JWTConfig {
-	cfg := pemConfig(tb, pemData)
-	cfg.now = clock.now
-	return cfg
-}
+func rsaPEMSecret(k *jwttest.Keys) []byte { return k.RSAPEM }
 
 var plainDecimal = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]*[1-9])?$`)
 
@@ -211,7 +207,7 @@ func FuzzLookupClaim(f *testing.F) {
 		if dec.Decode(&claims) != nil {
 			return
 		}
-		out, ok := lookupClaim(claims, path)
+		out, ok := Claims(claims).Lookup(path)
 		// Resolve the path independently to know what was found.
 		val, found := claims[path]
 		if !found && path != "" {

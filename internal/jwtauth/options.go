@@ -1,0 +1,92 @@
+package jwtauth
+
+import (
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// Place is the part of a request a token is read from. Tokens travel in
+// different places depending on the client (APIs send headers, browsers
+// cookies, WebSocket upgrades the query string), so the operator chooses.
+type Place uint8
+
+// The places a token can be read from.
+const (
+	// Header reads a request header; a "Bearer " prefix is removed, and for
+	// the Authorization header it is required.
+	Header Place = iota
+	// Cookie reads the named cookie.
+	Cookie
+	// Query reads the first value of the named query-string parameter.
+	Query
+)
+
+// DefaultLeeway is the clock skew tolerated between the token's issuer and
+// this server when Options.Leeway is zero: clocks of different machines
+// never agree exactly, and refusing a token a second early or late would
+// move a client to the missing-key bucket for no fault of its own.
+const DefaultLeeway = 30 * time.Second
+
+// Options configures a Verifier. Exactly one of Secret, PublicKeyFile and
+// JWKSURL says how signatures are checked, unless AllowUnverified is set;
+// the remaining fields have working zero values, so production callers set
+// only what the operator configured and tests set the clock and timings.
+type Options struct {
+	// Place and Name say where the token is read. The zero value is the
+	// Authorization header with the Bearer scheme; an empty Name with
+	// Header means Authorization.
+	Place Place
+	Name  string
+
+	// Secret verifies HMAC-signed tokens (HS256, HS384, HS512). It is
+	// taken as given: resolving placeholders is the caller's business.
+	Secret []byte
+	// PublicKeyFile is a PEM file holding a PKIX "PUBLIC KEY", an
+	// "RSA PUBLIC KEY" or a "CERTIFICATE"; the key's type decides which
+	// algorithms it may verify.
+	PublicKeyFile string
+	// JWKSURL is fetched at New, every JWKSRefresh, and when a token names
+	// a kid the set does not hold.
+	JWKSURL string
+
+	// Issuer and Audience, when set, must match the iss claim and be one
+	// of the aud claim's values.
+	Issuer   string
+	Audience string
+
+	// AllowUnverified reads claims without checking signatures, for tokens
+	// verified by something in front of this server. exp, nbf, iss and aud
+	// are still checked and alg none is still refused.
+	AllowUnverified bool
+
+	// Leeway is the clock skew tolerated on exp and nbf; zero means
+	// DefaultLeeway.
+	Leeway time.Duration
+
+	// JWKSRefresh is how often the key set is fetched again, used as
+	// given (bounding an operator's value is the caller's business); zero
+	// means five minutes. A cached verification never outlives it, so a
+	// revoked key stops working within one interval.
+	JWKSRefresh time.Duration
+	// JWKSMissInterval is the least time between two refetches asked for
+	// by tokens naming an unknown kid, so made-up kids cannot turn into a
+	// flood of requests to the identity provider. Zero means a minute.
+	JWKSMissInterval time.Duration
+	// JWKSRetryMin is the first delay before retrying a failed fetch; it
+	// doubles up to JWKSRefresh. Zero means five seconds.
+	JWKSRetryMin time.Duration
+	// HTTPClient fetches the key set. Nil means a client with a 10s
+	// timeout, so a hanging identity provider cannot hold a fetch forever.
+	HTTPClient *http.Client
+
+	// Clock tells the time for exp, nbf, cache expiry and refetch limits.
+	// Nil means limiter.SystemClock.
+	Clock limiter.Clock
+	// Logger receives warnings about weak or skipped keys and failed
+	// fetches, and debug lines for refused tokens. Nil discards them.
+	Logger *zap.Logger
+}
