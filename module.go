@@ -25,7 +25,8 @@ func init() {
 // requests it applies to (match), how they are grouped (key), and the limit
 // and algorithm that bound each group. A request that exceeds any zone's
 // limit is refused with HTTP 429 and consumes nothing from the other zones;
-// the refusal is returned as an error, so `handle_errors` can render it.
+// when the server has `handle_errors` routes the refusal is returned to
+// them as an error to render, else the 429 is written at once.
 //
 // Every response of a request that at least one zone evaluated carries
 // `X-RateLimit-*` headers and the IETF `RateLimit` and `RateLimit-Policy`
@@ -92,8 +93,9 @@ type Handler struct {
 	// its pool key.
 	redis    pooledRedis
 	redisKey string
-	// clock is the handler's time source, and its memory stores' when it
-	// creates them; nil is the system clock. Tests set it before Provision.
+	// clock is the handler's time source, and its memory stores' and
+	// local tiers' when it creates them; nil is the system clock. Set it
+	// before Provision to step time in a test.
 	clock limiter.Clock
 }
 

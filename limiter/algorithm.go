@@ -86,8 +86,9 @@ type algorithm struct {
 	// of every client key, so algorithms never read each other's state.
 	script    string
 	keySuffix string
-	// redisArgs are the policy's arguments to the script, after cost, now,
-	// L and W; the bucket scripts take L and W reduced, and key names
+	// redisArgs are the policy's arguments to the script, from L and W
+	// on (cost and now come first); the bucket scripts take L and W
+	// reduced, and key names
 	// that depend on the reduction get it in keyQualifier.
 	redisArgs func(p *params) (args []any, keyQualifier string)
 	// refundArg is the argument a refund sends after the policy's, to

@@ -314,10 +314,10 @@ func TestAlgorithmEdges(t *testing.T) {
 	}
 }
 
-// TestAlgorithmReturnRestores: a Take followed by a Return of it leaves the
+// TestAlgorithmRefundRestores: a Take followed by a Refund of it leaves the
 // key as if neither had happened. Two stores share a history; one also
 // takes and returns; afterwards both must decide a probe sequence alike.
-func TestAlgorithmReturnRestores(t *testing.T) {
+func TestAlgorithmRefundRestores(t *testing.T) {
 	ctx := context.Background()
 	for _, a := range Algorithms {
 		for _, later := range []time.Duration{0, 300 * ms} {

@@ -21,7 +21,7 @@ type Decision struct {
 	// it is how long the request must be held before it continues.
 	RetryAfter time.Duration
 
-	// at is the store time of the decision in microseconds: Return uses it
+	// at is the store time of the decision in microseconds: Refund uses it
 	// to give back exactly what this decision took.
 	at int64
 	// lease names the concurrency slot a Redis decision took.

@@ -29,7 +29,7 @@ const DefaultRedisTimeout = 5 * time.Millisecond
 // ErrStoreTimeout is wrapped by every error a store returns because its
 // per-decision timeout (or the caller's deadline) passed before the store
 // answered, so callers can count timeouts apart from other failures with
-// errors.Is. Any error from Take or Return means no decision was made.
+// errors.Is. Any error from Take or Refund means no decision was made.
 var ErrStoreTimeout = errors.New("store did not answer in time")
 
 // RedisOptions configures a Redis store.

@@ -11,7 +11,8 @@
 -- for L up to a few thousand), so a key costs no more than a plain counter.
 -- Doubles cannot hold that integer exactly, so it is split into 9-digit
 -- halves: exact while L×10^9 < 2^53; beyond that the state is written as
--- "<tat>:<frac>". The key's name carries L (see limiter/redis.go), so a value
+-- "<tat>:<frac>". The key's name carries the reduced L (bucketKeyQualifier in
+-- limiter/algorithm.go), so a value
 -- is never read with another L than it was written with.
 --
 -- ARGV[6]: max ahead (µs), the furthest tat may lie ahead of now.

@@ -19,6 +19,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // hmacGenuine reports whether token carries a correct HMAC signature made
@@ -59,7 +60,7 @@ func hmacGenuine(token string, secret []byte) bool {
 
 func FuzzJWTClaims(f *testing.F) {
 	k := jwttest.TestKeys(f)
-	clock := jwttest.NewClock(jwttest.Epoch)
+	clock := testutil.NewClock(jwttest.Epoch)
 	hmacV := newVerifier(f, Options{Secret: k.HMAC, Issuer: "https://issuer.test", Clock: clock})
 	rsaV := newVerifier(f, Options{PublicKeyFile: pemFile(f, k.RSAPEM), Clock: clock})
 	unverifiedV := newVerifier(f, Options{AllowUnverified: true, Clock: clock})

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/rsa"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,19 +17,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// eventually polls cond for up to 5s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+// wantFetches says whether v has fetched its JWKS n times.
+func wantFetches(v *Verifier, n int64) error {
+	if got := v.jwks.fetches.Load(); got != n {
+		return fmt.Errorf("%d fetches, want %d", got, n)
 	}
+	return nil
 }
 
 func TestJWKSVerifiesEachKeyType(t *testing.T) {
@@ -107,7 +105,12 @@ func TestJWKSRotation(t *testing.T) {
 	if d := time.Since(start); d > 50*time.Millisecond {
 		t.Errorf("the missing request waited %s; the refetch must not block it", d)
 	}
-	eventually(t, "the refetch", func() bool { return len(v.jwks.current().byKid["b"]) == 1 })
+	testutil.Eventually(t, "the refetch", func() error {
+		if n := len(v.jwks.current().byKid["b"]); n != 1 {
+			return fmt.Errorf("%d keys with kid b", n)
+		}
+		return nil
+	})
 	if _, ok := v.Claims(jwttest.Bearer(tokB)); !ok {
 		t.Fatal("token of the new key refused after the refetch")
 	}
@@ -133,13 +136,13 @@ func TestJWKSRotation(t *testing.T) {
 func TestJWKSRefetchRateLimitAllowsLaterMiss(t *testing.T) {
 	k := jwttest.TestKeys(t)
 	srv := jwttest.NewJWKSServer(t, jwttest.JWKSDoc(t, jwttest.RSAJWK("a", &k.RSA.PublicKey)))
-	clock := jwttest.NewClock(time.Now())
+	clock := testutil.NewClock(time.Now())
 	v := newVerifier(t, Options{JWKSURL: srv.URL, Clock: clock})
 	tokWithJTI := func(jti int) string {
 		return jwttest.Sign(t, jwt.SigningMethodRS256, k.RSA, "x", jwttest.ClaimsAt(clock.Now(), jwt.MapClaims{"jti": jti}))
 	}
 	v.Claims(jwttest.Bearer(tokWithJTI(1)))
-	eventually(t, "the first refetch", func() bool { return v.jwks.fetches.Load() == 2 })
+	testutil.Eventually(t, "the first refetch", func() error { return wantFetches(v, 2) })
 	clock.Advance(30 * time.Second)
 	v.Claims(jwttest.Bearer(tokWithJTI(2))) // another token, same missing kid: too soon
 	time.Sleep(30 * time.Millisecond)
@@ -148,7 +151,7 @@ func TestJWKSRefetchRateLimitAllowsLaterMiss(t *testing.T) {
 	}
 	clock.Advance(31 * time.Second)
 	v.Claims(jwttest.Bearer(tokWithJTI(3)))
-	eventually(t, "a refetch a minute later", func() bool { return v.jwks.fetches.Load() == 3 })
+	testutil.Eventually(t, "a refetch a minute later", func() error { return wantFetches(v, 3) })
 }
 
 func TestJWKSBackgroundRefreshAndClose(t *testing.T) {
@@ -156,7 +159,12 @@ func TestJWKSBackgroundRefreshAndClose(t *testing.T) {
 	srv := jwttest.NewJWKSServer(t, jwttest.JWKSDoc(t, jwttest.RSAJWK("a", &k.RSA.PublicKey)))
 	cfg := Options{JWKSURL: srv.URL, JWKSRefresh: 10 * time.Millisecond}
 	v := newVerifier(t, cfg)
-	eventually(t, "background refreshes", func() bool { return srv.Hits.Load() >= 4 })
+	testutil.Eventually(t, "background refreshes", func() error {
+		if n := srv.Hits.Load(); n < 4 {
+			return fmt.Errorf("%d fetches", n)
+		}
+		return nil
+	})
 	// An unchanged document keeps the generation, so cached tokens survive.
 	if gen := v.jwks.current().gen; gen != 1 {
 		t.Errorf("generation = %d after unchanged refreshes, want 1", gen)
@@ -184,9 +192,11 @@ func TestJWKSInitialFailureRecovers(t *testing.T) {
 	if len(v.jwks.current().keys) != 0 {
 		t.Fatal("keys loaded although the first fetch failed")
 	}
-	eventually(t, "verification after the retries", func() bool {
-		_, ok := v.Claims(jwttest.Bearer(tok))
-		return ok
+	testutil.Eventually(t, "verification after the retries", func() error {
+		if _, ok := v.Claims(jwttest.Bearer(tok)); !ok {
+			return fmt.Errorf("token refused after %d fetches", srv.Hits.Load())
+		}
+		return nil
 	})
 	if got := srv.Hits.Load(); got != 3 {
 		t.Errorf("fetches = %d, want 3 (two failures, one success)", got)

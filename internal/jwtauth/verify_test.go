@@ -17,6 +17,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // newVerifier builds a verifier from o, closed when tb ends.
@@ -58,7 +59,7 @@ func TestJWTVerifiesEachKeyType(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			clock := jwttest.NewClock(jwttest.Epoch)
+			clock := testutil.NewClock(jwttest.Epoch)
 			cfg := tc.cfg(t)
 			cfg.Issuer, cfg.Audience, cfg.Clock = "https://issuer.test", "floodgate", clock
 			v := newVerifier(t, cfg)
@@ -79,7 +80,7 @@ func TestJWTVerifiesEachKeyType(t *testing.T) {
 
 func TestJWTRejects(t *testing.T) {
 	k := jwttest.TestKeys(t)
-	clock := jwttest.NewClock(jwttest.Epoch)
+	clock := testutil.NewClock(jwttest.Epoch)
 	rsaCfg := func() Options {
 		return Options{PublicKeyFile: pemFile(t, k.RSAPEM), Issuer: "https://issuer.test", Audience: "floodgate", Clock: clock}
 	}
@@ -158,7 +159,7 @@ func TestJWTRejects(t *testing.T) {
 }
 
 func TestJWTAllowUnverified(t *testing.T) {
-	clock := jwttest.NewClock(jwttest.Epoch)
+	clock := testutil.NewClock(jwttest.Epoch)
 	v := newVerifier(t, Options{AllowUnverified: true, Issuer: "https://issuer.test", Clock: clock})
 	anyKey := []byte("a key nobody configured anywhere")
 	if c, ok := v.Claims(jwttest.Bearer(jwttest.Sign(t, jwt.SigningMethodHS256, anyKey, "", jwttest.ClaimsAt(jwttest.Epoch, nil)))); !ok || c["sub"] != "user-1" {
@@ -184,7 +185,7 @@ func TestJWTAllowUnverified(t *testing.T) {
 
 func TestJWTCacheAvoidsReverification(t *testing.T) {
 	k := jwttest.TestKeys(t)
-	clock := jwttest.NewClock(jwttest.Epoch)
+	clock := testutil.NewClock(jwttest.Epoch)
 	v := newVerifier(t, Options{Secret: k.HMAC, Leeway: 10 * time.Second, Clock: clock})
 	tok := jwttest.Sign(t, jwt.SigningMethodHS256, k.HMAC, "", jwttest.ClaimsAt(jwttest.Epoch, jwt.MapClaims{"exp": jwttest.Epoch.Add(2 * time.Minute).Unix()}))
 	for range 5 {

@@ -34,23 +34,6 @@ import (
 // that no real token is valid then by accident.
 var Epoch = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 
-// Clock is a settable clock for exact exp/nbf and cache-expiry tests; it
-// satisfies limiter.Clock.
-type Clock struct{ ns atomic.Int64 }
-
-// NewClock returns a Clock reading t.
-func NewClock(t time.Time) *Clock {
-	c := &Clock{}
-	c.ns.Store(t.UnixNano())
-	return c
-}
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
-
-// Advance moves the clock by d.
-func (c *Clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
 // Keys holds one key of every kind a verifier supports, with the PEM form
 // of each public key for configurations that read a file.
 type Keys struct {
