@@ -74,7 +74,9 @@ type caseStore func(t *testing.T, p Policy) (Store, func(us int64))
 // runAlgorithmCases steps every case through stores made by open and checks
 // each decision: allowed and remaining exactly, reset and retry_after within
 // the file's 1000 µs tolerance. Every step is compared, boundary steps
-// included, since the stores use exact arithmetic.
+// included, since the stores use exact arithmetic. After each step, Peek
+// must report the same remaining and reset, and (the next step checks)
+// consume nothing.
 func runAlgorithmCases(t *testing.T, open caseStore) {
 	steps := 0
 	for _, c := range loadAlgorithmCases(t) {
@@ -107,6 +109,16 @@ func runAlgorithmCases(t *testing.T, open caseStore) {
 					t.Fatalf("step %d (t=%dus cost=%d %s boundary=%v): got allowed=%v remaining=%d reset=%dus retry=%dus; want allowed=%v remaining=%d reset=%dus retry=%dus",
 						i, st.T, cost, st.Op, st.Boundary, d.Allowed, d.Remaining, d.ResetAfter.Microseconds(), d.RetryAfter.Microseconds(),
 						e.Allowed, e.Remaining, e.ResetUs, e.RetryAfter)
+				}
+				// A look at the state right after, at the same time, sees
+				// what the step reported and changes nothing.
+				peek, err := store.Peek(ctx, "k")
+				if err != nil {
+					t.Fatalf("step %d: peek: %v", i, err)
+				}
+				if peek.Remaining != e.Remaining || !within(peek.ResetAfter, e.ResetUs) {
+					t.Fatalf("step %d (t=%dus): peek remaining=%d reset=%dus; the step reported remaining=%d reset=%dus",
+						i, st.T, peek.Remaining, peek.ResetAfter.Microseconds(), e.Remaining, e.ResetUs)
 				}
 				steps++
 			}

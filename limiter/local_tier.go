@@ -375,6 +375,41 @@ func (t *LocalTier) Refund(ctx context.Context, key string, cost int64, taken De
 	return t.store.Refund(ctx, key, cost, taken)
 }
 
+// Peek implements Store: the store's state plus what this instance's
+// lease of the key still holds, as a lease decision reports it.
+func (t *LocalTier) Peek(ctx context.Context, key string) (Decision, error) {
+	d, err := t.store.Peek(ctx, key)
+	if err != nil {
+		return Decision{}, err
+	}
+	now := t.clock.now()
+	sh := t.shard(key)
+	sh.mu.Lock()
+	if k := sh.keys[key]; k != nil && now < k.expires {
+		d.Remaining = min(t.quota, d.Remaining+k.units)
+	}
+	sh.mu.Unlock()
+	return d, nil
+}
+
+// Reset implements Store: it forgets this instance's lease and cached
+// refusal of key, then the store's state. The lease's units are dropped,
+// not given back: they belong to the state being forgotten. Leases other
+// instances hold are given back into the fresh state when they lapse, so
+// right after a reset up to that many units more may pass.
+func (t *LocalTier) Reset(ctx context.Context, key string) error {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	if k := sh.keys[key]; k != nil && k.refill == nil {
+		delete(sh.keys, key)
+		t.keys.Add(-1)
+	} else if k != nil {
+		k.units, k.expires, k.deniedUntil = 0, 0, 0
+	}
+	sh.mu.Unlock()
+	return t.store.Reset(ctx, key)
+}
+
 // giveBack refunds a lease's unspent units to the store, off the request
 // path. taken is the decision that granted them, which names the window
 // or log entry they belong to.

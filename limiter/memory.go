@@ -70,6 +70,7 @@ type memoryTables interface {
 	take(key uint64, p *params, clock *memoryClock, cost int64) Decision
 	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
 	takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Decision, bool)
+	forget(key uint64)
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
 	len() int
@@ -140,6 +141,18 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Deci
 		return Decision{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
 	}
 	return d, nil
+}
+
+// Peek implements Store; it never fails, and a key it does not hold is
+// reported as fresh without being added.
+func (m *Memory) Peek(_ context.Context, key string) (Decision, error) {
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, Decision{}), nil
+}
+
+// Reset implements Store; it never fails.
+func (m *Memory) Reset(_ context.Context, key string) error {
+	m.tables.forget(maphash.String(m.seed, key))
+	return nil
 }
 
 // Refund implements Store; it never fails. A key forgotten since the Take
@@ -229,6 +242,14 @@ func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, co
 		return PS(&fresh).refund(p, now, 0, taken)
 	}
 	return PS(&sh.slots[i].st).refund(p, now, cost, taken)
+}
+
+func (set *shardSet[S, PS]) forget(key uint64) {
+	sh := set.lock(key)
+	defer sh.mu.Unlock()
+	if i, ok := sh.index[key]; ok {
+		sh.remove(key, i)
+	}
 }
 
 func (set *shardSet[S, PS]) sweep(p *params, clock *memoryClock) int {

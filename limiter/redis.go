@@ -253,6 +253,29 @@ func (r *Redis) TakeUpTo(ctx context.Context, key string, cost, want int64) (Dec
 	return d, nil
 }
 
+// Peek implements Store with one script run that gives back nothing.
+func (r *Redis) Peek(ctx context.Context, key string) (Decision, error) {
+	var extra any
+	if r.p.alg.refundArg != nil {
+		extra = r.p.alg.refundArg(Decision{})
+	}
+	d, err := r.run(ctx, key, 0, extra)
+	if err != nil {
+		return Decision{}, fmt.Errorf("redis store for zone %q: peek: %w", r.zone, err)
+	}
+	return d, nil
+}
+
+// Reset implements Store: it deletes the key's state, under the store's
+// timeout.
+func (r *Redis) Reset(ctx context.Context, key string) error {
+	ctx = r.deadlines.bound(ctx, r.timeout)
+	if err := r.client.Del(ctx, r.Key(key)).Err(); err != nil {
+		return fmt.Errorf("redis store for zone %q: reset: %w", r.zone, err)
+	}
+	return nil
+}
+
 // Refund implements Store: it gives back what taken consumed, or releases
 // its concurrency lease, in one script run.
 func (r *Redis) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {

@@ -18,6 +18,13 @@ type Store interface {
 	// key's state afterwards. Every give-back, whatever its cause, is a
 	// Refund.
 	Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error)
+	// Peek reports key's state as a refund of nothing would: Remaining
+	// and ResetAfter as they stand, consuming nothing, so an operator
+	// can see why a client is refused.
+	Peek(ctx context.Context, key string) (Decision, error)
+	// Reset forgets key's state: its next request starts afresh, as
+	// after an operator clears a key for a support ticket.
+	Reset(ctx context.Context, key string) error
 }
 
 // Leaser is a shared store that can grant several units in one decision,

@@ -2,7 +2,8 @@
 -- front of the algorithm's own file as one script, so a decision is still a
 -- single atomic EVALSHA; what every algorithm needs is written once, here.
 --
--- ARGV[1..4]: cost (units to take; negated, units to give back), now (µs;
+-- ARGV[1..4]: cost (units to take; negated, units to give back; 0, none:
+-- the state as it stands), now (µs;
 -- "" = Redis TIME, the only value outside tests), L, W. Further arguments
 -- are the algorithm's. A test that sets now also steps it far from the wall
 -- clock, so its keys live 10 minutes longer than their state needs (pad,
@@ -13,7 +14,8 @@
 -- few arguments: each one is a string Redis parses and Lua interns.
 
 local cost, op = tonumber(ARGV[1]), 'take'
-if cost < 0 then
+if cost <= 0 then
+  -- A cost of 0 gives nothing back: a look at the state (limiter's Peek).
   cost, op = -cost, 'return'
 end
 local l, w = tonumber(ARGV[3]), tonumber(ARGV[4])

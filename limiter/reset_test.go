@@ -1,0 +1,75 @@
+package limiter
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+)
+
+// TestResetForgetsOneKey: Reset starts one key afresh in both stores and in
+// a local tier, and leaves every other key, and the same key of another
+// zone, as they were.
+func TestResetForgetsOneKey(t *testing.T) {
+	ctx := context.Background()
+	p := Policy{Algorithm: FixedWindow, Events: 3, Window: time.Hour}
+	client := redistest.Start(t).Client(t)
+	stores := map[string]func(zone string) Store{
+		"memory": func(string) Store {
+			m, err := NewMemory(p, MemoryOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		},
+		"redis": func(zone string) Store {
+			return newTestRedis(t, client, p, RedisOptions{Zone: zone, Timeout: 5 * time.Second})
+		},
+		"local tier": func(zone string) Store {
+			tier, err := NewLocalTier(newTestRedis(t, client, p, RedisOptions{Zone: zone, Timeout: 5 * time.Second}), p, LocalTierOptions{LeaseFraction: 1, DenyFor: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tier.Close(ctx) })
+			return tier
+		},
+	}
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			zone := "reset-" + name
+			s, other := open(zone), open(zone+"-other")
+			for _, st := range []Store{s, other} {
+				for _, key := range []string{"a/b:c", "d"} {
+					for range 4 {
+						if _, err := st.Take(ctx, key, 1); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			if err := s.Reset(ctx, "a/b:c"); err != nil {
+				t.Fatal(err)
+			}
+			peek := func(st Store, key string) int64 {
+				d, err := st.Peek(ctx, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d.Remaining
+			}
+			if got := peek(s, "a/b:c"); got != 3 {
+				t.Errorf("reset key: %d remaining, want all 3", got)
+			}
+			if got := peek(s, "d"); got != 0 {
+				t.Errorf("another key: %d remaining after the reset, want 0", got)
+			}
+			if got := peek(other, "a/b:c"); got != 0 {
+				t.Errorf("the key in another zone: %d remaining after the reset, want 0", got)
+			}
+			if d, _ := s.Take(ctx, "a/b:c", 1); !d.Allowed || d.Remaining != 2 {
+				t.Errorf("first request after the reset: %+v", d)
+			}
+		})
+	}
+}
