@@ -307,7 +307,7 @@ func (h *Handler) Cleanup() error {
 // JWT verifier.
 func (h *Handler) provisionShared(ctx caddy.Context) error {
 	if h.Redis != nil {
-		c, key, err := loadRedisClient(h.Redis.resolved())
+		c, key, err := loadRedisClient(h.Redis.poolKey())
 		if err != nil {
 			return err
 		}
