@@ -254,6 +254,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		interval = time.Minute
 	}
 	h.sweeper = startSweeper(interval, h.zones)
+	h.warmRedis()
 	return nil
 }
 
