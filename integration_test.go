@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,8 +74,8 @@ func (r response) hasRateLimitHeaders() bool {
 // newClient returns a client that never uses a proxy from the environment
 // and opens a connection per request: a reload through the admin API closes
 // Caddy's idle connections, and a request sent on one just as it closes
-// fails with a reset that net/http does not retry, so a kept-alive
-// connection would make every test that reloads flaky.
+// would fail. A fresh connection can still be dropped by a reload (see
+// send), which send retries.
 func newClient(t *testing.T) *http.Client {
 	tr := &http.Transport{Proxy: nil, DisableKeepAlives: true}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -83,7 +84,41 @@ func newClient(t *testing.T) *http.Client {
 
 // send makes one request; headers are name, value pairs. It may run on any
 // goroutine, so it returns errors rather than failing the test.
+//
+// A GET or HEAD whose connection ends before any response (EOF or reset)
+// is sent once more: each config binds its own socket (SO_REUSEPORT), so a
+// connection the kernel queued on the old config's socket is reset when a
+// reload closes it, and a kept-alive connection can be closed by the old
+// server as the request goes out. Neither reached a handler. A server that
+// fails for real fails the second attempt too, and an error after the
+// response began is never retried.
 func send(c *http.Client, method, url string, headers ...string) (response, error) {
+	r, err := sendOnce(c, method, url, headers...)
+	if err != nil && (method == http.MethodGet || method == http.MethodHead) && droppedBeforeResponse(err) {
+		var again error
+		if r, again = sendOnce(c, method, url, headers...); again != nil {
+			return response{}, fmt.Errorf("%w (retried after %v)", again, err)
+		}
+		return r, nil
+	}
+	return r, err
+}
+
+// errBeforeResponse marks an error of sendOnce that came before any
+// response: only those may be retried.
+type errBeforeResponse struct{ err error }
+
+func (e errBeforeResponse) Error() string { return e.err.Error() }
+func (e errBeforeResponse) Unwrap() error { return e.err }
+
+// droppedBeforeResponse reports whether err is a connection that ended,
+// cleanly or by a reset, before any response came.
+func droppedBeforeResponse(err error) bool {
+	var before errBeforeResponse
+	return errors.As(err, &before) && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET))
+}
+
+func sendOnce(c *http.Client, method, url string, headers ...string) (response, error) {
 	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
 		return response{}, err
@@ -94,7 +129,7 @@ func send(c *http.Client, method, url string, headers ...string) (response, erro
 	start := time.Now()
 	resp, err := c.Do(req)
 	if err != nil {
-		return response{}, err
+		return response{}, errBeforeResponse{err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)

@@ -97,6 +97,9 @@ type Handler struct {
 	// local tiers' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
 	clock limiter.Clock
+	// inflight counts the requests being served while there is a Redis
+	// client, so Cleanup hands the client back only once they are done.
+	inflight *inflight
 }
 
 // Zone is one rate limit.
@@ -275,6 +278,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		interval = time.Minute
 	}
 	h.sweeper = startSweeper(interval, h.zones)
+	h.warmRedis()
 	return nil
 }
 
@@ -319,11 +323,20 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup stops the sweeper and releases the zones' stores.
+// Cleanup stops the sweeper and lets go of the zones' stores, while the
+// handler keeps limiting: Caddy cleans a replaced config up while its
+// servers still finish the requests they were serving (see drain.go).
+// Memory stores are only unreferenced, never emptied; the Redis client is
+// handed back once the handler's requests are done, within a bound.
 func (h *Handler) Cleanup() error {
 	h.sweeper.stop()
-	h.releaseZones()
-	h.releaseShared()
+	for _, z := range h.zones {
+		z.release()
+	}
+	h.jwt.Close()
+	if key := h.redisKey; key != "" {
+		h.inflight.releaseWhenIdle(func() { releaseRedisClient(key) })
+	}
 	return nil
 }
 
@@ -331,11 +344,12 @@ func (h *Handler) Cleanup() error {
 // JWT verifier.
 func (h *Handler) provisionShared(ctx caddy.Context) error {
 	if h.Redis != nil {
-		c, key, err := loadRedisClient(h.Redis.resolved())
+		c, key, err := loadRedisClient(h.Redis.poolKey())
 		if err != nil {
 			return err
 		}
 		h.redis, h.redisKey = c, key
+		h.inflight = new(inflight)
 	}
 	if h.JWT != nil {
 		v, err := h.JWT.newVerifier(ctx, h.logger)
@@ -367,6 +381,10 @@ func (h *Handler) releaseZones() {
 // deep enough chain makes every connection's goroutine grow its stack
 // again after each garbage collection shrinks it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if f := h.inflight; f != nil {
+		f.enter()
+		defer f.leave()
+	}
 	ev, pass, err := h.admit(w, r)
 	if !pass {
 		return err

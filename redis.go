@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -41,6 +43,21 @@ type RedisConfig struct {
 	// Timeout bounds each decision; past it the zone's fail mode applies.
 	// Default: 5ms.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// DialTimeout bounds connecting to a server, apart from Timeout: a
+	// connection opened for a decision still counts against the
+	// decision's timeout, but the warm start when a config loads, which
+	// connects before the config serves, waits up to this long (within
+	// its 1s budget). Default: 1s, or a url's dial_timeout query option.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+	// BreakerAfter is how long every decision on the block's servers must
+	// fail before the breaker opens: requests are then answered by their
+	// zone's fail mode at once instead of each waiting for the timeout.
+	// Default: 100ms.
+	BreakerAfter caddy.Duration `json:"breaker_after,omitempty"`
+	// BreakerOpenFor is how long the breaker stays open before decisions
+	// go to Redis again; one more failure then opens it for as long again.
+	// Default: 250ms.
+	BreakerOpenFor caddy.Duration `json:"breaker_open_for,omitempty"`
 	// PoolSize bounds connections per node. Default: go-redis's, 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 	// KeyPrefix starts every key Floodgate writes. Default: "floodgate:".
@@ -64,10 +81,35 @@ func (c *RedisConfig) validate() error {
 	if c.Timeout < 0 || c.PoolSize < 0 || c.DB < 0 {
 		return errors.New("redis: timeout, pool_size and db must not be negative")
 	}
+	if c.DialTimeout < 0 || c.BreakerAfter < 0 || c.BreakerOpenFor < 0 {
+		return errors.New("redis: dial_timeout, breaker_after and breaker_open_for must not be negative")
+	}
 	return nil
 }
 
-// resolved is c with placeholders replaced, in the limiter's terms.
+// defaultDialTimeout bounds connecting when neither dial_timeout nor the
+// url says: long enough for a server across a network, short enough that
+// the warm start of a config with an unreachable Redis stays within its
+// budget (see warmRedis).
+const defaultDialTimeout = time.Second
+
+// redisPoolKey is what identifies a shared client: its settings and its
+// breaker's, so a reload that changes either gets a client of its own.
+type redisPoolKey struct {
+	Client  limiter.RedisConfig
+	Breaker limiter.BreakerOptions
+}
+
+// poolKey is c with placeholders replaced, in the limiter's terms.
+func (c *RedisConfig) poolKey() redisPoolKey {
+	return redisPoolKey{
+		Client:  c.resolved(),
+		Breaker: limiter.BreakerOptions{After: time.Duration(c.BreakerAfter), OpenFor: time.Duration(c.BreakerOpenFor)},
+	}
+}
+
+// resolved is c's client settings with placeholders replaced, in the
+// limiter's terms.
 func (c *RedisConfig) resolved() limiter.RedisConfig {
 	repl := caddy.NewReplacer()
 	r := limiter.RedisConfig{
@@ -81,11 +123,22 @@ func (c *RedisConfig) resolved() limiter.RedisConfig {
 		TLS:                c.TLS,
 		InsecureSkipVerify: c.InsecureSkipVerify,
 		PoolSize:           c.PoolSize,
+		DialTimeout:        time.Duration(c.DialTimeout),
 	}
 	for _, a := range c.Addresses {
 		r.Addresses = append(r.Addresses, repl.ReplaceKnown(a, ""))
 	}
+	if r.DialTimeout == 0 && !urlSetsDialTimeout(r.URL) {
+		r.DialTimeout = defaultDialTimeout
+	}
 	return r
+}
+
+// urlSetsDialTimeout reports whether raw carries go-redis's dial_timeout
+// query option, which the default must not override.
+func urlSetsDialTimeout(raw string) bool {
+	u, err := url.Parse(raw)
+	return err == nil && u.Query().Has("dial_timeout")
 }
 
 // redisClients shares one client among every handler whose redis block
@@ -107,18 +160,22 @@ func (p pooledRedis) Destruct() error { return p.Close() }
 // the key to release it by. The client connects lazily: an unreachable
 // Redis does not stop Caddy from starting; the zones' fail modes apply
 // until it answers.
-func loadRedisClient(cfg limiter.RedisConfig) (pooledRedis, string, error) {
+func loadRedisClient(cfg redisPoolKey) (pooledRedis, string, error) {
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
 	}
 	key := string(raw)
 	v, _, err := redisClients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		c, err := cfg.NewClient()
+		b, err := limiter.NewBreakerWith(cfg.Breaker)
 		if err != nil {
 			return nil, err
 		}
-		return pooledRedis{c, limiter.NewBreaker()}, nil
+		c, err := cfg.Client.NewClient()
+		if err != nil {
+			return nil, err
+		}
+		return pooledRedis{c, b}, nil
 	})
 	if err != nil {
 		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
@@ -180,6 +237,12 @@ func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "timeout":
 			err = parseDurationArg(d, &c.Timeout)
+		case "dial_timeout":
+			err = parseDurationArg(d, &c.DialTimeout)
+		case "breaker_after":
+			err = parseDurationArg(d, &c.BreakerAfter)
+		case "breaker_open_for":
+			err = parseDurationArg(d, &c.BreakerOpenFor)
 		case "pool_size":
 			var n int64
 			if err = parsePositiveArg(d, &n); err == nil {

@@ -72,6 +72,8 @@ type limit struct {
 	remote bool
 	// poolKeys name the memory stores this limit holds in memoryStores.
 	poolKeys []string
+	// redis is the limit's Redis store, behind tier when there is one.
+	redis *limiter.Redis
 	// tier is the redis store's local tier (leases, denial cache), which
 	// release closes so its leases go back to Redis.
 	tier *limiter.LocalTier
@@ -355,7 +357,7 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 	if err != nil {
 		return limit{}, fmt.Errorf("redis store: %w", err)
 	}
-	l.store, l.remote = rs, true
+	l.store, l.redis, l.remote = rs, rs, true
 	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
 		logger := h.logger.With(zap.String("zone", name))
 		tier, err := limiter.NewLocalTier(rs, p, limiter.LocalTierOptions{

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -18,18 +19,32 @@ import (
 var ErrStoreUnavailable = errors.New("store is failing; not asked until it may have recovered")
 
 // The stores sharing a Breaker stop asking a Redis that has failed every
-// decision of theirs for breakerAfter, and answer ErrStoreUnavailable at
-// once until breakerRetry has passed; then decisions go to Redis again, and
-// one more failure stops them for another breakerRetry. Without it every request during an outage
-// would wait up to the timeout before its fail mode applied, and a Redis
+// decision of theirs for DefaultBreakerAfter (BreakerOptions.After), and
+// answer ErrStoreUnavailable at once until DefaultBreakerOpenFor
+// (BreakerOptions.OpenFor) has passed; then decisions go to Redis again,
+// and one more failure stops them for another OpenFor. Without it every
+// request during an outage would wait up to the timeout before its fail
+// mode applied, and a Redis
 // that stalled rather than refused would hold every request that long.
 // One success ends the streak, so a Redis that is slow now and then, or a
 // Cluster with one master down, is never cut off: only decisions that
 // would have failed anyway are answered early.
 const (
-	breakerAfter = 100 * time.Millisecond
-	breakerRetry = 250 * time.Millisecond
+	DefaultBreakerAfter   = 100 * time.Millisecond
+	DefaultBreakerOpenFor = 250 * time.Millisecond
 )
+
+// BreakerOptions are a Breaker's two timings; zero means the default.
+// Operators tune them to their Redis: After short enough that an outage
+// costs few requests a timeout each, long enough that a blip does not cut
+// Redis off; OpenFor short enough that a recovery is noticed soon, long
+// enough that a dead Redis is not asked too often.
+type BreakerOptions struct {
+	// After is how long every decision must fail before the breaker opens.
+	After time.Duration
+	// OpenFor is how long it stays open before Redis is asked again.
+	OpenFor time.Duration
+}
 
 // Breaker tracks a Redis's streak of failures for the stores that use it.
 // Stores that share a client should share a Breaker (RedisOptions.Breaker):
@@ -39,22 +54,42 @@ const (
 // back. Times are nanoseconds on its clock; zero means unset.
 type Breaker struct {
 	clock func() int64
+	// after and openFor are BreakerOptions in nanoseconds.
+	after, openFor int64
 	// since is when the current streak of failures began.
 	since atomic.Int64
 	// until is when decisions may go to Redis again.
 	until atomic.Int64
 }
 
-// NewBreaker returns a Breaker for the stores of one client.
+// NewBreaker returns a Breaker for the stores of one client, with the
+// default timings.
 func NewBreaker() *Breaker { return newBreaker(nil) }
 
-// newBreaker is a Breaker on clock, or on the monotonic clock when nil.
+// NewBreakerWith returns a Breaker for the stores of one client with
+// opts' timings, refusing negative ones.
+func NewBreakerWith(opts BreakerOptions) (*Breaker, error) {
+	if opts.After < 0 || opts.OpenFor < 0 {
+		return nil, fmt.Errorf("breaker: negative timing (after %v, open for %v)", opts.After, opts.OpenFor)
+	}
+	b := newBreaker(nil)
+	if opts.After > 0 {
+		b.after = int64(opts.After)
+	}
+	if opts.OpenFor > 0 {
+		b.openFor = int64(opts.OpenFor)
+	}
+	return b, nil
+}
+
+// newBreaker is a Breaker with the default timings on clock, or on the
+// monotonic clock when nil.
 func newBreaker(clock func() int64) *Breaker {
 	if clock == nil {
 		base := time.Now() // monotonic: wall-clock steps move nothing
 		clock = func() int64 { return int64(time.Since(base)) + 1 }
 	}
-	return &Breaker{clock: clock}
+	return &Breaker{clock: clock, after: int64(DefaultBreakerAfter), openFor: int64(DefaultBreakerOpenFor)}
 }
 
 // open reports whether decisions should not go to Redis now.
@@ -82,8 +117,8 @@ func (b *Breaker) record(err error) {
 		b.since.CompareAndSwap(0, now)
 		return
 	}
-	if now-since >= int64(breakerAfter) {
-		b.until.Store(now + int64(breakerRetry))
+	if now-since >= b.after {
+		b.until.Store(now + b.openFor)
 	}
 }
 

@@ -23,8 +23,8 @@ func (replyError) RedisError()     {}
 var _ redis.Error = replyError("")
 
 // TestBreakerSteps checks the breaker's rules on a stepped clock: a streak
-// of failures opens it only once it has lasted breakerAfter, it then stays
-// open for breakerRetry, one failure after that opens it again at once,
+// of failures opens it only once it has lasted DefaultBreakerAfter, it then stays
+// open for DefaultBreakerOpenFor, one failure after that opens it again at once,
 // and one success, or an answer about a single key, ends the streak.
 func TestBreakerSteps(t *testing.T) {
 	var now int64 = 1
@@ -40,27 +40,27 @@ func TestBreakerSteps(t *testing.T) {
 	}
 	b.record(down)
 	check("after one failure", false)
-	step(breakerAfter - time.Millisecond)
+	step(DefaultBreakerAfter - time.Millisecond)
 	b.record(down)
-	check("a streak shorter than breakerAfter", false)
+	check("a streak shorter than DefaultBreakerAfter", false)
 	step(time.Millisecond)
 	b.record(down)
-	check("a streak of breakerAfter", true)
-	step(breakerRetry - time.Millisecond)
-	check("within breakerRetry", true)
+	check("a streak of DefaultBreakerAfter", true)
+	step(DefaultBreakerOpenFor - time.Millisecond)
+	check("within DefaultBreakerOpenFor", true)
 	step(time.Millisecond)
-	check("after breakerRetry", false)
+	check("after DefaultBreakerOpenFor", false)
 	b.record(down)
 	check("one more failure", true)
-	step(breakerRetry)
+	step(DefaultBreakerOpenFor)
 	b.record(nil)
 	check("after a success", false)
 	b.record(down)
-	step(breakerAfter)
+	step(DefaultBreakerAfter)
 	b.record(replyError("WRONGTYPE Operation against a key holding the wrong kind of value"))
 	b.record(down)
 	check("an answer about one key ended the streak", false)
-	step(breakerAfter)
+	step(DefaultBreakerAfter)
 	b.record(context.Canceled)
 	b.record(down)
 	check("a caller that left neither failed nor ended the streak", true)
@@ -86,9 +86,9 @@ func TestStoreWide(t *testing.T) {
 }
 
 // TestRedisBreakerWhenPaused checks the breaker against a real stalled
-// Redis: once decisions have failed for breakerAfter, callers are answered
+// Redis: once decisions have failed for DefaultBreakerAfter, callers are answered
 // ErrStoreUnavailable at once instead of after the timeout, and once Redis
-// answers again decisions resume within breakerRetry and a margin.
+// answers again decisions resume within DefaultBreakerOpenFor and a margin.
 func TestRedisBreakerWhenPaused(t *testing.T) {
 	s := redistest.Start(t)
 	client := s.Client(t)
@@ -132,8 +132,8 @@ func TestRedisBreakerWhenPaused(t *testing.T) {
 		}
 		wg.Wait()
 	}
-	if opened := time.Since(start); opened < breakerAfter {
-		t.Errorf("turned callers away %v after the pause, before breakerAfter (%v)", opened, breakerAfter)
+	if opened := time.Since(start); opened < DefaultBreakerAfter {
+		t.Errorf("turned callers away %v after the pause, before DefaultBreakerAfter (%v)", opened, DefaultBreakerAfter)
 	}
 
 	s.Resume()
@@ -143,7 +143,7 @@ func TestRedisBreakerWhenPaused(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if time.Since(resumed) > breakerRetry+2*time.Second {
+		if time.Since(resumed) > DefaultBreakerOpenFor+2*time.Second {
 			t.Fatalf("no decision %v after resuming: %v", time.Since(resumed), err)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -155,7 +155,7 @@ func TestRedisBreakerWhenPaused(t *testing.T) {
 // come back together: once one store's failures have opened it, another
 // store is turned away at once, and once Redis answers one store, the
 // other asks Redis again at once instead of failing over for the rest of
-// breakerRetry.
+// DefaultBreakerOpenFor.
 func TestRedisBreakerShared(t *testing.T) {
 	s := redistest.Start(t)
 	client := s.Client(t)
@@ -178,18 +178,18 @@ func TestRedisBreakerShared(t *testing.T) {
 		if _, err := busy.Take(ctx, "k", 1); !errors.Is(err, ErrStoreTimeout) {
 			t.Fatalf("busy zone while paused: %v, want a timeout", err)
 		}
-		step(breakerAfter)
+		step(DefaultBreakerAfter)
 	}
 	if _, err := quiet.Take(ctx, "k", 1); !errors.Is(err, ErrStoreUnavailable) {
 		t.Fatalf("quiet zone after the busy one opened the breaker: %v, want ErrStoreUnavailable at once", err)
 	}
 
 	s.Resume()
-	step(breakerRetry)
+	step(DefaultBreakerOpenFor)
 	testutil.Eventually(t, "the busy zone to decide after resuming", func() error {
 		_, err := busy.Take(ctx, "k", 1)
 		if err != nil {
-			step(breakerRetry) // a failure reopened it; let the next try through
+			step(DefaultBreakerOpenFor) // a failure reopened it; let the next try through
 		}
 		return err
 	})
@@ -197,5 +197,25 @@ func TestRedisBreakerShared(t *testing.T) {
 	// can have let the quiet one through.
 	if d, err := quiet.Take(ctx, "k", 1); err != nil || !d.Allowed {
 		t.Fatalf("quiet zone right after the busy one reached Redis: %+v %v", d, err)
+	}
+}
+
+// TestBreakerWithTimings: the timings of NewBreakerWith replace the
+// defaults, zero keeps them, and negative ones are refused.
+func TestBreakerWithTimings(t *testing.T) {
+	b, err := NewBreakerWith(BreakerOptions{After: time.Second, OpenFor: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.after != int64(time.Second) || b.openFor != int64(3*time.Second) {
+		t.Errorf("timings %v, %v; want 1s, 3s", time.Duration(b.after), time.Duration(b.openFor))
+	}
+	if b, _ = NewBreakerWith(BreakerOptions{}); b.after != int64(DefaultBreakerAfter) || b.openFor != int64(DefaultBreakerOpenFor) {
+		t.Errorf("zero timings gave %v, %v; want the defaults", time.Duration(b.after), time.Duration(b.openFor))
+	}
+	for _, o := range []BreakerOptions{{After: -1}, {OpenFor: -1}} {
+		if _, err := NewBreakerWith(o); err == nil {
+			t.Errorf("%+v accepted", o)
+		}
 	}
 }

@@ -303,7 +303,7 @@ func TestRedisTimeoutWhenPaused(t *testing.T) {
 							t.Error("Take answered while Redis was paused")
 							return
 						}
-						// Past breakerAfter of failures on a loaded machine,
+						// Past DefaultBreakerAfter of failures on a loaded machine,
 						// the breaker answers without waiting.
 						if !errors.Is(err, ErrStoreTimeout) && !errors.Is(err, ErrStoreUnavailable) {
 							t.Errorf("round %d caller %d: error %v wraps neither ErrStoreTimeout nor ErrStoreUnavailable", round, c, err)

@@ -1,0 +1,96 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+)
+
+// TestCaddyfileRedisTimings: dial_timeout, breaker_after and
+// breaker_open_for parse from the redis block, adapt to their JSON names,
+// and reach the client settings and the pool key, so a reload that changes
+// any of them gets a client of its own.
+func TestCaddyfileRedisTimings(t *testing.T) {
+	input := `:8080 {
+		rate_limit {
+			zone shared {
+				rate 10/s
+				store redis
+			}
+			redis {
+				url redis://127.0.0.1:6379
+				dial_timeout 2s
+				breaker_after 300ms
+				breaker_open_for 3s
+			}
+		}
+		respond "ok"
+	}`
+	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+	out, warnings, err := adapter.Adapt([]byte(input), nil)
+	if err != nil {
+		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
+	}
+	for _, want := range []string{`"dial_timeout":2000000000`, `"breaker_after":300000000`, `"breaker_open_for":3000000000`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("adapted JSON lacks %s:\n%s", want, out)
+		}
+	}
+	h, err := parseDirective(t, "rate_limit {\n"+input[strings.Index(input, "zone"):strings.LastIndex(input, "respond")])
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := h.Redis.poolKey()
+	if key.Client.DialTimeout != 2*time.Second || key.Breaker.After != 300*time.Millisecond || key.Breaker.OpenFor != 3*time.Second {
+		t.Errorf("pool key %+v, want dial 2s, breaker 300ms and 3s", key)
+	}
+
+	// Defaults: a 1s dial unless the url sets one; breaker timings zero,
+	// which the limiter reads as its defaults.
+	def := RedisConfig{URL: "redis://127.0.0.1:6379"}
+	if got := def.poolKey(); got.Client.DialTimeout != defaultDialTimeout || got.Breaker.After != 0 || got.Breaker.OpenFor != 0 {
+		t.Errorf("default pool key %+v", got)
+	}
+	if got := (&RedisConfig{URL: "redis://127.0.0.1:6379?dial_timeout=3s"}).resolved(); got.DialTimeout != 0 {
+		t.Errorf("dial_timeout %v overrides the url's", got.DialTimeout)
+	}
+	mk := func(c RedisConfig) string {
+		raw, _ := json.Marshal(c.poolKey())
+		return string(raw)
+	}
+	changed := def
+	changed.BreakerOpenFor = caddy.Duration(time.Second)
+	if mk(def) == mk(changed) {
+		t.Error("a breaker_open_for change keeps the pool key: a reload would keep the old breaker")
+	}
+
+	// JSON configs are checked by Validate.
+	for _, c := range []RedisConfig{
+		{URL: def.URL, DialTimeout: -1},
+		{URL: def.URL, BreakerAfter: -1},
+		{URL: def.URL, BreakerOpenFor: -1},
+	} {
+		if err := c.validate(); err == nil {
+			t.Errorf("%+v validated", c)
+		}
+	}
+}
+
+// TestCaddyfileRedisTimingErrors: bad timings are refused with the line.
+func TestCaddyfileRedisTimingErrors(t *testing.T) {
+	block := func(opt string) string {
+		return "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n }\n redis {\n  url redis://127.0.0.1:6379\n  " + opt + "\n }\n}"
+	}
+	runParseErrorCases(t, []parseErrorCase{
+		{"negative dial_timeout", block("dial_timeout -1s"), []string{"dial_timeout", ":8"}},
+		{"zero breaker_after", block("breaker_after 0s"), []string{"breaker_after", "positive", ":8"}},
+		{"negative breaker_open_for", block("breaker_open_for -250ms"), []string{"breaker_open_for", ":8"}},
+		{"bad duration", block("breaker_after soon"), []string{"breaker_after", "duration", ":8"}},
+		{"missing value", block("dial_timeout"), []string{":8"}},
+	})
+}

@@ -1,0 +1,28 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Preload connects to the store's Redis and loads its script there (on
+// every master of a Cluster), so that the first decision is an ordinary
+// one: without it, the first decision after a start or a reload pays a
+// dial and a NOSCRIPT round trip, which can run past a tight timeout and
+// leave the decision to the zone's fail mode. ctx bounds the whole load.
+// An error leaves the store as usable as before: decisions dial and load
+// the script themselves, as they would have anyway.
+func (r *Redis) Preload(ctx context.Context) error {
+	load := func(ctx context.Context, c redis.Scripter) error {
+		if err := r.script.Load(ctx, c).Err(); err != nil {
+			return fmt.Errorf("redis store for zone %q: loading its script: %w", r.zone, err)
+		}
+		return nil
+	}
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	}
+	return load(ctx, r.client)
+}

@@ -1,0 +1,84 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+)
+
+// warmSite is a site whose one zone keeps its state on redisAddr with a
+// tight timeout: a first decision that also had to dial and load its
+// script could run past it and fail open, without headers.
+func warmSite(redisAddr, body string) string {
+	return redisGlobals + fmt.Sprintf(`
+http://{{http}} {
+	rate_limit {
+		zone warm {
+			key header X-Client
+			algorithm fixed_window
+			events 5
+			window 1h
+			store redis
+		}
+		redis {
+			url redis://%s/0?client_name=floodgate-caddy
+			timeout 100ms
+		}
+	}
+	respond %q
+}
+`, redisAddr, body)
+}
+
+// TestRedisWarmStart: a config that starts, or a reload that moves a zone
+// to another redis-server, has connected and loaded the zone's script
+// before it serves, so the first request is an ordinary decision and
+// carries the zone's headers.
+func TestRedisWarmStart(t *testing.T) {
+	t.Parallel()
+	one, two := redistest.Start(t), redistest.Start(t)
+	warmed := func(what string, s *redistest.Server) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		info, err := s.Client(t).Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatalf("%s: INFO: %v", what, err)
+		}
+		// The server is the zone's alone: one cached script is its own.
+		if !strings.Contains(info, "number_of_cached_scripts:1\r\n") {
+			t.Errorf("%s: the zone's script is not loaded before the first request (INFO memory: %q)", what, cachedScriptsLine(info))
+		}
+		if len(caddyConnIDs(t, s)) == 0 {
+			t.Errorf("%s: Caddy has not connected before the first request", what)
+		}
+	}
+	inst := caddyproc.Start(t, warmSite(one.Addr(), "v1"))
+	warmed("after the start", one)
+	c := newClient(t)
+	wantRemaining(t, "the first request after the start", sequence(t, c, 1, inst.URL("/"), clientHeader("k")...), "warm", 4)
+
+	if err := inst.Load(warmSite(two.Addr(), "v2")); err != nil {
+		t.Fatalf("Load: %v\n%s", err, inst.Log())
+	}
+	warmed("after a reload to another server", two)
+	wantRemaining(t, "the first request after the reload", sequence(t, c, 1, inst.URL("/"), clientHeader("k")...), "warm", 4)
+	if t.Failed() {
+		t.Logf("caddy log:\n%s", inst.Log())
+	}
+}
+
+// cachedScriptsLine is INFO's number_of_cached_scripts line, for messages.
+func cachedScriptsLine(info string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if strings.HasPrefix(line, "number_of_cached_scripts:") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return "no number_of_cached_scripts"
+}
