@@ -44,6 +44,9 @@ type BreakerOptions struct {
 	After time.Duration
 	// OpenFor is how long it stays open before Redis is asked again.
 	OpenFor time.Duration
+	// Clock times the streaks; nil means the monotonic clock, which
+	// steps of the wall clock do not move.
+	Clock Clock
 }
 
 // Breaker tracks a Redis's streak of failures for the stores that use it.
@@ -64,7 +67,10 @@ type Breaker struct {
 
 // NewBreaker returns a Breaker for the stores of one client, with the
 // default timings.
-func NewBreaker() *Breaker { return newBreaker(nil) }
+func NewBreaker() *Breaker {
+	b, _ := NewBreakerWith(BreakerOptions{}) // no negative timing to refuse
+	return b
+}
 
 // NewBreakerWith returns a Breaker for the stores of one client with
 // opts' timings, refusing negative ones.
@@ -72,7 +78,13 @@ func NewBreakerWith(opts BreakerOptions) (*Breaker, error) {
 	if opts.After < 0 || opts.OpenFor < 0 {
 		return nil, fmt.Errorf("breaker: negative timing (after %v, open for %v)", opts.After, opts.OpenFor)
 	}
-	b := newBreaker(nil)
+	b := &Breaker{after: int64(DefaultBreakerAfter), openFor: int64(DefaultBreakerOpenFor)}
+	if c := opts.Clock; c != nil {
+		b.clock = func() int64 { return c.Now().UnixNano() }
+	} else {
+		base := time.Now() // monotonic: wall-clock steps move nothing
+		b.clock = func() int64 { return int64(time.Since(base)) + 1 }
+	}
 	if opts.After > 0 {
 		b.after = int64(opts.After)
 	}
@@ -80,16 +92,6 @@ func NewBreakerWith(opts BreakerOptions) (*Breaker, error) {
 		b.openFor = int64(opts.OpenFor)
 	}
 	return b, nil
-}
-
-// newBreaker is a Breaker with the default timings on clock, or on the
-// monotonic clock when nil.
-func newBreaker(clock func() int64) *Breaker {
-	if clock == nil {
-		base := time.Now() // monotonic: wall-clock steps move nothing
-		clock = func() int64 { return int64(time.Since(base)) + 1 }
-	}
-	return &Breaker{clock: clock, after: int64(DefaultBreakerAfter), openFor: int64(DefaultBreakerOpenFor)}
 }
 
 // open reports whether decisions should not go to Redis now.

@@ -27,9 +27,9 @@ var _ redis.Error = replyError("")
 // open for DefaultBreakerOpenFor, one failure after that opens it again at once,
 // and one success, or an answer about a single key, ends the streak.
 func TestBreakerSteps(t *testing.T) {
-	var now int64 = 1
-	b := newBreaker(func() int64 { return now })
-	step := func(d time.Duration) { now += int64(d) }
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	b, _ := NewBreakerWith(BreakerOptions{Clock: clock})
+	step := clock.Advance
 	down := fmt.Errorf("redis: %w", context.DeadlineExceeded)
 
 	check := func(when string, want bool) {
@@ -159,11 +159,9 @@ func TestRedisBreakerWhenPaused(t *testing.T) {
 func TestRedisBreakerShared(t *testing.T) {
 	s := redistest.Start(t)
 	client := s.Client(t)
-	var now int64 = 1
-	var mu sync.Mutex
-	clock := func() int64 { mu.Lock(); defer mu.Unlock(); return now }
-	step := func(d time.Duration) { mu.Lock(); now += int64(d); mu.Unlock() }
-	shared := newBreaker(clock)
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	step := clock.Advance
+	shared, _ := NewBreakerWith(BreakerOptions{Clock: clock})
 	opts := func(zone string) RedisOptions {
 		return RedisOptions{Zone: zone, Timeout: 50 * time.Millisecond, Breaker: shared}
 	}
