@@ -84,6 +84,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = parsePositiveArg(d, &n); err == nil {
 				h.MaxKeys = int(n)
 			}
+		case "log_sample":
+			err = parseLogSample(d, &h.LogSample)
 		case "jitter":
 			err = parseJitter(d, &h.Jitter)
 		case "distributed":
@@ -373,6 +375,19 @@ func parseJitter(d *caddyfile.Dispenser, dst *float64) error {
 	v, err := strconv.ParseFloat(d.Val(), 64)
 	if err != nil || v < 0 {
 		return d.Errf("jitter: want a non-negative fraction such as 0.2, got %q", d.Val())
+	}
+	*dst = v
+	return noArgs(d)
+}
+
+// parseLogSample reads `log_sample <fraction>`, from 0 to 1.
+func parseLogSample(d *caddyfile.Dispenser, dst *float64) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	v, err := strconv.ParseFloat(d.Val(), 64)
+	if err != nil || !(v >= 0 && v <= 1) {
+		return d.Errf("log_sample: want a fraction of decisions from 0 to 1, such as 0.01, got %q", d.Val())
 	}
 	*dst = v
 	return noArgs(d)

@@ -64,6 +64,20 @@ type candidate struct {
 	early bool
 	d     limiter.Decision
 	err   error
+	// took is how long the store took to decide, when the zone is timed.
+	took time.Duration
+}
+
+// take asks c's store for its decision, timing it when the zone's
+// decisions are measured (metrics or samples).
+func (c *candidate) take(ctx context.Context) {
+	if !c.zone.timed {
+		c.d, c.err = c.limit.store.Take(ctx, c.key, c.zone.cost)
+		return
+	}
+	start := time.Now()
+	c.d, c.err = c.limit.store.Take(ctx, c.key, c.zone.cost)
+	c.took = time.Since(start)
 }
 
 // evaluations recycles evaluation buffers: the request path allocates
@@ -184,12 +198,12 @@ func (ev *evaluation) decideRemoteEarly(ctx context.Context) {
 			wg.Add(1)
 			go func(c *candidate) {
 				defer wg.Done()
-				c.d, c.err = c.limit.store.Take(ctx, c.key, c.zone.cost)
+				c.take(ctx)
 			}(last)
 		}
 		last = c
 	}
-	last.d, last.err = last.limit.store.Take(ctx, last.key, last.zone.cost)
+	last.take(ctx)
 	wg.Wait()
 }
 
@@ -214,16 +228,20 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 	if c.missingDeny {
 		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: limiter.Decision{RetryAfter: l.window}})
 		z.metrics.count(false, z.dryRun, limiter.SourceStore)
+		h.sample(z, c.key, limiter.Decision{}, sourceMissingKey, 0)
 		if z.dryRun {
 			return false
 		}
 		ev.denied = len(ev.outcomes) - 1
 		return true
 	}
-	store, d, err := l.store, c.d, c.err
 	if !c.early {
-		d, err = store.Take(r.Context(), c.key, z.cost)
+		c.take(r.Context())
 	}
+	if z.timed {
+		z.metrics.observe(c.took)
+	}
+	store, d, err := l.store, c.d, c.err
 	if err != nil {
 		z.metrics.failure()
 		h.logStoreFailure(z, err)
@@ -242,6 +260,9 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 	}
 	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, d: d, taken: d.Allowed})
 	z.metrics.count(d.Allowed, z.dryRun, d.Source)
+	if z.timed {
+		h.sample(z, c.key, d, sourceOf(l, store, d), c.took)
+	}
 	switch {
 	case !d.Allowed && z.dryRun:
 		h.logDenial(r, z, c.key, d, true)
@@ -296,6 +317,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	h.writeHeaders(w.Header(), ev, retry)
 	placeholdersFor(r, repl).decide(ev, retry)
 	h.logDenial(r, o.zone, o.key, o.d, false)
+	h.events.exceeded(r, o.zone, wait)
 	if !hasErrorRoutes(r) {
 		// Caddy would only log the error at debug level and write the
 		// status, after building the log fields and cloning the request

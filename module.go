@@ -68,6 +68,12 @@ type Handler struct {
 	// DisableMetrics turns off this handler's Prometheus metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
+	// LogSample logs this fraction of decisions (0 to 1, default 0),
+	// chosen at random, at info level: zone, allowed, remaining, source
+	// (memory, redis, lease, deny_cache, fallback, missing_key), duration
+	// and the key's hash (the raw key with log_key).
+	LogSample float64 `json:"log_sample,omitempty"`
+
 	// Distributed is accepted for compatibility with
 	// mholt/caddy-ratelimit and ignored with a warning: use a zone's
 	// `store redis` to share limits between instances.
@@ -97,6 +103,8 @@ type Handler struct {
 	// local tiers' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
 	clock limiter.Clock
+	// events emits rate_limit_exceeded on each refusal.
+	events *eventEmitter
 	// inflight counts the requests being served while there is a Redis
 	// client, so Cleanup hands the client back only once they are done.
 	inflight *inflight
@@ -241,6 +249,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			}
 		}
 	}
+	events, err := newEventEmitter(ctx)
+	if err != nil {
+		return fmt.Errorf("loading the events app: %w", err)
+	}
+	h.events = events
 	if err := h.provisionShared(ctx); err != nil {
 		h.releaseShared()
 		return err
@@ -267,6 +280,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
 		z.metrics = metrics.forZone(name, z.fail)
+		z.timed = z.metrics != nil || h.LogSample > 0
 		h.zones = append(h.zones, z)
 		if z.limit.remote {
 			h.remoteZones++
@@ -278,6 +292,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		interval = time.Minute
 	}
 	h.sweeper = startSweeper(interval, h.zones)
+	zones.add(h)
 	h.warmRedis()
 	return nil
 }
@@ -292,6 +307,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.MaxKeys < 0 {
 		return fmt.Errorf("max_keys must not be negative, got %d", h.MaxKeys)
+	}
+	if !(h.LogSample >= 0 && h.LogSample <= 1) {
+		return fmt.Errorf("log_sample must be a fraction from 0 to 1, got %v", h.LogSample)
 	}
 	if h.SweepInterval < 0 {
 		return fmt.Errorf("sweep_interval must not be negative")
@@ -329,6 +347,7 @@ func (h *Handler) Validate() error {
 // Memory stores are only unreferenced, never emptied; the Redis client is
 // handed back once the handler's requests are done, within a bound.
 func (h *Handler) Cleanup() error {
+	zones.remove(h)
 	h.sweeper.stop()
 	for _, z := range h.zones {
 		z.release()

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +50,9 @@ type zone struct {
 	// Redis outage logs a line every few seconds, not one per request.
 	failLogged atomic.Int64
 	metrics    *zoneMetrics
+	// timed is set when the zone's decisions are timed: for the
+	// decision-time histogram or for samples.
+	timed bool
 	// exceeded is the error a denial wraps, made once.
 	exceeded error
 	// placeholder is the name boxed once for the replacer.
@@ -434,4 +439,35 @@ func (z *zone) limitFor(r *http.Request, repl *caddy.Replacer) *limit {
 		}
 	}
 	return &z.limit
+}
+
+// storeUp reports whether the zone's stores decide: false while a redis
+// zone's breaker has stopped asking Redis.
+func (z *zone) storeUp() bool {
+	for _, l := range z.limits() {
+		if l.redis != nil && !l.redis.Up() {
+			return false
+		}
+	}
+	return true
+}
+
+// keysHeld is how many keys the zone's memory stores hold (its own limit's
+// and its tiers'), or its local tiers' for a redis zone.
+func (z *zone) keysHeld() int {
+	n := 0
+	for _, l := range z.limits() {
+		switch s := l.store.(type) {
+		case *limiter.Memory:
+			n += s.Len()
+		case *limiter.LocalTier:
+			n += s.Len()
+		}
+	}
+	return n
+}
+
+// sortTiers orders tiers by value, so listings are stable.
+func sortTiers(ts []tierInfo) {
+	slices.SortFunc(ts, func(a, b tierInfo) int { return strings.Compare(a.Value, b.Value) })
 }

@@ -370,3 +370,7 @@ func isTimeout(err error) bool {
 }
 
 var _ Store = (*Redis)(nil)
+
+// Up reports whether decisions go to Redis now: false while the store's
+// breaker has stopped asking a failing Redis.
+func (r *Redis) Up() bool { return !r.breaker.open() }

@@ -1,0 +1,293 @@
+package ratelimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// AdminAPI serves the rate limiter's routes on Caddy's admin endpoint, so
+// they obey the admin listener's own access controls:
+//
+//	GET    /rate_limit/zones                      every zone of the running config
+//	GET    /rate_limit/zones/<zone>?key=<key>     a key's state, consuming nothing
+//	DELETE /rate_limit/zones/<zone>?key=<key>     forget a key's state
+//	GET    /rate_limit/zones/<zone>/top?n=10      the keys seen most in the last minute
+//
+// `tier=<value>` picks a tier's limit. The README's "Operations" section
+// shows each with its answer. Caddy loads every admin.api module by itself:
+// nothing needs configuring.
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// adminPrefix starts every route of the API.
+const adminPrefix = "/rate_limit/"
+
+// Routes implements caddy.AdminRouter.
+func (AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: adminPrefix, Handler: caddy.AdminHandlerFunc(serveAdmin)}}
+}
+
+// serveAdmin routes a request of the API by its path, whose zone segment is
+// URL-encoded (zone names may hold '/').
+func serveAdmin(w http.ResponseWriter, r *http.Request) error {
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), adminPrefix+"zones")
+	if !ok {
+		return adminError(http.StatusNotFound, "no such route: %s", r.URL.Path)
+	}
+	if rest == "" || rest == "/" {
+		if r.Method != http.MethodGet {
+			return adminError(http.StatusMethodNotAllowed, "method %s not allowed", r.Method)
+		}
+		return writeJSON(w, listZones())
+	}
+	segs := strings.Split(strings.TrimPrefix(rest, "/"), "/")
+	name, err := url.PathUnescape(segs[0])
+	if err != nil {
+		return adminError(http.StatusBadRequest, "zone name %q: %v", segs[0], err)
+	}
+	found := zones.named(name)
+	if len(found) == 0 {
+		return adminError(http.StatusNotFound, "no zone %q in the running config", name)
+	}
+	switch {
+	case len(segs) == 1 && r.Method == http.MethodGet:
+		return inspectKey(w, r, found)
+	case len(segs) == 1 && r.Method == http.MethodDelete:
+		return resetKey(w, r, found)
+	case len(segs) == 2 && segs[1] == "top" && r.Method == http.MethodGet:
+		return topKeys(w, r, found)
+	case len(segs) == 1 || (len(segs) == 2 && segs[1] == "top"):
+		return adminError(http.StatusMethodNotAllowed, "method %s not allowed", r.Method)
+	}
+	return adminError(http.StatusNotFound, "no such route: %s", r.URL.Path)
+}
+
+// zoneInfo is a zone as GET /rate_limit/zones lists it.
+type zoneInfo struct {
+	Zone      string  `json:"zone"`
+	Algorithm string  `json:"algorithm"`
+	Store     string  `json:"store"`
+	Limit     int64   `json:"limit"`
+	Window    float64 `json:"window"`
+	// Keys is how many keys the zone holds in memory; memory zones only.
+	Keys *int `json:"keys,omitempty"`
+	// StoreUp is false while a redis zone's breaker has stopped asking
+	// Redis; memory zones are always up.
+	StoreUp bool       `json:"store_up"`
+	Tiers   []tierInfo `json:"tiers,omitempty"`
+}
+
+// tierInfo is one tier of a zone.
+type tierInfo struct {
+	Value  string  `json:"value"`
+	Limit  int64   `json:"limit"`
+	Window float64 `json:"window"`
+}
+
+func listZones() []zoneInfo {
+	out := []zoneInfo{}
+	for _, reg := range zones.all() {
+		z := reg.zone
+		info := zoneInfo{
+			Zone:      z.name,
+			Algorithm: string(z.limit.policy.Algorithm),
+			Store:     storeMemory,
+			StoreUp:   z.storeUp(),
+		}
+		info.Limit, info.Window = quotaOf(&z.limit)
+		if z.limit.remote {
+			info.Store = storeRedis
+		} else {
+			n := z.keysHeld()
+			info.Keys = &n
+		}
+		for value, l := range z.tiers {
+			ti := tierInfo{Value: value}
+			ti.Limit, ti.Window = quotaOf(l)
+			info.Tiers = append(info.Tiers, ti)
+		}
+		sortTiers(info.Tiers)
+		out = append(out, info)
+	}
+	return out
+}
+
+func quotaOf(l *limit) (int64, float64) {
+	q, w := l.policy.Quota()
+	return q, w.Seconds()
+}
+
+// keyState is a key's state as inspect answers it.
+type keyState struct {
+	Zone       string  `json:"zone"`
+	Tier       string  `json:"tier,omitempty"`
+	Key        string  `json:"key"`
+	Limit      int64   `json:"limit"`
+	Remaining  int64   `json:"remaining"`
+	ResetAfter float64 `json:"reset_after"`
+}
+
+// keyQuery reads the key and tier of an inspect or reset.
+func keyQuery(r *http.Request) (key, tier string, err error) {
+	q := r.URL.Query()
+	if !q.Has("key") || q.Get("key") == "" {
+		return "", "", adminError(http.StatusBadRequest, "the key query parameter is required: ?key=<the key as the zone sees it, URL-encoded>")
+	}
+	return q.Get("key"), q.Get("tier"), nil
+}
+
+// limitOf is the limit of z that a tier value picks ("" for the zone's own).
+func limitOf(z *zone, tier string) (*limit, error) {
+	if tier == "" {
+		return &z.limit, nil
+	}
+	if l := z.tiers[tier]; l != nil {
+		return l, nil
+	}
+	return nil, adminError(http.StatusBadRequest, "zone %q has no tier %q", z.name, tier)
+}
+
+func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) error {
+	key, tier, err := keyQuery(r)
+	if err != nil {
+		return err
+	}
+	var out []keyState
+	for _, reg := range found {
+		l, err := limitOf(reg.zone, tier)
+		if err != nil {
+			return err
+		}
+		d, err := l.store.Peek(r.Context(), key)
+		if err != nil {
+			return adminError(http.StatusBadGateway, "zone %q: %v", reg.zone.name, err)
+		}
+		q, _ := l.policy.Quota()
+		out = append(out, keyState{
+			Zone: reg.zone.name, Tier: tier, Key: key, Limit: q,
+			Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
+		})
+	}
+	return writeOneOrAll(w, out)
+}
+
+func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
+	key, tier, err := keyQuery(r)
+	if err != nil {
+		return err
+	}
+	type reset struct {
+		Zone  string `json:"zone"`
+		Tier  string `json:"tier,omitempty"`
+		Key   string `json:"key"`
+		Reset bool   `json:"reset"`
+	}
+	var out []reset
+	for _, reg := range found {
+		l, err := limitOf(reg.zone, tier)
+		if err != nil {
+			return err
+		}
+		for _, s := range []limiter.Store{l.store, l.local} {
+			if s == nil {
+				continue
+			}
+			if err := s.Reset(r.Context(), key); err != nil {
+				return adminError(http.StatusBadGateway, "zone %q: %v", reg.zone.name, err)
+			}
+		}
+		out = append(out, reset{Zone: reg.zone.name, Tier: tier, Key: key, Reset: true})
+	}
+	return writeOneOrAll(w, out)
+}
+
+// topKeys answers the zone's hottest keys.
+func topKeys(w http.ResponseWriter, r *http.Request, found []registered) error {
+	n := 10
+	if s := r.URL.Query().Get("n"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 || v > 1000 {
+			return adminError(http.StatusBadRequest, "n must be a whole number from 1 to 1000, got %q", s)
+		}
+		n = v
+	}
+	type hotKey struct {
+		Key      string `json:"key"`
+		Requests uint64 `json:"requests"`
+		Denied   uint64 `json:"denied"`
+	}
+	type top struct {
+		Zone string   `json:"zone"`
+		Keys []hotKey `json:"keys"`
+	}
+	var out []top
+	for _, reg := range found {
+		t := top{Zone: reg.zone.name, Keys: []hotKey{}}
+		for _, e := range reg.zone.hot.Top(n) {
+			k := keyHash(e.Key)
+			if reg.logKey {
+				k = e.Key
+			}
+			t.Keys = append(t.Keys, hotKey{Key: k, Requests: e.Requests, Denied: e.Denied})
+		}
+		out = append(out, t)
+	}
+	return writeOneOrAll(w, out)
+}
+
+// keyHash is how the API and the logs name a key when the raw key may not
+// be shown: the first 16 bytes of its SHA-256 in hex, the part of its Redis
+// key name that identifies it.
+func keyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:16])
+}
+
+// writeOneOrAll writes the answer of the one zone of that name, or of all
+// of them as an array when several handlers declare it.
+func writeOneOrAll[T any](w http.ResponseWriter, out []T) error {
+	if len(out) == 1 {
+		return writeJSON(w, out[0])
+	}
+	return writeJSON(w, out)
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		return adminError(http.StatusInternalServerError, "encoding the answer: %v", err)
+	}
+	return nil
+}
+
+func adminError(status int, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return caddy.APIError{HTTPStatus: status, Err: err, Message: err.Error()}
+}
+
+// Interface guards
+var (
+	_ caddy.Module      = (*AdminAPI)(nil)
+	_ caddy.AdminRouter = (*AdminAPI)(nil)
+)

@@ -1,0 +1,43 @@
+package ratelimit
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+)
+
+// exceededEvent is the event a refusal emits, named and shaped as
+// mholt/caddy-ratelimit's, so configs that react to it keep working.
+const exceededEvent = "rate_limit_exceeded"
+
+// eventEmitter emits exceededEvent through Caddy's events app.
+type eventEmitter struct {
+	app *caddyevents.App
+	ctx caddy.Context
+}
+
+// newEventEmitter finds the config's events app (Caddy makes an empty one
+// when the config has none).
+func newEventEmitter(ctx caddy.Context) (*eventEmitter, error) {
+	app, err := ctx.App("events")
+	if err != nil {
+		return nil, err
+	}
+	return &eventEmitter{app: app.(*caddyevents.App), ctx: ctx}, nil
+}
+
+// exceeded emits a refusal by zone, with how long the client should wait
+// and its IP. When nothing can observe the event (no subscriber, no debug
+// log) it costs one lookup: a refusal under a flood must stay cheap.
+func (e *eventEmitter) exceeded(r *http.Request, z *zone, wait time.Duration) {
+	if e == nil || !e.app.ShouldEmit(exceededEvent) {
+		return
+	}
+	e.app.Emit(e.ctx, exceededEvent, map[string]any{
+		"zone":      z.name,
+		"wait":      wait,
+		"remote_ip": z.key.clientIP(r),
+	})
+}

@@ -1,0 +1,59 @@
+package ratelimit
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// The sources a decision sample names.
+const (
+	sourceMemory     = "memory"
+	sourceRedis      = "redis"
+	sourceLease      = "lease"
+	sourceDenyCache  = "deny_cache"
+	sourceFallback   = "fallback"
+	sourceMissingKey = "missing_key"
+)
+
+// sourceOf names where d was made: the zone's memory store, Redis, a
+// lease or the denial cache of its local tier, or its `fail local`
+// fallback.
+func sourceOf(l *limit, store limiter.Store, d limiter.Decision) string {
+	switch {
+	case l.local != nil && store == l.local:
+		return sourceFallback
+	case d.Source == limiter.SourceLease:
+		return sourceLease
+	case d.Source == limiter.SourceDenyCache:
+		return sourceDenyCache
+	case l.remote:
+		return sourceRedis
+	}
+	return sourceMemory
+}
+
+// sample logs the decision at info level for a LogSample share of the
+// decisions, chosen at random, so an operator can see what the limiter
+// decides and why without logging every request. The key is logged as its
+// hash unless log_key is set.
+func (h *Handler) sample(z *zone, key string, d limiter.Decision, source string, took time.Duration) {
+	if h.LogSample <= 0 || (h.LogSample < 1 && rand.Float64() >= h.LogSample) {
+		return
+	}
+	keyField := zap.String("key_hash", keyHash(key))
+	if h.LogKey {
+		keyField = zap.String("key", key)
+	}
+	h.logger.Info("rate limit decision",
+		zap.String("zone", z.name),
+		zap.Bool("allowed", d.Allowed),
+		zap.Int64("remaining", d.Remaining),
+		zap.String("source", source),
+		zap.Duration("duration", took),
+		keyField,
+	)
+}
