@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"net/http"
 	"path"
@@ -260,6 +261,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 	}
 	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, d: d, taken: d.Allowed})
 	z.metrics.count(d.Allowed, z.dryRun, d.Source)
+	z.hot.Add(maphash.String(hotSeed, c.key), c.key, !d.Allowed)
 	if z.timed {
 		h.sample(z, c.key, d, sourceOf(l, store, d), c.took)
 	}

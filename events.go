@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -18,14 +20,21 @@ type eventEmitter struct {
 	ctx caddy.Context
 }
 
-// newEventEmitter finds the config's events app (Caddy makes an empty one
-// when the config has none).
+// newEventEmitter finds the config's events app. A config without one has
+// nothing subscribed, so it gets no emitter (nil emits nothing).
 func newEventEmitter(ctx caddy.Context) (*eventEmitter, error) {
-	app, err := ctx.App("events")
+	app, err := ctx.AppIfConfigured("events")
+	if errors.Is(err, caddy.ErrNotConfigured) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	return &eventEmitter{app: app.(*caddyevents.App), ctx: ctx}, nil
+	events, ok := app.(*caddyevents.App)
+	if !ok {
+		return nil, fmt.Errorf("the events app is a %T", app)
+	}
+	return &eventEmitter{app: events, ctx: ctx}, nil
 }
 
 // exceeded emits a refusal by zone, with how long the client should wait

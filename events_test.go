@@ -52,9 +52,8 @@ func TestEventEmitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := fmt.Sprintf(`{
-	"admin": {"listen": "127.0.0.1:%d"},
+	"admin": {"listen": "127.0.0.1:%d", "config": {"persist": false}},
 	"logging": {"logs": {"default": {"level": "ERROR"}}},
-	"storage": {"module": "file_system", "root": %q},
 	"apps": {
 		"events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "floodgate_test_recorder"}]}]},
 		"http": {"servers": {"s": {
@@ -66,7 +65,7 @@ func TestEventEmitted(t *testing.T) {
 			]}]
 		}}}
 	}
-}`, adminPort, t.TempDir(), httpPort)
+}`, adminPort, httpPort)
 	if err := caddy.Load([]byte(cfg), true); err != nil {
 		t.Fatalf("loading Caddy: %v", err)
 	}

@@ -51,13 +51,19 @@ func releaseMemoryStore(key string) {
 	}
 }
 
-// sweeper periodically forgets idle keys of a handler's memory stores. It
-// belongs to one handler and stops in its Cleanup.
+// sweeper is a handler's housekeeping goroutine: it forgets idle keys of
+// its memory stores every sweep interval, and moves its zones' hot-key
+// counters on every second (they keep the last minute). It belongs to one
+// handler and stops in its Cleanup.
 type sweeper struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
 }
+
+// rotateEvery is how often hot-key counters move on: well inside their
+// half-minute generations, so a late tick loses nothing.
+const rotateEvery = time.Second
 
 func startSweeper(interval time.Duration, zones []*zone) *sweeper {
 	var mems []*limiter.Memory
@@ -65,21 +71,24 @@ func startSweeper(interval time.Duration, zones []*zone) *sweeper {
 		mems = append(mems, z.memories()...)
 	}
 	s := &sweeper{done: make(chan struct{})}
-	if len(mems) == 0 {
-		return s
-	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
+		sweep := time.NewTicker(interval)
+		defer sweep.Stop()
+		rotate := time.NewTicker(rotateEvery)
+		defer rotate.Stop()
 		for {
 			select {
 			case <-s.done:
 				return
-			case <-t.C:
+			case <-sweep.C:
 				for _, m := range mems {
 					m.Sweep()
+				}
+			case <-rotate.C:
+				for _, z := range zones {
+					z.hot.Rotate()
 				}
 			}
 		}

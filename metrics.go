@@ -35,66 +35,66 @@ type metricVecs struct {
 // dense around the 1 ms a decision may add to a request at p99.
 var decisionBuckets = []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1}
 
-// registerMetrics registers the metric families on the config's registry,
-// reusing them if another rate_limit handler already did.
-func registerMetrics(ctx caddy.Context) (*metricVecs, error) {
-	reg := ctx.GetMetricsRegistry()
-	if reg == nil {
-		return nil, nil
-	}
-	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+// metricFamilies are the handler's metric families, one set for the
+// process: every config load registers the same collectors on its
+// registry, so counts carry on across reloads (Caddy gives each loaded
+// config a registry of its own) and two handlers never register a family
+// twice.
+var metricFamilies = &metricVecs{
+	decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
 		Name:      "decisions_total",
 		Help:      "Rate-limit decisions by zone and result (allowed, denied, dry_run_denied).",
-	}, []string{"zone", "result"})
-	failures := prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"zone", "result"}),
+	storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
 		Name:      "store_failures_total",
 		Help:      "Store errors and timeouts by zone and the fail mode that applied.",
-	}, []string{"zone", "fail"})
-	local := prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"zone", "fail"}),
+	local: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
 		Name:      "local_decisions_total",
 		Help:      "Decisions of redis zones made in memory without a round trip, by zone and source (lease, deny_cache).",
-	}, []string{"zone", "source"})
-	seconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	}, []string{"zone", "source"}),
+	seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
 		Name:      "decision_seconds",
 		Help:      "Time to decide one zone for one request, a Redis round trip included, by zone.",
 		Buckets:   decisionBuckets,
-	}, []string{"zone"})
-	var err error
-	for _, c := range []**prometheus.CounterVec{&decisions, &failures, &local} {
-		if *c, err = registerOrReuse(reg, *c); err != nil {
-			return nil, err
-		}
-	}
-	if seconds, err = registerOrReuse(reg, seconds); err != nil {
-		return nil, err
-	}
-	if _, err := registerOrReuse(reg, zoneGauges); err != nil {
-		return nil, err
-	}
-	return &metricVecs{decisions: decisions, storeFailures: failures, local: local, seconds: seconds}, nil
+	}, []string{"zone"}),
 }
 
-// registerOrReuse registers c, or returns the collector of the same
-// metric that another handler, or this config's previous load, registered.
-func registerOrReuse[C prometheus.Collector](reg *prometheus.Registry, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
+// registerMetrics registers the metric families on the config's registry,
+// once however many handlers the config has.
+func registerMetrics(ctx caddy.Context) (*metricVecs, error) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return nil, nil
+	}
+	m := metricFamilies
+	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.seconds, zoneGauges} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) || are.ExistingCollector != c {
+				return nil, err
 			}
 		}
-		return c, err
 	}
-	return c, nil
+	return m, nil
+}
+
+// forgetZone drops the series of a zone no running config declares any
+// more, so a removed zone does not stay on /metrics.
+func (m *metricVecs) forgetZone(name string) {
+	labels := prometheus.Labels{"zone": name}
+	m.decisions.DeletePartialMatch(labels)
+	m.storeFailures.DeletePartialMatch(labels)
+	m.local.DeletePartialMatch(labels)
+	m.seconds.DeletePartialMatch(labels)
 }
 
 // forZone resolves a zone's counters; a nil receiver gives nil (no metrics).

@@ -34,7 +34,8 @@ func (reg *zoneRegistry) add(h *Handler) {
 	}
 }
 
-// remove forgets h's zones.
+// remove forgets h's zones, and the metric series of a name no zone has
+// any more.
 func (reg *zoneRegistry) remove(h *Handler) {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
@@ -42,6 +43,7 @@ func (reg *zoneRegistry) remove(h *Handler) {
 		list := slices.DeleteFunc(reg.byName[z.name], func(r registered) bool { return r.zone == z })
 		if len(list) == 0 {
 			delete(reg.byName, z.name)
+			metricFamilies.forgetZone(z.name)
 		} else {
 			reg.byName[z.name] = list
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"net/http"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/floodgatehq/caddy-ratelimit/internal/hotkeys"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
@@ -50,6 +52,8 @@ type zone struct {
 	// Redis outage logs a line every few seconds, not one per request.
 	failLogged atomic.Int64
 	metrics    *zoneMetrics
+	// hot counts the keys the zone decides most, for the admin API's top.
+	hot *hotkeys.Counter
 	// timed is set when the zone's decisions are timed: for the
 	// decision-time histogram or for samples.
 	timed bool
@@ -214,6 +218,15 @@ func (z *Zone) denyCache(traits limiter.Traits) time.Duration {
 	return time.Duration(*z.DenyCache)
 }
 
+// hotKeysCapacity is how many keys a zone's hot-key counter tracks: the
+// admin API's top shows at most this many, and their counts are exact
+// while a half minute sees no more distinct keys than this per shard.
+const hotKeysCapacity = 128
+
+// hotSeed hashes keys for the hot-key counters; seeded per process, so a
+// client cannot choose keys that collide.
+var hotSeed = maphash.MakeSeed()
+
 // tierCloseTimeout bounds how long releasing a zone waits for its leases
 // to go back to Redis.
 const tierCloseTimeout = 2 * time.Second
@@ -286,6 +299,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		exceeded: fmt.Errorf("rate limit exceeded in zone %q", name),
 	}
 	z.placeholder = name
+	z.hot = hotkeys.New(hotKeysCapacity, h.clock)
 	if z.missing == "" {
 		z.missing = missingIP
 	}
