@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -85,9 +86,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.MaxKeys = int(n)
 			}
 		case "log_sample":
-			err = parseLogSample(d, &h.LogSample)
+			err = parseFraction(d, &h.LogSample, 0, 1, false, "a fraction of decisions from 0 to 1, such as 0.01")
 		case "jitter":
-			err = parseJitter(d, &h.Jitter)
+			err = parseFraction(d, &h.Jitter, 0, math.Inf(1), false, "a non-negative fraction such as 0.2")
 		case "distributed":
 			h.Distributed, err = skipCompatBlock(d)
 		case "storage":
@@ -193,7 +194,7 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 		case "dry_run":
 			z.DryRun, err = true, noArgs(d)
 		case "local_quota":
-			err = parseLocalQuota(d, &z.LocalQuota)
+			err = parseFraction(d, &z.LocalQuota, 0, 1, true, "a fraction of the quota above 0 and at most 1, such as 0.1")
 		case "deny_cache":
 			err = parseDenyCache(d, z)
 		default:
@@ -367,46 +368,6 @@ func parseDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	return noArgs(d)
 }
 
-// parseJitter reads mholt's `jitter <fraction>`: 0.2 adds up to 20%.
-func parseJitter(d *caddyfile.Dispenser, dst *float64) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	v, err := strconv.ParseFloat(d.Val(), 64)
-	if err != nil || v < 0 {
-		return d.Errf("jitter: want a non-negative fraction such as 0.2, got %q", d.Val())
-	}
-	*dst = v
-	return noArgs(d)
-}
-
-// parseLogSample reads `log_sample <fraction>`, from 0 to 1.
-func parseLogSample(d *caddyfile.Dispenser, dst *float64) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	v, err := strconv.ParseFloat(d.Val(), 64)
-	if err != nil || !(v >= 0 && v <= 1) {
-		return d.Errf("log_sample: want a fraction of decisions from 0 to 1, such as 0.01, got %q", d.Val())
-	}
-	*dst = v
-	return noArgs(d)
-}
-
-// parseLocalQuota reads `local_quota <fraction>`, a share of the quota in
-// (0, 1]; Validate checks the store and algorithm.
-func parseLocalQuota(d *caddyfile.Dispenser, dst *float64) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	v, err := strconv.ParseFloat(d.Val(), 64)
-	if err != nil || !(v > 0 && v <= 1) {
-		return d.Errf("local_quota: want a fraction of the quota above 0 and at most 1, such as 0.1, got %q", d.Val())
-	}
-	*dst = v
-	return noArgs(d)
-}
-
 // parseDenyCache reads `deny_cache <duration> | off`.
 func parseDenyCache(d *caddyfile.Dispenser, z *Zone) error {
 	if !d.NextArg() {
@@ -421,6 +382,22 @@ func parseDenyCache(d *caddyfile.Dispenser, z *Zone) error {
 	}
 	dc := caddy.Duration(v)
 	z.DenyCache = &dc
+	return noArgs(d)
+}
+
+// parseFraction reads a fraction option (jitter, log_sample, local_quota):
+// a number within [lo, hi] (above lo when openLow is set; hi may be
+// +Inf), explained by range in the error.
+func parseFraction(d *caddyfile.Dispenser, dst *float64, lo, hi float64, openLow bool, explain string) error {
+	opt := d.Val()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	v, err := strconv.ParseFloat(d.Val(), 64)
+	if err != nil || v < lo || v > hi || (openLow && v == lo) {
+		return d.Errf("%s: want %s, got %q", opt, explain, d.Val())
+	}
+	*dst = v
 	return noArgs(d)
 }
 

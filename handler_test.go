@@ -173,7 +173,7 @@ func TestHandlerMissingKey(t *testing.T) {
 			_, code := serve(h, r, okHandler)
 			codes = append(codes, code)
 		}
-		if !equalInts(codes, tc.codes) {
+		if !slices.Equal(codes, tc.codes) {
 			t.Errorf("missing_key %s: codes %v, want %v", tc.mode, codes, tc.codes)
 		}
 		// A real key is limited on its own, whatever the missing ones did.
@@ -302,21 +302,9 @@ func serveAll(t *testing.T, h *Handler, ip string, want []int, after func()) {
 			after()
 		}
 	}
-	if !equalInts(codes, want) {
+	if !slices.Equal(codes, want) {
 		t.Fatalf("codes %v, want %v", codes, want)
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // BenchmarkHandlerIPKey is one allowed request through the handler, keyed

@@ -371,10 +371,7 @@ func TestHTTPAlgorithms(t *testing.T) {
 					t.Errorf("request %d: X-RateLimit-Reset %d, want the window's end %d", i+1, got, end.Unix())
 				}
 			}
-			want := int64(math.Ceil(end.Sub(rs[3].done).Seconds()))
-			if got := intHeader(t, rs[3], "Retry-After"); got < want-2 || got > want+2 {
-				t.Errorf("Retry-After %d, want about %d (the window's end)", got, want)
-			}
+			wantRetryAbout(t, rs[3], end, "the window's end")
 		},
 	}, {
 		// No algorithm: mholt's key/window/events is an exact sliding window.
@@ -405,10 +402,7 @@ func TestHTTPAlgorithms(t *testing.T) {
 			// The three units move to the previous window at the end of
 			// this one, and their weight falls to 2/3 of a window a
 			// third of the way into the next: est + 1 <= 3.
-			want := int64(math.Ceil(end.Add(20 * time.Minute).Sub(rs[3].done).Seconds()))
-			if got := intHeader(t, rs[3], "Retry-After"); got < want-2 || got > want+2 {
-				t.Errorf("Retry-After %d, want about %d (a third into the next window)", got, want)
-			}
+			wantRetryAbout(t, rs[3], end.Add(20*time.Minute), "a third into the next window")
 		},
 	}}
 	for _, tc := range cases {
@@ -449,6 +443,16 @@ func TestHTTPAlgorithms(t *testing.T) {
 
 // wantResetWithin checks that X-RateLimit-Reset, an epoch second rounded
 // up, lies between lo and hi after the response.
+// wantRetryAbout checks that r's Retry-After points at about when (within
+// 2 s either way: the response's own time is known to the second).
+func wantRetryAbout(t *testing.T, r response, when time.Time, what string) {
+	t.Helper()
+	want := int64(math.Ceil(when.Sub(r.done).Seconds()))
+	if got := intHeader(t, r, "Retry-After"); got < want-2 || got > want+2 {
+		t.Errorf("Retry-After %d, want about %d (%s)", got, want, what)
+	}
+}
+
 func wantResetWithin(t *testing.T, r response, lo, hi time.Duration) {
 	t.Helper()
 	reset := intHeader(t, r, "X-RateLimit-Reset")

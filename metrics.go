@@ -41,24 +41,9 @@ var decisionBuckets = []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e
 // config a registry of its own) and two handlers never register a family
 // twice.
 var metricFamilies = &metricVecs{
-	decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "http_rate_limit",
-		Name:      "decisions_total",
-		Help:      "Rate-limit decisions by zone and result (allowed, denied, dry_run_denied).",
-	}, []string{"zone", "result"}),
-	storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "http_rate_limit",
-		Name:      "store_failures_total",
-		Help:      "Store errors and timeouts by zone and the fail mode that applied.",
-	}, []string{"zone", "fail"}),
-	local: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy",
-		Subsystem: "http_rate_limit",
-		Name:      "local_decisions_total",
-		Help:      "Decisions of redis zones made in memory without a round trip, by zone and source (lease, deny_cache).",
-	}, []string{"zone", "source"}),
+	decisions:     counterVec("decisions_total", "Rate-limit decisions by zone and result (allowed, denied, dry_run_denied).", "result"),
+	storeFailures: counterVec("store_failures_total", "Store errors and timeouts by zone and the fail mode that applied.", "fail"),
+	local:         counterVec("local_decisions_total", "Decisions of redis zones made in memory without a round trip, by zone and source (lease, deny_cache).", "source"),
 	seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
@@ -66,6 +51,17 @@ var metricFamilies = &metricVecs{
 		Help:      "Time to decide one zone for one request, a Redis round trip included, by zone.",
 		Buckets:   decisionBuckets,
 	}, []string{"zone"}),
+}
+
+// counterVec is a counter family caddy_http_rate_limit_<name>, labelled
+// by zone and label.
+func counterVec(name, help, label string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "http_rate_limit",
+		Name:      name,
+		Help:      help,
+	}, []string{"zone", label})
 }
 
 // registerMetrics registers the metric families on the config's registry,

@@ -265,16 +265,12 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 		t.Run("token_bucket", func(t *testing.T) {
 			t.Parallel()
 			defer done(t, "tb")
-			c := newClient(t)
-			rs := sequence(t, c, 4, inst.URL("/tb"), clientHeader(prefix+"tb")...)
-			wantCodes(t, "token_bucket", rs, 200, 200, 200, 429)
-			wantRemaining(t, "token_bucket", rs, "tb", 2, 1, 0, 0)
 			// q = B = 3, w = B/r = 3 / (5/60s) = 36s.
-			checkPolicy(t, rs, "tb", `"tb";q=3;w=36`)
+			rs := threeThenRefused(t, inst, prefix, "tb", `"tb";q=3;w=36`)
 			// One token comes back every 12s.
 			checkDenial(t, rs[3], "tb", 1, 12)
 			// Full again (B - tokens)/r = 36s after the third request.
-			wantRedisResetIn(t, rs[2], 30*time.Second, 37*time.Second)
+			wantResetWithin(t, rs[2], 30*time.Second, 37*time.Second)
 		})
 		t.Run("leaky_bucket", func(t *testing.T) {
 			t.Parallel()
@@ -322,12 +318,8 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 		t.Run("fixed_window", func(t *testing.T) {
 			t.Parallel()
 			defer done(t, "fw")
-			c := newClient(t)
 			end := awayFromHourBoundary(t, 15*time.Second)
-			rs := sequence(t, c, 4, inst.URL("/fw"), clientHeader(prefix+"fw")...)
-			wantCodes(t, "fixed_window", rs, 200, 200, 200, 429)
-			wantRemaining(t, "fixed_window", rs, "fw", 2, 1, 0, 0)
-			checkPolicy(t, rs, "fw", `"fw";q=3;w=3600`)
+			rs := threeThenRefused(t, inst, prefix, "fw", `"fw";q=3;w=3600`)
 			checkDenial(t, rs[3], "fw", 1, 3600)
 			// Reset is the end of the aligned hour by Redis TIME.
 			for i, r := range rs {
@@ -339,24 +331,16 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 		t.Run("sliding_window_log", func(t *testing.T) {
 			t.Parallel()
 			defer done(t, "swl")
-			c := newClient(t)
-			rs := sequence(t, c, 4, inst.URL("/swl"), clientHeader(prefix+"swl")...)
-			wantCodes(t, "sliding_window_log", rs, 200, 200, 200, 429)
-			wantRemaining(t, "sliding_window_log", rs, "swl", 2, 1, 0, 0)
-			checkPolicy(t, rs, "swl", `"swl";q=3;w=60`)
+			rs := threeThenRefused(t, inst, prefix, "swl", `"swl";q=3;w=60`)
 			// The oldest entry leaves a minute after it was made.
 			checkDenial(t, rs[3], "swl", 30, 60)
-			wantRedisResetIn(t, rs[2], 50*time.Second, 61*time.Second)
+			wantResetWithin(t, rs[2], 50*time.Second, 61*time.Second)
 		})
 		t.Run("sliding_window_counter", func(t *testing.T) {
 			t.Parallel()
 			defer done(t, "swc")
-			c := newClient(t)
 			end := awayFromHourBoundary(t, 15*time.Second)
-			rs := sequence(t, c, 4, inst.URL("/swc"), clientHeader(prefix+"swc")...)
-			wantCodes(t, "sliding_window_counter", rs, 200, 200, 200, 429)
-			wantRemaining(t, "sliding_window_counter", rs, "swc", 2, 1, 0, 0)
-			checkPolicy(t, rs, "swc", `"swc";q=3;w=3600`)
+			rs := threeThenRefused(t, inst, prefix, "swc", `"swc";q=3;w=3600`)
 			// The three units become the previous window at the hour's end
 			// and weigh 3*(W-e)/W; est + 1 <= 3 once e >= W/3: twenty
 			// minutes into the next hour.
@@ -407,6 +391,18 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 	})
 }
 
+// threeThenRefused sends four requests of one client to zone's path, a
+// zone that admits three: 200, 200, 200 then 429, remaining 2, 1, 0, 0,
+// and every response with the policy member want.
+func threeThenRefused(t *testing.T, inst *caddyproc.Instance, prefix, zone, want string) []response {
+	t.Helper()
+	rs := sequence(t, newClient(t), 4, inst.URL("/"+zone), clientHeader(prefix+zone)...)
+	wantCodes(t, zone, rs, 200, 200, 200, 429)
+	wantRemaining(t, zone, rs, zone, 2, 1, 0, 0)
+	checkPolicy(t, rs, zone, want)
+	return rs
+}
+
 // checkPolicy checks RateLimit-Policy, and X-RateLimit-Limit against its q.
 func checkPolicy(t *testing.T, rs []response, zone, want string) {
 	t.Helper()
@@ -418,17 +414,6 @@ func checkPolicy(t *testing.T, rs []response, zone, want string) {
 		if got := r.header.Get("X-RateLimit-Limit"); got != q {
 			t.Errorf("response %d: X-RateLimit-Limit %s, want the policy's q=%s", i+1, got, q)
 		}
-	}
-}
-
-// wantRedisResetIn checks that X-RateLimit-Reset, an epoch second rounded
-// up, lies between lo and hi after the response.
-func wantRedisResetIn(t *testing.T, r response, lo, hi time.Duration) {
-	t.Helper()
-	reset := intHeader(t, r, "X-RateLimit-Reset")
-	at := r.done.Unix()
-	if reset < at+int64(lo.Seconds()) || reset > at+int64(hi.Seconds())+1 {
-		t.Errorf("X-RateLimit-Reset %d is %ds after the response, want %v to %v", reset, reset-at, lo, hi)
 	}
 }
 
@@ -958,16 +943,24 @@ func holdPort(t *testing.T, port int) (release func()) {
 // configRedisSite is a one-zone site for config tests; body tells configs
 // apart, and the client is named so CLIENT LIST shows Caddy's connections.
 func configRedisSite(redisAddr, body string) string {
+	return oneRedisZoneSite("cfg", "sliding_window_log\nevents 3\nwindow 1h\nfail closed", redisAddr, redisTimeout, body)
+}
+
+// oneRedisZoneSite is a site with one redis zone named zone, keyed by the
+// X-Client header, with the given algorithm line's value and further
+// options (one per line), a named client (so CLIENT LIST shows Caddy's
+// connections) and the decision timeout; body tells configs apart.
+func oneRedisZoneSite(zone, algorithm, redisAddr, timeout, body string) string {
+	var opts strings.Builder
+	for line := range strings.SplitSeq("algorithm "+algorithm, "\n") {
+		fmt.Fprintf(&opts, "\t\t\t%s\n", line)
+	}
 	return redisGlobals + fmt.Sprintf(`
 http://{{http}} {
 	rate_limit {
-		zone cfg {
+		zone %s {
 			key header X-Client
-			algorithm sliding_window_log
-			events 3
-			window 1h
-			store redis
-			fail closed
+%s			store redis
 		}
 		redis {
 			url redis://%s/0?client_name=floodgate-caddy
@@ -976,7 +969,7 @@ http://{{http}} {
 	}
 	respond %q
 }
-`, redisAddr, redisTimeout, body)
+`, zone, opts.String(), redisAddr, timeout, body)
 }
 
 // TestRedisBadConfigRefused: a broken redis block, or `store redis`

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,24 +14,7 @@ import (
 // tight timeout: a first decision that also had to dial and load its
 // script could run past it and fail open, without headers.
 func warmSite(redisAddr, body string) string {
-	return redisGlobals + fmt.Sprintf(`
-http://{{http}} {
-	rate_limit {
-		zone warm {
-			key header X-Client
-			algorithm fixed_window
-			events 5
-			window 1h
-			store redis
-		}
-		redis {
-			url redis://%s/0?client_name=floodgate-caddy
-			timeout 100ms
-		}
-	}
-	respond %q
-}
-`, redisAddr, body)
+	return oneRedisZoneSite("warm", "fixed_window\nevents 5\nwindow 1h", redisAddr, "100ms", body)
 }
 
 // TestRedisWarmStart: a config that starts, or a reload that moves a zone

@@ -342,10 +342,7 @@ func (i *Instance) Log() string { return i.log.String() }
 // kills it if it has not exited within stopTimeout. Stopping a stopped
 // instance does nothing.
 func (i *Instance) Stop() {
-	i.mu.Lock()
-	cmd, done := i.cmd, i.done
-	i.cmd = nil
-	i.mu.Unlock()
+	cmd, done := proc.Take(&i.mu, &i.cmd, &i.done)
 	if cmd == nil {
 		return
 	}

@@ -23,32 +23,16 @@ func TestJWTTokenSources(t *testing.T) {
 		ok    bool
 	}{
 		{"default bearer", Header, "", func() *http.Request { return jwttest.Bearer(tok) }, true},
-		{"default bearer, lower-case scheme", Header, "", func() *http.Request {
-			r := jwttest.Bearer("")
-			r.Header.Set("Authorization", "bearer   "+tok)
-			return r
-		}, true},
-		{"default without the Bearer scheme", Header, "", func() *http.Request {
-			r := jwttest.Bearer("")
-			r.Header.Set("Authorization", tok)
-			return r
-		}, false},
+		{"default bearer, lower-case scheme", Header, "", withHeader("Authorization", "bearer   "+tok), true},
+		{"default without the Bearer scheme", Header, "", withHeader("Authorization", tok), false},
 		{"default with the Basic scheme", Header, "", func() *http.Request {
 			r := jwttest.Bearer("")
 			r.SetBasicAuth("user", "pass")
 			return r
 		}, false},
 		{"no token", Header, "", func() *http.Request { return jwttest.Bearer("") }, false},
-		{"header", Header, "x-api-token", func() *http.Request {
-			r := jwttest.Bearer("")
-			r.Header.Set("X-Api-Token", tok)
-			return r
-		}, true},
-		{"header with a Bearer prefix", Header, "X-Api-Token", func() *http.Request {
-			r := jwttest.Bearer("")
-			r.Header.Set("X-Api-Token", "Bearer "+tok)
-			return r
-		}, true},
+		{"header", Header, "x-api-token", withHeader("X-Api-Token", tok), true},
+		{"header with a Bearer prefix", Header, "X-Api-Token", withHeader("X-Api-Token", "Bearer "+tok), true},
 		{"header source ignores Authorization", Header, "X-Api-Token", func() *http.Request { return jwttest.Bearer(tok) }, false},
 		{"cookie", Cookie, "session", func() *http.Request {
 			r := jwttest.Bearer("")
@@ -95,5 +79,14 @@ func TestQueryValueMatchesURLValues(t *testing.T) {
 		if got := queryValue(q, "t"); got != want {
 			t.Errorf("queryValue(%q) = %q, url.Values gives %q", q, got, want)
 		}
+	}
+}
+
+// withHeader makes a request with no token but header name set to value.
+func withHeader(name, value string) func() *http.Request {
+	return func() *http.Request {
+		r := jwttest.Bearer("")
+		r.Header.Set(name, value)
+		return r
 	}
 }

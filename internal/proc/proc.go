@@ -5,6 +5,8 @@ package proc
 
 import (
 	"os"
+	"os/exec"
+	"sync"
 	"time"
 )
 
@@ -22,4 +24,15 @@ func Stop(p *os.Process, done <-chan struct{}, grace time.Duration, signals ...o
 		_ = p.Kill()
 		<-done
 	}
+}
+
+// Take returns the process a harness holds in *cmd (with *done, the
+// channel that closes when it has exited) and clears *cmd, under mu, so
+// of several callers stopping it only one gets it; the others get nil.
+func Take(mu *sync.Mutex, cmd **exec.Cmd, done *chan struct{}) (*exec.Cmd, chan struct{}) {
+	mu.Lock()
+	defer mu.Unlock()
+	c := *cmd
+	*cmd = nil
+	return c, *done
 }

@@ -172,10 +172,7 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 // Stop ends the server (continuing it first if it was paused) and waits
 // for it to exit. Stopping a stopped server does nothing.
 func (s *Server) Stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd, done := proc.Take(&s.mu, &s.cmd, &s.done)
 	if cmd == nil {
 		return
 	}
