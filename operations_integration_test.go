@@ -41,7 +41,8 @@ func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out 
 }
 
 // operationsSite has a memory zone, a redis zone, a tiered zone, a zone
-// with log_key and one zone name in two handlers, each on its own path.
+// with log_key, one zone name in two handlers and a zone whose name holds
+// a '/', each on its own path.
 func operationsSite(redisAddr string) string {
 	limit := func(path, zone, opts string) string {
 		return fmt.Sprintf(`	handle %s {
@@ -67,6 +68,7 @@ func operationsSite(redisAddr string) string {
 		limit("/shared1", "shared", "") +
 		limit("/shared2", "shared", "") +
 		strings.Replace(limit("/logged", "logged", ""), "\t\t\tredis {", "\t\t\tlog_key\n\t\t\tredis {", 1) +
+		limit("/slashed", "api/v1", "") +
 		"}\n"
 }
 
