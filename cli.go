@@ -144,20 +144,6 @@ func apiMessage(err error) (msg error, ok bool) {
 	return errors.New(body.Error), true
 }
 
-// print writes the API's answer to out: as is with --json, else as the
-// table that table makes of it.
-func (c *adminClient) print(out io.Writer, body []byte, table func(w io.Writer) error) error {
-	if c.raw {
-		_, err := out.Write(body)
-		return err
-	}
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	if err := table(tw); err != nil {
-		return err
-	}
-	return tw.Flush()
-}
-
 // zonePath is the admin API path of a zone, its name escaped as one path
 // segment so names holding '/' reach the right zone.
 func zonePath(zone string) string {
@@ -190,23 +176,37 @@ func oneOrAll[T any](body []byte) ([]T, error) {
 	return []T{one}, nil
 }
 
-// row writes one tab-separated table row.
-func row(w io.Writer, cells ...string) error {
-	_, err := fmt.Fprintln(w, strings.Join(cells, "\t"))
-	return err
-}
-
-// rows writes a table's header and a row per element of all.
-func rows[T any](w io.Writer, header []string, all []T, cells func(T) []string) error {
-	if err := row(w, header...); err != nil {
+// show asks the admin API and prints its answer to out: as is with
+// --json, else as a table of header and the rows cells makes of each
+// element of the answer, which is one T or an array of them.
+func show[T any](api *adminClient, out io.Writer, method, uri string, header []string, cells func(T) [][]string) error {
+	body, err := api.call(method, uri)
+	if err != nil {
 		return err
 	}
+	if api.raw {
+		_, err := out.Write(body)
+		return err
+	}
+	all, err := oneOrAll[T](body)
+	if err != nil {
+		return err
+	}
+	// The table is aligned in memory, where writing cannot fail, and
+	// written out whole.
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, v := range all {
-		if err := row(w, cells(v)...); err != nil {
-			return err
+		for _, r := range cells(v) {
+			fmt.Fprintln(tw, strings.Join(r, "\t"))
 		}
 	}
-	return nil
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err = out.Write(table.Bytes())
+	return err
 }
 
 // orDash shows an empty cell as "-", so columns stay readable.
@@ -231,86 +231,44 @@ func seconds(s float64) string {
 }
 
 func cliZones(api *adminClient, _ caddycmd.Flags, _ []string, out io.Writer) error {
-	body, err := api.call(http.MethodGet, adminPrefix+"zones")
-	if err != nil {
-		return err
-	}
-	return api.print(out, body, func(w io.Writer) error {
-		var all []zoneInfo
-		if err := json.Unmarshal(body, &all); err != nil {
-			return fmt.Errorf("decoding the admin API's answer: %w", err)
+	header := []string{"ZONE", "ALGORITHM", "STORE", "LIMIT", "WINDOW", "KEYS", "STORE UP", "TIERS"}
+	return show(api, out, http.MethodGet, adminPrefix+"zones", header, func(z zoneInfo) [][]string {
+		keys, up := "-", "no"
+		if z.Keys != nil {
+			keys = strconv.Itoa(*z.Keys)
 		}
-		header := []string{"ZONE", "ALGORITHM", "STORE", "LIMIT", "WINDOW", "KEYS", "STORE UP", "TIERS"}
-		return rows(w, header, all, func(z zoneInfo) []string {
-			keys, up := "-", "no"
-			if z.Keys != nil {
-				keys = strconv.Itoa(*z.Keys)
-			}
-			if z.StoreUp {
-				up = "yes"
-			}
-			var tiers []string
-			for _, t := range z.Tiers {
-				tiers = append(tiers, fmt.Sprintf("%s=%d/%s", t.Value, t.Limit, seconds(t.Window)))
-			}
-			return []string{z.Zone, z.Algorithm, z.Store, strconv.FormatInt(z.Limit, 10), seconds(z.Window), keys, up, orDash(strings.Join(tiers, ","))}
-		})
+		if z.StoreUp {
+			up = "yes"
+		}
+		var tiers []string
+		for _, t := range z.Tiers {
+			tiers = append(tiers, fmt.Sprintf("%s=%d/%s", t.Value, t.Limit, seconds(t.Window)))
+		}
+		return [][]string{{z.Zone, z.Algorithm, z.Store, strconv.FormatInt(z.Limit, 10), seconds(z.Window), keys, up, orDash(strings.Join(tiers, ","))}}
 	})
 }
 
 func cliInspect(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
-	body, err := api.call(http.MethodGet, keyURI(fl, args))
-	if err != nil {
-		return err
-	}
-	return api.print(out, body, func(w io.Writer) error {
-		all, err := oneOrAll[keyState](body)
-		if err != nil {
-			return err
-		}
-		header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER"}
-		return rows(w, header, all, func(s keyState) []string {
-			return []string{s.Zone, orDash(s.Tier), s.Key, strconv.FormatInt(s.Limit, 10), strconv.FormatInt(s.Remaining, 10), seconds(s.ResetAfter)}
-		})
+	header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER"}
+	return show(api, out, http.MethodGet, keyURI(fl, args), header, func(s keyState) [][]string {
+		return [][]string{{s.Zone, orDash(s.Tier), s.Key, strconv.FormatInt(s.Limit, 10), strconv.FormatInt(s.Remaining, 10), seconds(s.ResetAfter)}}
 	})
 }
 
 func cliReset(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
-	body, err := api.call(http.MethodDelete, keyURI(fl, args))
-	if err != nil {
-		return err
-	}
-	return api.print(out, body, func(w io.Writer) error {
-		all, err := oneOrAll[keyReset](body)
-		if err != nil {
-			return err
-		}
-		return rows(w, []string{"ZONE", "TIER", "KEY", "RESET"}, all, func(r keyReset) []string {
-			return []string{r.Zone, orDash(r.Tier), r.Key, strconv.FormatBool(r.Reset)}
-		})
+	header := []string{"ZONE", "TIER", "KEY", "RESET"}
+	return show(api, out, http.MethodDelete, keyURI(fl, args), header, func(r keyReset) [][]string {
+		return [][]string{{r.Zone, orDash(r.Tier), r.Key, strconv.FormatBool(r.Reset)}}
 	})
 }
 
 func cliTop(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
-	body, err := api.call(http.MethodGet, zonePath(args[0])+"/top?n="+strconv.Itoa(fl.Int("n")))
-	if err != nil {
-		return err
-	}
-	return api.print(out, body, func(w io.Writer) error {
-		all, err := oneOrAll[zoneTop](body)
-		if err != nil {
-			return err
+	uri := zonePath(args[0]) + "/top?n=" + strconv.Itoa(fl.Int("n"))
+	return show(api, out, http.MethodGet, uri, []string{"ZONE", "KEY", "REQUESTS", "DENIED"}, func(t zoneTop) [][]string {
+		var rows [][]string
+		for _, k := range t.Keys {
+			rows = append(rows, []string{t.Zone, k.Key, strconv.FormatUint(k.Requests, 10), strconv.FormatUint(k.Denied, 10)})
 		}
-		if err := row(w, "ZONE", "KEY", "REQUESTS", "DENIED"); err != nil {
-			return err
-		}
-		for _, t := range all {
-			for _, k := range t.Keys {
-				if err := row(w, t.Zone, k.Key, strconv.FormatUint(k.Requests, 10), strconv.FormatUint(k.Denied, 10)); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+		return rows
 	})
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
-	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
 // cliRun runs `caddy rate-limit <args> --address <the instance's admin>`
@@ -112,14 +111,7 @@ func wantRow(t *testing.T, what string, rows []map[string]string, want map[strin
 // a non-zero exit for an unknown zone, tier or count.
 func TestCLI(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
-	c := newClient(t)
-	defer func() {
-		if t.Failed() {
-			t.Logf("caddy log:\n%s", inst.Log())
-		}
-	}()
+	inst, c := startOperations(t)
 	const key = "a/b:c"
 	wantCodes(t, "mem", sequence(t, c, 4, inst.URL("/mem"), "X-Client", key), 200, 200, 200, 429)
 	wantCodes(t, "red", sequence(t, c, 4, inst.URL("/red"), "X-Client", key), 200, 200, 200, 429)

@@ -72,20 +72,27 @@ func operationsSite(redisAddr string) string {
 		"}\n"
 }
 
+// startOperations runs redis-server and a Caddy serving operationsSite on
+// it, whose log the test shows if it fails.
+func startOperations(t *testing.T) (*caddyproc.Instance, *http.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
+	return inst, newClient(t)
+}
+
 // TestAdminAPI: every route, against memory, redis and tiered zones: list
 // the zones; inspect a key (with / and : in it) without consuming, reset
 // it so its next request passes, and no other key or zone changes; the
 // hottest keys; 404 for an unknown zone and 400 for a bad query, as JSON.
 func TestAdminAPI(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
-	c := newClient(t)
-	defer func() {
-		if t.Failed() {
-			t.Logf("caddy log:\n%s", inst.Log())
-		}
-	}()
+	inst, c := startOperations(t)
 
 	var list []map[string]any
 	if code := adminCall(t, inst, http.MethodGet, "/rate_limit/zones", &list); code != 200 {
