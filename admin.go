@@ -192,18 +192,20 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 	return writeOneOrAll(w, out)
 }
 
+// keyReset is a key's reset as reset answers it.
+type keyReset struct {
+	Zone  string `json:"zone"`
+	Tier  string `json:"tier,omitempty"`
+	Key   string `json:"key"`
+	Reset bool   `json:"reset"`
+}
+
 func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
 	key, tier, err := keyQuery(r)
 	if err != nil {
 		return err
 	}
-	type reset struct {
-		Zone  string `json:"zone"`
-		Tier  string `json:"tier,omitempty"`
-		Key   string `json:"key"`
-		Reset bool   `json:"reset"`
-	}
-	var out []reset
+	var out []keyReset
 	for _, reg := range found {
 		l, err := limitOf(reg.zone, tier)
 		if err != nil {
@@ -217,9 +219,22 @@ func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error 
 				return adminError(http.StatusBadGateway, "zone %q: %v", reg.zone.name, err)
 			}
 		}
-		out = append(out, reset{Zone: reg.zone.name, Tier: tier, Key: key, Reset: true})
+		out = append(out, keyReset{Zone: reg.zone.name, Tier: tier, Key: key, Reset: true})
 	}
 	return writeOneOrAll(w, out)
+}
+
+// zoneTop is a zone's hottest keys as top answers them.
+type zoneTop struct {
+	Zone string   `json:"zone"`
+	Keys []hotKey `json:"keys"`
+}
+
+// hotKey is one of them: its hash, or the key itself under log_key.
+type hotKey struct {
+	Key      string `json:"key"`
+	Requests uint64 `json:"requests"`
+	Denied   uint64 `json:"denied"`
 }
 
 // topKeys answers the zone's hottest keys.
@@ -232,18 +247,9 @@ func topKeys(w http.ResponseWriter, r *http.Request, found []registered) error {
 		}
 		n = v
 	}
-	type hotKey struct {
-		Key      string `json:"key"`
-		Requests uint64 `json:"requests"`
-		Denied   uint64 `json:"denied"`
-	}
-	type top struct {
-		Zone string   `json:"zone"`
-		Keys []hotKey `json:"keys"`
-	}
-	var out []top
+	var out []zoneTop
 	for _, reg := range found {
-		t := top{Zone: reg.zone.name, Keys: []hotKey{}}
+		t := zoneTop{Zone: reg.zone.name, Keys: []hotKey{}}
 		for _, e := range reg.zone.hot.Top(n) {
 			k := keyHash(e.Key)
 			if reg.logKey {

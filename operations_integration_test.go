@@ -41,7 +41,8 @@ func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out 
 }
 
 // operationsSite has a memory zone, a redis zone, a tiered zone, a zone
-// with log_key and one zone name in two handlers, each on its own path.
+// with log_key, one zone name in two handlers and a zone whose name holds
+// a '/', each on its own path.
 func operationsSite(redisAddr string) string {
 	limit := func(path, zone, opts string) string {
 		return fmt.Sprintf(`	handle %s {
@@ -67,7 +68,22 @@ func operationsSite(redisAddr string) string {
 		limit("/shared1", "shared", "") +
 		limit("/shared2", "shared", "") +
 		strings.Replace(limit("/logged", "logged", ""), "\t\t\tredis {", "\t\t\tlog_key\n\t\t\tredis {", 1) +
+		limit("/slashed", "api/v1", "") +
 		"}\n"
+}
+
+// startOperations runs redis-server and a Caddy serving operationsSite on
+// it, whose log the test shows if it fails.
+func startOperations(t *testing.T) (*caddyproc.Instance, *http.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
+	return inst, newClient(t)
 }
 
 // TestAdminAPI: every route, against memory, redis and tiered zones: list
@@ -76,14 +92,7 @@ func operationsSite(redisAddr string) string {
 // hottest keys; 404 for an unknown zone and 400 for a bad query, as JSON.
 func TestAdminAPI(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
-	c := newClient(t)
-	defer func() {
-		if t.Failed() {
-			t.Logf("caddy log:\n%s", inst.Log())
-		}
-	}()
+	inst, c := startOperations(t)
 
 	var list []map[string]any
 	if code := adminCall(t, inst, http.MethodGet, "/rate_limit/zones", &list); code != 200 {

@@ -1,0 +1,274 @@
+package ratelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+// init registers `caddy rate-limit` with Caddy's command line, so every
+// binary built with Floodgate (cmd/caddy or xcaddy) can read and reset the
+// running limits through the admin API without curl.
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "rate-limit",
+		Usage: "zones | inspect <zone> <key> | reset <zone> <key> | top <zone> [--address <interface>] [--json]",
+		Short: "Inspects and resets the rate limits of the running Caddy",
+		Long: `
+Reads the rate limits of the running Caddy instance through its admin API
+(the routes under /rate_limit/): the zones of the running config, the state
+of one key, the keys seen most in the last minute, and resets a key.
+
+Keys are given as the zone sees them (the evaluated key template, such as a
+client IP or an API key header's value). With --tier, inspect and reset act
+on a tier's limit of the zone instead of its own.
+
+Since the admin endpoint is configurable, its address is taken from the
+--address flag if specified; otherwise from the given --config file;
+otherwise the default is assumed, as 'caddy stop' does.
+
+Output is an aligned table; --json prints the admin API's answer as is.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			pf := cmd.PersistentFlags()
+			pf.StringP("config", "c", "", "Configuration file to use to parse the admin address, if --address is not used")
+			pf.StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
+			pf.StringP("address", "", "", "The address to use to reach the admin API endpoint, if not the default")
+			pf.Bool("json", false, "Print the admin API's JSON answer as is")
+			cmd.AddCommand(
+				cliCommand("zones", "", "Lists the zones of the running config", 0, cliZones),
+				withTier(cliCommand("inspect", "<zone> <key> [--tier <value>]", "Shows a key's state without consuming from it", 2, cliInspect)),
+				withTier(cliCommand("reset", "<zone> <key> [--tier <value>]", "Forgets a key's state, so its next request starts afresh", 2, cliReset)),
+				withTop(cliCommand("top", "<zone> [-n <count>]", "Lists the keys a zone saw most in the last minute", 1, cliTop)),
+			)
+		},
+	})
+}
+
+// cliFunc runs one subcommand: it asks the admin API and writes to out.
+type cliFunc func(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error
+
+// cliCommand makes a subcommand of exactly nargs arguments that runs f
+// against the admin address the flags determine, routing its error through
+// Caddy's own handling (logged, non-zero exit status).
+func cliCommand(name, usage, short string, nargs int, f cliFunc) *cobra.Command {
+	return &cobra.Command{
+		Use:   strings.TrimSpace(name + " " + usage),
+		Short: short,
+		Args:  cobra.ExactArgs(nargs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			run := func(fl caddycmd.Flags) (int, error) {
+				addr, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+				if err != nil {
+					return caddy.ExitCodeFailedStartup, fmt.Errorf("couldn't determine admin API address: %w", err)
+				}
+				api := &adminClient{addr: addr, raw: fl.Bool("json")}
+				if err := f(api, fl, args, cmd.OutOrStdout()); err != nil {
+					return caddy.ExitCodeFailedStartup, err
+				}
+				return caddy.ExitCodeSuccess, nil
+			}
+			return caddycmd.WrapCommandFuncForCobra(run)(cmd, args)
+		},
+	}
+}
+
+// withTier adds --tier to inspect and reset.
+func withTier(cmd *cobra.Command) *cobra.Command {
+	cmd.Flags().String("tier", "", "The tier value whose limit to act on, instead of the zone's own")
+	return cmd
+}
+
+// withTop adds -n to top.
+func withTop(cmd *cobra.Command) *cobra.Command {
+	cmd.Flags().IntP("n", "n", 10, "How many keys to list (1 to 1000)")
+	return cmd
+}
+
+// adminClient asks the admin API's rate_limit routes.
+type adminClient struct {
+	addr string
+	// raw prints the API's answers as they are (--json) instead of tables.
+	raw bool
+}
+
+// call sends method to the admin API at uri and returns the answer's body.
+// An error answer is reported by the message the API gave.
+func (c *adminClient) call(method, uri string) ([]byte, error) {
+	resp, err := caddycmd.AdminAPIRequest(c.addr, method, uri, nil, nil)
+	if err != nil {
+		if msg, ok := apiMessage(err); ok {
+			return nil, msg
+		}
+		return nil, fmt.Errorf("asking the admin API at %s: %w", c.addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer of %s %s: %w", method, uri, err)
+	}
+	return body, nil
+}
+
+// apiMessage turns AdminAPIRequest's error for an error answer, which ends
+// with the body the API sent ("caddy responded with error: HTTP 404:
+// {"error":"..."}"), into that body's message and status. ok is false for
+// any other error (the admin endpoint unreachable, say).
+func apiMessage(err error) (msg error, ok bool) {
+	text := err.Error()
+	i := strings.Index(text, "{")
+	if i < 0 {
+		return nil, false
+	}
+	var body struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal([]byte(text[i:]), &body) != nil || body.Error == "" {
+		return nil, false
+	}
+	if _, status, found := strings.Cut(strings.TrimSpace(text[:i]), "HTTP "); found {
+		return fmt.Errorf("%s (HTTP %s)", body.Error, strings.TrimSuffix(status, ":")), true
+	}
+	return errors.New(body.Error), true
+}
+
+// zonePath is the admin API path of a zone, its name escaped as one path
+// segment so names holding '/' reach the right zone.
+func zonePath(zone string) string {
+	return adminPrefix + "zones/" + url.PathEscape(zone)
+}
+
+// keyURI is the admin API URI of a key of a zone, and of a tier's limit.
+func keyURI(fl caddycmd.Flags, args []string) string {
+	q := url.Values{"key": {args[1]}}
+	if tier := fl.String("tier"); tier != "" {
+		q.Set("tier", tier)
+	}
+	return zonePath(args[0]) + "?" + q.Encode()
+}
+
+// oneOrAll decodes an answer that is one object, or an array of them when
+// two handlers declare the zone name.
+func oneOrAll[T any](body []byte) ([]T, error) {
+	if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
+		var all []T
+		if err := json.Unmarshal(b, &all); err != nil {
+			return nil, fmt.Errorf("decoding the admin API's answer: %w", err)
+		}
+		return all, nil
+	}
+	var one T
+	if err := json.Unmarshal(body, &one); err != nil {
+		return nil, fmt.Errorf("decoding the admin API's answer: %w", err)
+	}
+	return []T{one}, nil
+}
+
+// show asks the admin API and prints its answer to out: as is with
+// --json, else as a table of header and the rows cells makes of each
+// element of the answer, which is one T or an array of them.
+func show[T any](api *adminClient, out io.Writer, method, uri string, header []string, cells func(T) [][]string) error {
+	body, err := api.call(method, uri)
+	if err != nil {
+		return err
+	}
+	if api.raw {
+		_, err := out.Write(body)
+		return err
+	}
+	all, err := oneOrAll[T](body)
+	if err != nil {
+		return err
+	}
+	// The table is aligned in memory, where writing cannot fail, and
+	// written out whole.
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, v := range all {
+		for _, r := range cells(v) {
+			fmt.Fprintln(tw, strings.Join(r, "\t"))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err = out.Write(table.Bytes())
+	return err
+}
+
+// orDash shows an empty cell as "-", so columns stay readable.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// seconds shows a duration in seconds as Go writes durations, without
+// trailing zero units: 3600 is "1h", 90 is "1m30s".
+func seconds(s float64) string {
+	d := time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
+	if strings.HasSuffix(d, "m0s") {
+		d = strings.TrimSuffix(d, "0s")
+	}
+	if strings.HasSuffix(d, "h0m") {
+		d = strings.TrimSuffix(d, "0m")
+	}
+	return d
+}
+
+func cliZones(api *adminClient, _ caddycmd.Flags, _ []string, out io.Writer) error {
+	header := []string{"ZONE", "ALGORITHM", "STORE", "LIMIT", "WINDOW", "KEYS", "STORE UP", "TIERS"}
+	return show(api, out, http.MethodGet, adminPrefix+"zones", header, func(z zoneInfo) [][]string {
+		keys, up := "-", "no"
+		if z.Keys != nil {
+			keys = strconv.Itoa(*z.Keys)
+		}
+		if z.StoreUp {
+			up = "yes"
+		}
+		var tiers []string
+		for _, t := range z.Tiers {
+			tiers = append(tiers, fmt.Sprintf("%s=%d/%s", t.Value, t.Limit, seconds(t.Window)))
+		}
+		return [][]string{{z.Zone, z.Algorithm, z.Store, strconv.FormatInt(z.Limit, 10), seconds(z.Window), keys, up, orDash(strings.Join(tiers, ","))}}
+	})
+}
+
+func cliInspect(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
+	header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER"}
+	return show(api, out, http.MethodGet, keyURI(fl, args), header, func(s keyState) [][]string {
+		return [][]string{{s.Zone, orDash(s.Tier), s.Key, strconv.FormatInt(s.Limit, 10), strconv.FormatInt(s.Remaining, 10), seconds(s.ResetAfter)}}
+	})
+}
+
+func cliReset(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
+	header := []string{"ZONE", "TIER", "KEY", "RESET"}
+	return show(api, out, http.MethodDelete, keyURI(fl, args), header, func(r keyReset) [][]string {
+		return [][]string{{r.Zone, orDash(r.Tier), r.Key, strconv.FormatBool(r.Reset)}}
+	})
+}
+
+func cliTop(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
+	uri := zonePath(args[0]) + "/top?n=" + strconv.Itoa(fl.Int("n"))
+	return show(api, out, http.MethodGet, uri, []string{"ZONE", "KEY", "REQUESTS", "DENIED"}, func(t zoneTop) [][]string {
+		var rows [][]string
+		for _, k := range t.Keys {
+			rows = append(rows, []string{t.Zone, k.Key, strconv.FormatUint(k.Requests, 10), strconv.FormatUint(k.Denied, 10)})
+		}
+		return rows
+	})
+}
