@@ -5,6 +5,7 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // adminCall sends method to the instance's admin API at path and decodes
@@ -349,19 +351,46 @@ func TestOperationsSamples(t *testing.T) {
 	} {
 		t.Run(c.fraction, func(t *testing.T) {
 			t.Parallel()
-			inst := caddyproc.Start(t, site(`		zone sampled {
-			key {header.X-Client}
-			rate 100000/1h
+			inst := caddyproc.Start(t, globals+`
+http://{{http}} {
+	handle /marker {
+		rate_limit {
+			zone marker {
+				rate 100/1h
+			}
+			log_sample 1
 		}
-		log_sample `+c.fraction+`
-`))
+		respond "ok"
+	}
+	handle {
+		rate_limit {
+			zone sampled {
+				key {header.X-Client}
+				rate 100000/1h
+			}
+			log_sample `+c.fraction+`
+		}
+		respond "ok"
+	}
+}
+`)
 			client := newClient(t)
 			for i := range c.n {
 				get(t, client, inst.URL("/"), "X-Client", fmt.Sprintf("c%d", i%7))
 			}
+			// Caddy's log reaches the test through a pipe: once the
+			// marker's sample, logged after every other, has arrived, so
+			// have they.
+			get(t, client, inst.URL("/marker"))
+			testutil.Eventually(t, "the marker's sample in Caddy's log", func() error {
+				if !strings.Contains(inst.Log(), `"zone":"marker"`) {
+					return errors.New("not logged yet")
+				}
+				return nil
+			})
 			var lines []map[string]any
 			for line := range strings.SplitSeq(inst.Log(), "\n") {
-				if !strings.Contains(line, `"rate limit decision"`) {
+				if !strings.Contains(line, `"rate limit decision"`) || !strings.Contains(line, `"zone":"sampled"`) {
 					continue
 				}
 				var entry map[string]any
