@@ -80,10 +80,10 @@ type Redis struct {
 	// after a master dies its slots would go on failing for up to a
 	// minute after a replica has taken them over.
 	reloadSlots func()
-	zone    string
-	keyHead string // prefix, zone and the opening of the hash tag
-	keyTail string // the closing of the hash tag and the algorithm's suffix
-	timeout time.Duration
+	zone        string
+	keyHead     string // prefix, zone and the opening of the hash tag
+	keyTail     string // the closing of the hash tag and the algorithm's suffix
+	timeout     time.Duration
 	// deadlines bound each decision by timeout without a timer each.
 	deadlines *deadlines
 	clock     Clock
