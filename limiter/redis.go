@@ -74,10 +74,16 @@ type Redis struct {
 	batch batcher
 	// breaker answers at once while Redis keeps failing.
 	breaker *Breaker
-	zone    string
-	keyHead string // prefix, zone and the opening of the hash tag
-	keyTail string // the closing of the hash tag and the algorithm's suffix
-	timeout time.Duration
+	// reloadSlots, for a Cluster client, asks it to read the slot map
+	// again (in the background, at most every 200ms): go-redis otherwise
+	// rereads it only on MOVED or READONLY replies or once a minute, so
+	// after a master dies its slots would go on failing for up to a
+	// minute after a replica has taken them over.
+	reloadSlots func()
+	zone        string
+	keyHead     string // prefix, zone and the opening of the hash tag
+	keyTail     string // the closing of the hash tag and the algorithm's suffix
+	timeout     time.Duration
 	// deadlines bound each decision by timeout without a timer each.
 	deadlines *deadlines
 	clock     Clock
@@ -138,6 +144,9 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		r.timeout = DefaultRedisTimeout
 	}
 	r.deadlines = newDeadlines(r.timeout)
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		r.reloadSlots = func() { cc.ReloadState(context.Background()) }
+	}
 	r.breaker = opts.Breaker
 	if r.breaker == nil {
 		r.breaker = NewBreaker()
@@ -311,6 +320,9 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 	reply, err := r.batch.do(r.newCall(ctx, key, cost, extra))
 	r.breaker.record(err)
 	if err != nil {
+		if r.reloadSlots != nil && storeWide(err) && !errors.Is(err, context.Canceled) {
+			r.reloadSlots()
+		}
 		if isTimeout(err) {
 			return Decision{}, fmt.Errorf("%w: %w", ErrStoreTimeout, err)
 		}

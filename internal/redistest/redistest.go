@@ -260,9 +260,12 @@ func tail(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// Cluster is a Redis Cluster of masters without replicas.
+// Cluster is a Redis Cluster: masters, and replicas when started by
+// StartClusterWithReplicas.
 type Cluster struct {
 	Masters []*Server
+	// Replicas are the replicas, Replicas[i] replicating Masters[i].
+	Replicas []*Server
 }
 
 // Addrs are the masters' addresses, the seeds for a Cluster client.
@@ -287,6 +290,28 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 // cluster_state:ok.
 func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
+	return startCluster(t, masters, false, 5000)
+}
+
+// ClusterNodeTimeout is the cluster-node-timeout of the nodes
+// StartClusterWithReplicas starts: how long a master may be unreachable
+// before its replica takes over, so a failover takes about this long plus
+// an election.
+const ClusterNodeTimeout = time.Second
+
+// StartClusterWithReplicas starts a Cluster of masters masters with one
+// replica each (redis-cli --cluster create --cluster-replicas 1) and
+// ClusterNodeTimeout, and waits until every node reports cluster_state:ok
+// and every replica is in sync with its master.
+func StartClusterWithReplicas(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	return startCluster(t, masters, true, ClusterNodeTimeout.Milliseconds())
+}
+
+// startCluster starts the nodes, joins them, and sorts them into masters
+// and replicas by what CLUSTER NODES reports.
+func startCluster(t testing.TB, masters int, replicas bool, nodeTimeoutMS int64) *Cluster {
+	t.Helper()
 	if masters < 3 {
 		t.Fatalf("a Redis Cluster needs at least 3 masters, got %d", masters)
 	}
@@ -295,53 +320,155 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 		Binary(t) // skips or fails the same way a missing server does
 		t.Fatalf("redis-cli is not on PATH: %v", err)
 	}
-	c := &Cluster{}
-	for range masters {
-		c.Masters = append(c.Masters, start(t, []string{
+	nodes, perMaster, wantReplicas := masters, "0", 0
+	if replicas {
+		nodes, perMaster, wantReplicas = 2*masters, "1", masters
+	}
+	var all []*Server
+	var addrs []string
+	for range nodes {
+		s := start(t, []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000",
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeoutMS, 10),
 			"--cluster-port", strconv.Itoa(freePort(t)),
-		}))
+		})
+		all = append(all, s)
+		addrs = append(addrs, s.Addr())
 	}
-	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", perMaster, "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	deadline := time.Now().Add(startTimeout)
-	for _, s := range c.Masters {
+	for _, s := range all {
 		client := redis.NewClient(&redis.Options{Addr: s.Addr()})
 		for {
-			info, err := client.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
+			err := clusterNodeReady(ctx, client, nodes, wantReplicas)
+			if err == nil {
 				break
 			}
 			if time.Now().After(deadline) {
 				client.Close()
-				t.Fatalf("cluster node %s not ok within %v: %v %s", s.Addr(), startTimeout, err, info)
+				t.Fatalf("cluster node %s not ready within %v: %v", s.Addr(), startTimeout, err)
 			}
 			time.Sleep(pollInterval)
 		}
 		client.Close()
 	}
+	if !replicas {
+		return &Cluster{Masters: all}
+	}
+	return sortCluster(t, ctx, all)
+}
+
+// clusterNodeReady reports why a node is not ready yet: cluster_state not
+// ok, fewer known nodes than n or replicas than replicas, or, on a
+// replica, its link to its master not up.
+func clusterNodeReady(ctx context.Context, client *redis.Client, n, replicas int) error {
+	info, err := client.ClusterInfo(ctx).Result()
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d\r", n)) {
+		return fmt.Errorf("CLUSTER INFO: %s", info)
+	}
+	nodes, err := client.ClusterNodes(ctx).Result()
+	if err != nil {
+		return err
+	}
+	if got := strings.Count(nodes, "slave "); got != replicas {
+		return fmt.Errorf("CLUSTER NODES lists %d replicas, want %d: %s", got, replicas, nodes)
+	}
+	repl, err := client.Info(ctx, "replication").Result()
+	if err != nil {
+		return err
+	}
+	if strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up") {
+		return fmt.Errorf("replica not in sync: %s", repl)
+	}
+	return nil
+}
+
+// sortCluster reads CLUSTER NODES from the first node and returns the
+// masters with the replica of each.
+func sortCluster(t testing.TB, ctx context.Context, all []*Server) *Cluster {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: all[0].Addr()})
+	defer client.Close()
+	nodes, err := client.ClusterNodes(ctx).Result()
+	if err != nil {
+		t.Fatalf("CLUSTER NODES: %v", err)
+	}
+	byPort := map[string]*Server{}
+	for _, s := range all {
+		byPort[strconv.Itoa(s.Port())] = s
+	}
+	// Each line: <id> <ip:port@cport> <flags> <master id or -> ...
+	idOf := map[string]*Server{}
+	masterOf := map[*Server]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(nodes), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		hostPort, _, _ := strings.Cut(f[1], "@")
+		_, port, _ := net.SplitHostPort(hostPort)
+		s := byPort[port]
+		if s == nil {
+			t.Fatalf("CLUSTER NODES names a node on port %s that was not started: %s", port, nodes)
+		}
+		idOf[f[0]] = s
+		if strings.Contains(f[2], "slave") {
+			masterOf[s] = f[3]
+		}
+	}
+	c := &Cluster{}
+	for _, s := range all {
+		if _, isReplica := masterOf[s]; !isReplica {
+			c.Masters = append(c.Masters, s)
+		}
+	}
+	for _, m := range c.Masters {
+		for r, id := range masterOf {
+			if idOf[id] == m {
+				c.Replicas = append(c.Replicas, r)
+			}
+		}
+	}
+	if len(c.Replicas) != len(c.Masters) || 2*len(c.Masters) != len(all) {
+		t.Fatalf("cluster of %d nodes: %d masters, %d replicas matched to them, want one each: %s", len(all), len(c.Masters), len(c.Replicas), nodes)
+	}
 	return c
 }
 
-// Sentinel is a master and one replica watched by one Sentinel.
+// Sentinel is a master and one replica watched by one or more Sentinels.
 type Sentinel struct {
-	Master, Replica, Sentinel *Server
-	// MasterName is the name the Sentinel monitors the master under.
+	Master, Replica *Server
+	// Sentinel is the first Sentinel; Sentinels are all of them.
+	Sentinel  *Server
+	Sentinels []*Server
+	// MasterName is the name the Sentinels monitor the master under.
 	MasterName string
-	// Password is what the Sentinel requires of its clients (requirepass),
-	// or empty. The master and replica require none.
+	// Password is what the Sentinels require of their clients
+	// (requirepass), or empty. The master and replica require none.
 	Password string
 }
 
-// Addr is the Sentinel's address, the one a failover client is given.
+// Addr is the first Sentinel's address, the one a failover client is given.
 func (s *Sentinel) Addr() string { return s.Sentinel.Addr() }
+
+// Addrs are every Sentinel's address.
+func (s *Sentinel) Addrs() []string {
+	addrs := make([]string, len(s.Sentinels))
+	for i, sen := range s.Sentinels {
+		addrs[i] = sen.Addr()
+	}
+	return addrs
+}
 
 // StartSentinel starts a master, a replica of it, and a Sentinel (run as
 // redis-server <sentinel.conf> --sentinel, since Debian ships no separate
@@ -356,42 +483,108 @@ func StartSentinel(t testing.TB) *Sentinel {
 // password of its clients (none when it is empty).
 func StartSentinelAuth(t testing.TB, password string) *Sentinel {
 	t.Helper()
+	return startSentinels(t, password, 1, 1)
+}
+
+// StartSentinelQuorum starts a master, a replica of it, and n Sentinels
+// that need quorum of them to agree the master is down, and waits until
+// the replica is in sync and every Sentinel knows the master, the replica
+// and the n-1 other Sentinels, so a failover (SENTINEL FAILOVER, or the
+// master's death) can run at once.
+func StartSentinelQuorum(t testing.TB, n, quorum int) *Sentinel {
+	t.Helper()
+	if n < 1 || quorum < 1 || quorum > n {
+		t.Fatalf("StartSentinelQuorum: %d Sentinels with quorum %d", n, quorum)
+	}
+	return startSentinels(t, "", n, quorum)
+}
+
+// startSentinels starts the master, its replica and n Sentinels.
+func startSentinels(t testing.TB, password string, n, quorum int) *Sentinel {
+	t.Helper()
 	const name = "floodgate-master"
 	master := Start(t)
 	replica := start(t, []string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port())})
-
-	sentinel := startWith(t, func(s *Server) ([]string, error) {
-		conf := filepath.Join(s.dir, "sentinel.conf")
-		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n",
-			s.port, s.dir, name, master.Port(), name)
-		if password != "" {
-			body += "requirepass " + password + "\n"
-		}
-		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-			return nil, fmt.Errorf("writing sentinel.conf: %w", err)
-		}
-		return []string{conf, "--sentinel"}, nil
-	})
+	s := &Sentinel{Master: master, Replica: replica, MasterName: name, Password: password}
+	for range n {
+		s.Sentinels = append(s.Sentinels, startWith(t, func(sen *Server) ([]string, error) {
+			conf := filepath.Join(sen.dir, "sentinel.conf")
+			body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d %d\nsentinel down-after-milliseconds %s 5000\n",
+				sen.port, sen.dir, name, master.Port(), quorum, name)
+			if password != "" {
+				body += "requirepass " + password + "\n"
+			}
+			if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+				return nil, fmt.Errorf("writing sentinel.conf: %w", err)
+			}
+			return []string{conf, "--sentinel"}, nil
+		}))
+	}
+	s.Sentinel = s.Sentinels[0]
 
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr()})
 	defer mc.Close()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr(), Password: password})
-	defer sc.Close()
 	for {
-		repl, err1 := mc.Info(ctx, "replication").Result()
-		addr, err2 := sc.GetMasterAddrByName(ctx, name).Result()
-		synced := err1 == nil && strings.Contains(repl, "connected_slaves:1") && strings.Contains(repl, "state=online")
-		known := err2 == nil && len(addr) == 2 && addr[1] == strconv.Itoa(master.Port())
-		if synced && known {
+		repl, err := mc.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(repl, "connected_slaves:1") && strings.Contains(repl, "state=online") {
 			break
 		}
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("sentinel setup not ready within %v: replication %v %q, sentinel %v %v",
-				startTimeout, err1, repl, err2, addr)
+		if ctx.Err() != nil {
+			t.Fatalf("replica not in sync within %v: %v %q", startTimeout, err, repl)
 		}
 		time.Sleep(pollInterval)
 	}
-	return &Sentinel{Master: master, Replica: replica, Sentinel: sentinel, MasterName: name, Password: password}
+	for _, sen := range s.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: sen.Addr(), Password: password})
+		err := sentinelReady(ctx, sc, name, master.Port(), n)
+		sc.Close()
+		if err != nil {
+			t.Fatalf("sentinel %s not ready within %v: %v", sen.Addr(), startTimeout, err)
+		}
+	}
+	return s
+}
+
+// sentinelReady polls sc until it names the master on masterPort and
+// knows its replica and the other Sentinels of a group of n, or ctx ends.
+func sentinelReady(ctx context.Context, sc *redis.SentinelClient, name string, masterPort, n int) error {
+	for {
+		addr, err := sc.GetMasterAddrByName(ctx, name).Result()
+		var why error
+		switch {
+		case err != nil:
+			why = err
+		case len(addr) != 2 || addr[1] != strconv.Itoa(masterPort):
+			why = fmt.Errorf("names master %v, want port %d", addr, masterPort)
+		default:
+			why = sentinelPeers(ctx, sc, name, n)
+		}
+		if why == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return why
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// sentinelPeers checks that sc knows one replica and n-1 other Sentinels;
+// a group of one needs no peers, and its replica is found by then.
+func sentinelPeers(ctx context.Context, sc *redis.SentinelClient, name string, n int) error {
+	if n == 1 {
+		return nil
+	}
+	replicas, err := sc.Replicas(ctx, name).Result()
+	if err != nil || len(replicas) != 1 {
+		return fmt.Errorf("knows replicas %v (%v), want one", replicas, err)
+	}
+	peers, err := sc.Sentinels(ctx, name).Result()
+	if err != nil || len(peers) != n-1 {
+		return fmt.Errorf("knows %d other sentinels (%v), want %d", len(peers), err, n-1)
+	}
+	return nil
 }
