@@ -169,25 +169,35 @@ func limitOf(z *zone, tier string) (*limit, error) {
 }
 
 func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) error {
+	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyState, error) {
+		d, err := l.store.Peek(r.Context(), key)
+		q, _ := l.policy.Quota()
+		return keyState{
+			Zone: z.name, Tier: tier, Key: key, Limit: q,
+			Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
+		}, err
+	})
+}
+
+// forKey answers a route about one key (inspect, reset): do runs on the
+// limit the query's tier picks in each zone of that name, and the answers
+// are written as one, or as an array for a name several handlers declare.
+func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, do func(z *zone, l *limit, key, tier string) (T, error)) error {
 	key, tier, err := keyQuery(r)
 	if err != nil {
 		return err
 	}
-	var out []keyState
+	out := make([]T, 0, len(found))
 	for _, reg := range found {
 		l, err := limitOf(reg.zone, tier)
 		if err != nil {
 			return err
 		}
-		d, err := l.store.Peek(r.Context(), key)
+		v, err := do(reg.zone, l, key, tier)
 		if err != nil {
 			return adminError(http.StatusBadGateway, "zone %q: %v", reg.zone.name, err)
 		}
-		q, _ := l.policy.Quota()
-		out = append(out, keyState{
-			Zone: reg.zone.name, Tier: tier, Key: key, Limit: q,
-			Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
-		})
+		out = append(out, v)
 	}
 	return writeOneOrAll(w, out)
 }
@@ -201,27 +211,17 @@ type keyReset struct {
 }
 
 func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
-	key, tier, err := keyQuery(r)
-	if err != nil {
-		return err
-	}
-	var out []keyReset
-	for _, reg := range found {
-		l, err := limitOf(reg.zone, tier)
-		if err != nil {
-			return err
-		}
+	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyReset, error) {
 		for _, s := range []limiter.Store{l.store, l.local} {
 			if s == nil {
 				continue
 			}
 			if err := s.Reset(r.Context(), key); err != nil {
-				return adminError(http.StatusBadGateway, "zone %q: %v", reg.zone.name, err)
+				return keyReset{}, err
 			}
 		}
-		out = append(out, keyReset{Zone: reg.zone.name, Tier: tier, Key: key, Reset: true})
-	}
-	return writeOneOrAll(w, out)
+		return keyReset{Zone: z.name, Tier: tier, Key: key, Reset: true}, nil
+	})
 }
 
 // zoneTop is a zone's hottest keys as top answers them.

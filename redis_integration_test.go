@@ -18,6 +18,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // redisGlobals opens every Caddyfile of these tests: the harness's admin
@@ -131,18 +133,16 @@ func awayFromHourBoundary(t *testing.T, margin time.Duration) time.Time {
 	return end
 }
 
-// redisEventually polls cond every 10ms until it holds or limit passes,
-// and returns how long it took.
+// redisEventually waits for cond within limit (part of what the test
+// asserts) and returns how long it took.
 func redisEventually(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %v", what, limit)
+	return testutil.Within(t, what, limit, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
+		return nil
+	})
 }
 
 // countingUpstream is a backend on 127.0.0.1 that counts the requests in

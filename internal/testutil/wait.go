@@ -20,14 +20,22 @@ const pollEvery = 5 * time.Millisecond
 // condition does not hold yet, so a failure shows the state it was stuck in.
 func Eventually(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(WaitLimit)
+	Within(t, what, WaitLimit, cond)
+}
+
+// Within is Eventually with a limit the test asserts (say, that decisions
+// resume within 2 s of a failover), and reports how long cond took to
+// hold, for the test's log.
+func Within(t testing.TB, what string, limit time.Duration, cond func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
 	for {
 		err := cond()
 		if err == nil {
-			return
+			return time.Since(start)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %v", WaitLimit, what, err)
+		if time.Since(start) > limit {
+			t.Fatalf("timed out after %v waiting for %s: %v", limit, what, err)
 		}
 		time.Sleep(pollEvery)
 	}
