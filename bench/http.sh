@@ -48,6 +48,8 @@
 #        CPU 0, wrk on CPU 1 with taskset when there are at least two CPUs;
 #        0: no pinning),
 #        CADDY_BIN (a prebuilt Caddy with Floodgate instead of go build),
+#        SITES (the sites to measure and their order, space-separated;
+#        default: all, as listed above; plain and same are required),
 #        SUMMARY (a file: the medians and ratios to plain per site are
 #        written there as TSV, for bench/chart),
 #        PPROF (a directory: after the rounds, CPU profiles of Caddy while wrk
@@ -62,11 +64,17 @@ conns=${CONNS:-32}
 threads=${THREADS:-1}
 pin=${PIN:-1}
 summary=${SUMMARY:-}
-sites=(plain same vars allow deny error redis_plain redis_lease redis_deny)
-others=("${sites[@]:1}") # every site but plain, each compared with it
+all_sites=(plain same vars allow deny error redis_plain redis_lease redis_deny)
+read -r -a sites <<<"${SITES:-${all_sites[*]}}"
 # What each site must answer: 200 to every request, or 429 to every one.
 declare -A want=([plain]=200 [same]=200 [vars]=200 [allow]=200 [deny]=429 [error]=429
 	[redis_plain]=200 [redis_lease]=200 [redis_deny]=429)
+others=() # every site measured but plain, each compared with it
+for site in "${sites[@]}"; do
+	[ -n "${want[$site]:-}" ] || { echo "unknown site $site (sites: ${all_sites[*]})" >&2; exit 1; }
+	[ "$site" = plain ] || others+=("$site")
+done
+[[ " ${sites[*]} " == *" plain "* && " ${sites[*]} " == *" same "* ]] || { echo "SITES must include plain and same" >&2; exit 1; }
 
 command -v redis-server >/dev/null || { echo "redis-server is not on PATH" >&2; exit 1; }
 command -v redis-cli >/dev/null || { echo "redis-cli is not on PATH" >&2; exit 1; }
@@ -104,8 +112,8 @@ import socket, sys
 socks = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
-for s in socks: s.close()' $((${#sites[@]} + 2)))
-for i in "${!sites[@]}"; do port[${sites[$i]}]=${ports[$i]}; done
+for s in socks: s.close()' $((${#all_sites[@]} + 2)))
+for i in "${!all_sites[@]}"; do port[${all_sites[$i]}]=${ports[$i]}; done
 p_admin=${ports[-2]} p_redis=${ports[-1]}
 
 caddy_cpu=() wrk_cpu=()
@@ -310,7 +318,9 @@ for m in rps:"requests/s, ratio of medians" rr:"requests/s, median of ratios" cr
 done
 echo "goals (CPU/req. vs plain+same; plain µs / site µs):"
 for g in allow:0.97 deny:0.95 redis_lease:0.85 redis_deny:0.90; do
-	site=${g%%:*} goal=${g#*:} v=$(value cb "${g%%:*}")
+	site=${g%%:*} goal=${g#*:}
+	[ -n "${all[cb_$site]:-}" ] || continue
+	v=$(value cb "$site")
 	printf '  %-12s >= %s: %s %s\n' "$site" "$goal" "$v" "$(awk -v v="$v" -v g="$goal" 'BEGIN {print (v >= g ? "met" : "MISSED")}')"
 done
 echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
