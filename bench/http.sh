@@ -49,7 +49,8 @@
 #        0: no pinning),
 #        CADDY_BIN (a prebuilt Caddy with Floodgate instead of go build),
 #        SITES (the sites to measure and their order, space-separated;
-#        default: all, as listed above; plain and same are required),
+#        default: all, in the order plain same vars allow deny redis_plain
+#        redis_lease redis_deny error; plain and same are required),
 #        SUMMARY (a file: the medians and ratios to plain per site are
 #        written there as TSV, for bench/chart),
 #        PPROF (a directory: after the rounds, CPU profiles of Caddy while wrk
