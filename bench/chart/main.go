@@ -31,7 +31,7 @@ type bar struct {
 }
 
 var bars = []bar{
-	{"plain", "plain"},
+	{"plain", "no rate_limit"},
 	{"allow", "memory zone"},
 	{"redis_plain", "Redis zone"},
 	{"redis_lease", "Redis + leases"},
