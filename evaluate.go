@@ -247,7 +247,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 	if !c.early {
 		c.take(r.Context())
 	}
-	if z.timed {
+	if z.timed && l.remote {
 		z.metrics.observe(c.took)
 	}
 	store, d, err := l.store, c.d, c.err

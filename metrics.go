@@ -48,7 +48,7 @@ var metricFamilies = &metricVecs{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
 		Name:      "decision_seconds",
-		Help:      "Time to decide one zone for one request, a Redis round trip included, by zone.",
+		Help:      "Time to decide one zone for one request, a Redis round trip included, by redis zone (a memory zone decides in under the first bucket).",
 		Buckets:   decisionBuckets,
 	}, []string{"zone"}),
 }

@@ -287,7 +287,7 @@ http://{{http}} {
 	for _, want := range []string{
 		`caddy_http_rate_limit_decisions_total{result="allowed",zone="mem"}`,
 		`caddy_http_rate_limit_decisions_total{result="denied",zone="red"}`,
-		`caddy_http_rate_limit_decision_seconds_count{zone="mem"}`,
+		`caddy_http_rate_limit_decision_seconds_count{zone="red"}`,
 		`caddy_http_rate_limit_decision_seconds_bucket{zone="red",le="0.0001"}`,
 		`caddy_http_rate_limit_local_decisions_total{source="lease",zone="red"}`,
 		`caddy_http_rate_limit_local_decisions_total{source="deny_cache",zone="red"}`,
@@ -311,6 +311,9 @@ http://{{http}} {
 	// One lease for the 2 admitted; the second refusal came from the cache.
 	if got := after[`caddy_http_rate_limit_local_decisions_total{source="deny_cache",zone="red"}`]; got != "1" {
 		t.Errorf("red refusals from the denial cache: %s, want 1", got)
+	}
+	if _, timed := after[`caddy_http_rate_limit_decision_seconds_count{zone="mem"}`]; timed {
+		t.Errorf("memory zone mem is timed: only redis zones are")
 	}
 	for name := range after {
 		if strings.Contains(name, "quiet") {
