@@ -18,13 +18,15 @@ module=github.com/floodgatehq/caddy-ratelimit
 
 echo "== build: go build ./cmd/caddy"
 go build -o "$bin/caddy" ./cmd/caddy
-"$bin/caddy" list-modules | grep -qx http.handlers.rate_limit
+# grep reads the whole listing (no -q): stopping at the first match would
+# leave Caddy writing into a closed pipe, and pipefail would fail on it.
+"$bin/caddy" list-modules | grep -x http.handlers.rate_limit >/dev/null
 
 echo "== build: go tool xcaddy build --with $module"
 (cd tools && go tool xcaddy build --output "$bin/xcaddy-caddy" \
 	--with "$module@v0.0.0-00010101000000-000000000000=..") >"$bin/xcaddy.log" 2>&1 ||
 	{ cat "$bin/xcaddy.log"; exit 1; }
-"$bin/xcaddy-caddy" list-modules | grep -qx http.handlers.rate_limit
+"$bin/xcaddy-caddy" list-modules | grep -x http.handlers.rate_limit >/dev/null
 
 echo "== go test -race ./..."
 # Integration tests start the binary built above rather than building their own.
