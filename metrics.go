@@ -93,25 +93,29 @@ func (m *metricVecs) forgetZone(name string) {
 	m.seconds.DeletePartialMatch(labels)
 }
 
-// forZone resolves a zone's counters; a nil receiver gives nil (no metrics).
-func (m *metricVecs) forZone(name, fail string) *zoneMetrics {
+// forZone resolves a zone's counters, and its decision-time histogram when
+// the zone is timed (a redis zone); a nil receiver gives nil (no metrics).
+func (m *metricVecs) forZone(name, fail string, timed bool) *zoneMetrics {
 	if m == nil {
 		return nil
 	}
-	return &zoneMetrics{
-		allowed:         m.decisions.WithLabelValues(name, "allowed"),
-		denied:          m.decisions.WithLabelValues(name, "denied"),
-		dryRunDenied:    m.decisions.WithLabelValues(name, "dry_run_denied"),
-		storeFailures:   m.storeFailures.WithLabelValues(name, fail),
-		fromLease:       m.local.WithLabelValues(name, limiter.SourceLease.String()),
-		fromDenyCache:   m.local.WithLabelValues(name, limiter.SourceDenyCache.String()),
-		decisionSeconds: m.seconds.WithLabelValues(name),
+	zm := &zoneMetrics{
+		allowed:       m.decisions.WithLabelValues(name, "allowed"),
+		denied:        m.decisions.WithLabelValues(name, "denied"),
+		dryRunDenied:  m.decisions.WithLabelValues(name, "dry_run_denied"),
+		storeFailures: m.storeFailures.WithLabelValues(name, fail),
+		fromLease:     m.local.WithLabelValues(name, limiter.SourceLease.String()),
+		fromDenyCache: m.local.WithLabelValues(name, limiter.SourceDenyCache.String()),
 	}
+	if timed {
+		zm.decisionSeconds = m.seconds.WithLabelValues(name)
+	}
+	return zm
 }
 
 // observe records how long one decision of the zone took; safe on nil.
 func (zm *zoneMetrics) observe(took time.Duration) {
-	if zm != nil {
+	if zm != nil && zm.decisionSeconds != nil {
 		zm.decisionSeconds.Observe(took.Seconds())
 	}
 }

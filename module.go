@@ -279,7 +279,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.releaseShared()
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		z.metrics = metrics.forZone(name, z.fail)
+		z.metrics = metrics.forZone(name, z.fail, z.limit.remote)
 		// A memory decision takes well under the histogram's first
 		// bucket (5 µs), so only zones that ask over the network are
 		// timed for it; samples report every zone's duration.
