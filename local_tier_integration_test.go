@@ -285,3 +285,66 @@ func TestLeasesRedisKilled(t *testing.T) {
 		t.Errorf("with Redis killed: %v, want 15 from the lease then fail closed's 503", codes)
 	}
 }
+
+// TestLeasesWithTiersDryRunAndFailLocal: leases keep the other features
+// working. A tier's own quota sizes its leases and each tier admits
+// exactly its limit; a dry_run zone with leases counts down but never
+// refuses; with Redis gone, `fail local` decides from this instance's
+// memory store.
+func TestLeasesWithTiersDryRunAndFailLocal(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout),
+		redisRoute{path: "/tiered", zone: "key global\nalgorithm fixed_window\nrate 10/1h\nlocal_quota 0.5\ntier {header.X-Plan} {\ngold 20/1h\n}"},
+		redisRoute{path: "/dry", zone: "key global\nalgorithm sliding_window_log\nrate 3/1h\nlocal_quota 1\ndry_run"},
+		redisRoute{path: "/local", zone: "key global\nalgorithm fixed_window\nrate 5/1h\nlocal_quota 1\nfail local"},
+	))
+	awayFromHourBoundary(t, 30*time.Second)
+	c := newClient(t)
+	defer func() {
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	}()
+	count := func(rs []response) (ok, refused int) {
+		for _, r := range rs {
+			switch r.code {
+			case http.StatusOK:
+				ok++
+			case http.StatusTooManyRequests:
+				refused++
+			default:
+				t.Fatalf("status %d", r.code)
+			}
+		}
+		return ok, refused
+	}
+	if ok, refused := count(sequence(t, c, 25, inst.URL("/tiered"), "X-Plan", "gold")); ok != 20 || refused != 5 {
+		t.Errorf("gold tier: %d admitted, %d refused of 25; want its own 20", ok, refused)
+	}
+	if ok, refused := count(sequence(t, c, 13, inst.URL("/tiered"))); ok != 10 || refused != 3 {
+		t.Errorf("the zone's own limit: %d admitted, %d refused of 13; want 10", ok, refused)
+	}
+	dry := sequence(t, c, 6, inst.URL("/dry"))
+	wantCodes(t, "dry_run with leases", dry, 200, 200, 200, 200, 200, 200)
+	wantRemaining(t, "dry_run with leases", dry[:3], "dry", 2, 1, 0)
+	// Two requests on Redis take leases of 1 and 2, one unit left. With
+	// Redis gone the next request spends it, unless a loaded machine took
+	// longer than the lease's second to stop Redis, and fail local decides
+	// the rest from memory: 5 a window.
+	wantCodes(t, "fail local before", sequence(t, c, 2, inst.URL("/local")), 200, 200)
+	leased := time.Now()
+	srv.Stop()
+	stopped := time.Since(leased)
+	ok, refused := count(sequence(t, c, 8, inst.URL("/local")))
+	lo, hi := 5, 6 // the lease's unit may or may not have lapsed
+	switch {
+	case stopped < limiter.LeaseLifetime/2:
+		lo = 6
+	case stopped > 2*limiter.LeaseLifetime:
+		hi = 5
+	}
+	if ok < lo || ok > hi || ok+refused != 8 {
+		t.Errorf("fail local with Redis gone (stopped in %v): %d admitted, %d refused of 8; want %d to %d: the lease's last unit and the local limit of 5", stopped, ok, refused, lo, hi)
+	}
+}
