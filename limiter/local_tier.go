@@ -218,16 +218,26 @@ func (t *LocalTier) Take(ctx context.Context, key string, cost int64) (Decision,
 			return t.takeFromStore(ctx, sh, key, cost)
 		}
 		if k == nil {
-			if t.keys.Load() >= t.maxKeys {
+			if k = t.remember(sh, key, now); k == nil {
 				sh.mu.Unlock()
 				return t.store.Take(ctx, key, cost)
 			}
-			k = &tierKey{used: now}
-			sh.keys[key] = k
-			t.keys.Add(1)
 		}
 		return t.refill(ctx, sh, k, key, cost, now)
 	}
+}
+
+// remember starts remembering key in sh, whose lock is held, unless the
+// tier already holds MaxKeys keys: then it returns nil, and the key is
+// decided by the store alone.
+func (t *LocalTier) remember(sh *tierShard, key string, now int64) *tierKey {
+	if t.keys.Load() >= t.maxKeys {
+		return nil
+	}
+	k := &tierKey{used: now}
+	sh.keys[key] = k
+	t.keys.Add(1)
+	return k
 }
 
 // takeFromStore asks the store alone (no leases) and caches a refusal.
@@ -239,10 +249,8 @@ func (t *LocalTier) takeFromStore(ctx context.Context, sh *tierShard, key string
 	now := t.clock.now()
 	sh.mu.Lock()
 	k := sh.keys[key]
-	if k == nil && t.keys.Load() < t.maxKeys {
-		k = &tierKey{}
-		sh.keys[key] = k
-		t.keys.Add(1)
+	if k == nil {
+		k = t.remember(sh, key, now)
 	}
 	if k != nil {
 		k.used = now
@@ -495,17 +503,3 @@ func (t *LocalTier) Len() int { return int(t.keys.Load()) }
 var _ Leaser = (*Redis)(nil)
 var _ Leaser = (*Memory)(nil)
 var _ Store = (*LocalTier)(nil)
-
-// held is how many units the tier's leases hold, and whether a give-back
-// is under way (tests wait for both to settle).
-func (t *LocalTier) held() (units int64) {
-	for i := range t.shards {
-		sh := &t.shards[i]
-		sh.mu.Lock()
-		for _, k := range sh.keys {
-			units += k.units
-		}
-		sh.mu.Unlock()
-	}
-	return units
-}

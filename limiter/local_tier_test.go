@@ -410,3 +410,17 @@ func checkTierAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy, 
 	}
 	t.Logf("admitted %d, then %d", first, second)
 }
+
+// held is how many units the tier's leases hold, for tests that wait for
+// them to go back.
+func (t *LocalTier) held() (units int64) {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, k := range sh.keys {
+			units += k.units
+		}
+		sh.mu.Unlock()
+	}
+	return units
+}
