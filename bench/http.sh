@@ -50,7 +50,8 @@
 #        CADDY_BIN (a prebuilt Caddy with Floodgate instead of go build),
 #        SITES (the sites to measure and their order, space-separated;
 #        default: all, in the order plain same vars allow deny redis_plain
-#        redis_lease redis_deny error; plain and same are required),
+#        redis_lease redis_deny error; plain and same are required; a
+#        Redis site not listed is not configured at all),
 #        SUMMARY (a file: the medians and ratios to plain per site are
 #        written there as TSV, for bench/chart),
 #        PPROF (a directory: after the rounds, CPU profiles of Caddy while wrk
@@ -150,6 +151,19 @@ redis_site() {
 	printf '\t\t\t%s\n' "$@" "store redis" "fail $fail"
 	printf '\t\t}\n\t\tredis {\n\t\t\taddresses 127.0.0.1:%s\n\t\t\ttimeout 100ms\n\t\t}\n\t}\n\trespond "ok"\n}\n' "$p_redis"
 }
+# redis_sites: the Redis sites measured, and only those, so a run of the
+# memory sites alone measures the same Caddy as before the Redis sites
+# came (three more handlers and their clients cost every site a little).
+redis_sites() {
+	local site
+	for site in "${sites[@]}"; do
+		case $site in
+		redis_plain) redis_site redis_plain closed "algorithm token_bucket" "rate 1000000000/s" ;;
+		redis_lease) redis_site redis_lease closed "algorithm token_bucket" "rate 1000000000/s" "local_quota 0.1" ;;
+		redis_deny) redis_site redis_deny open "events 1" "window 24h" ;;
+		esac
+	done
+}
 cat >"$work/Caddyfile" <<CADDY
 {
 	$admin
@@ -190,9 +204,7 @@ http://:${port[deny]} {
 http://:${port[error]} {
 	error 429
 }
-$(redis_site redis_plain closed "algorithm token_bucket" "rate 1000000000/s")
-$(redis_site redis_lease closed "algorithm token_bucket" "rate 1000000000/s" "local_quota 0.1")
-$(redis_site redis_deny open "events 1" "window 24h")
+$(redis_sites)
 CADDY
 
 HOME="$work" XDG_DATA_HOME="$work/data" XDG_CONFIG_HOME="$work/config" \
