@@ -82,9 +82,10 @@ type algorithm struct {
 	// newTables makes a memory store's empty key tables for the
 	// algorithm's per-key state type.
 	newTables func() memoryTables
-	// script is the Redis script's source; keySuffix ends the Redis key
-	// of every client key, so algorithms never read each other's state.
-	script    string
+	// scripts are the Redis scripts' sources; keySuffix ends the Redis
+	// key of every client key, so algorithms never read each other's
+	// state.
+	scripts   scripts
 	keySuffix string
 	// redisArgs are the policy's arguments to the script, from L and W
 	// on (cost and now come first); the bucket scripts take L and W
@@ -113,7 +114,7 @@ var algorithmTable = []*algorithm{
 		name:      TokenBucket,
 		Traits:    Traits{Bucket: true, Leases: true},
 		newTables: func() memoryTables { return newShardSet[tokenBucketState]() },
-		script:    mustScript("bucket.lua", "token_bucket.lua", "bucket_save.lua"),
+		scripts:   mustScripts("bucket.lua", "token_bucket.lua", "bucket_save.lua"),
 		keySuffix: "tb",
 		redisArgs: func(p *params) ([]any, string) {
 			l, w := p.reduced()
@@ -125,7 +126,7 @@ var algorithmTable = []*algorithm{
 		name:      LeakyBucket,
 		Traits:    Traits{Bucket: true, HoldsRequests: true},
 		newTables: func() memoryTables { return newShardSet[leakyBucketState]() },
-		script:    mustScript("bucket.lua", "leaky_bucket.lua", "bucket_save.lua"),
+		scripts:   mustScripts("bucket.lua", "leaky_bucket.lua", "bucket_save.lua"),
 		keySuffix: "lb",
 		redisArgs: func(p *params) ([]any, string) {
 			l, w := p.reduced()
@@ -137,7 +138,7 @@ var algorithmTable = []*algorithm{
 		name:               FixedWindow,
 		Traits:             Traits{Leases: true},
 		newTables:          func() memoryTables { return newShardSet[fixedWindowState]() },
-		script:             mustScript("window.lua", "fixed_window.lua"),
+		scripts:            mustScripts("window.lua", "fixed_window.lua"),
 		keySuffix:          "fw",
 		redisArgs:          windowArgs,
 		refundArg:          refundAt,
@@ -147,7 +148,7 @@ var algorithmTable = []*algorithm{
 		name:      SlidingWindowLog,
 		Traits:    Traits{Leases: true},
 		newTables: func() memoryTables { return newShardSet[slidingLogState]() },
-		script:    mustScript("sliding_window_log.lua"),
+		scripts:   mustScripts("sliding_window_log.lua"),
 		keySuffix: "swl",
 		redisArgs: windowArgs,
 		refundArg: refundAt,
@@ -156,7 +157,7 @@ var algorithmTable = []*algorithm{
 		name:      SlidingWindowCounter,
 		Traits:    Traits{Leases: true},
 		newTables: func() memoryTables { return newShardSet[slidingCounterState]() },
-		script:    mustScript("window.lua", "sliding_window_counter.lua"),
+		scripts:   mustScripts("window.lua", "sliding_window_counter.lua"),
 		keySuffix: "swc",
 		redisArgs: windowArgs,
 		refundArg: refundAt,
@@ -171,7 +172,7 @@ var algorithmTable = []*algorithm{
 		name:      Concurrency,
 		Traits:    Traits{ReleasesOnFinish: true, DefaultWindow: time.Minute, QuotaUnit: "concurrent-requests"},
 		newTables: func() memoryTables { return newShardSet[concurrencyState]() },
-		script:    mustScript("concurrency.lua"),
+		scripts:   mustScripts("concurrency.lua"),
 		keySuffix: "cc",
 		redisArgs: windowArgs,
 		refundArg: func(taken Decision) any { return taken.lease },
@@ -188,15 +189,25 @@ func lookupAlgorithm(a Algorithm) *algorithm {
 	return nil
 }
 
-// mustScript joins a script's parts at start-up. The names are this file's
-// constants, not input: a missing part is a build mistake, which
-// TestAlgorithmTable reports before anything runs.
-func mustScript(parts ...string) string {
-	src, err := lua.Script(parts...)
+// scripts are an algorithm's two Redis scripts: one runs a single
+// decision, the other any number in one call (see lua.Batch).
+type scripts struct {
+	one, batch string
+}
+
+// mustScripts joins an algorithm's script parts at start-up. The names are
+// this file's constants, not input: a missing part is a build mistake,
+// which TestAlgorithmTable reports before anything runs.
+func mustScripts(parts ...string) scripts {
+	one, err := lua.Script(parts...)
 	if err != nil {
 		panic(err)
 	}
-	return src
+	batch, err := lua.Batch(parts...)
+	if err != nil {
+		panic(err)
+	}
+	return scripts{one: one, batch: batch}
 }
 
 // windowArgs are the window algorithms' script arguments: none beyond L and W.

@@ -12,7 +12,7 @@ func TestAlgorithmTable(t *testing.T) {
 	suffixes := map[string]Algorithm{}
 	for _, alg := range algorithmTable {
 		names = append(names, alg.name)
-		if alg.newTables == nil || alg.redisArgs == nil || alg.script == "" || alg.keySuffix == "" {
+		if alg.newTables == nil || alg.redisArgs == nil || alg.scripts.one == "" || alg.scripts.batch == "" || alg.keySuffix == "" {
 			t.Errorf("%s: incomplete entry", alg.name)
 		}
 		if other, dup := suffixes[alg.keySuffix]; dup {

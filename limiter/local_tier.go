@@ -20,10 +20,6 @@ const LeaseLifetime = time.Second
 // its keys over.
 const tierShards = 32
 
-// tierGiveBackTimeout bounds one give-back of unspent units, which runs
-// off the request path.
-const tierGiveBackTimeout = time.Second
-
 // LocalTierOptions configures a LocalTier.
 type LocalTierOptions struct {
 	// LeaseFraction is the largest share of the quota one lease may
@@ -55,7 +51,10 @@ type LocalTierOptions struct {
 //     grant, up to ⌈LeaseFraction × Q⌉; later requests spend them in
 //     memory. A lease lives at most LeaseLifetime (a fixed window's never
 //     past its window's end); then, and at Close, its unspent units are
-//     refunded to the store.
+//     given back to the store: by the janitor, every quarter of a
+//     lifetime, many in one call (Leaser.RefundMany), or by the call that
+//     takes the key's next lease (Leaser.Renew) when a request comes
+//     first.
 //   - Denial cache: a refusal from the store is repeated from memory, its
 //     times counted down, until the smaller of its RetryAfter and DenyFor
 //     has passed.
@@ -280,12 +279,20 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 	k.refill = r
 	sh.mu.Unlock()
 
-	if leftover > 0 {
-		t.giveBack(key, leftover, grant)
-	}
 	// Not cancelled with the request that asks: others may wait for the
-	// answer. The store bounds the call with its own timeout.
-	d, err := t.store.TakeUpTo(context.WithoutCancel(ctx), key, cost, want)
+	// answer. The store bounds the call with its own timeout. What the
+	// last lease left goes back in the same call, before the take.
+	ctx = context.WithoutCancel(ctx)
+	var d Decision
+	var err error
+	if leftover > 0 {
+		d, err = t.store.Renew(ctx, Refund{Key: key, Cost: leftover, Taken: grant}, cost, want)
+		if err != nil && t.onGiveBackError != nil {
+			t.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
+		}
+	} else {
+		d, err = t.store.TakeUpTo(ctx, key, cost, want)
+	}
 	now = t.clock.now()
 
 	sh.mu.Lock()
@@ -311,9 +318,9 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 	if t.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
 		// request, as Close may have stopped waiting for give-backs.
-		leftover, grant = k.units, k.grant
+		back := Refund{Key: key, Cost: k.units, Taken: k.grant}
 		k.units, k.expires = 0, 0
-		defer t.giveBackNow(key, leftover, grant)
+		defer t.giveBackNow([]Refund{back})
 	}
 	sh.mu.Unlock()
 	close(r.done)
@@ -418,22 +425,26 @@ func (t *LocalTier) Reset(ctx context.Context, key string) error {
 	return t.store.Reset(ctx, key)
 }
 
-// giveBack refunds a lease's unspent units to the store, off the request
-// path. taken is the decision that granted them, which names the window
-// or log entry they belong to.
-func (t *LocalTier) giveBack(key string, units int64, taken Decision) {
-	t.givingBack.Add(1)
+// giveBack refunds leases' unspent units to the store, off the request
+// path, in as few calls as the store allows. Each refund's Taken is the
+// decision that granted the lease, which names the window or log entry its
+// units belong to. The caller has added one to givingBack for it, before
+// it took the units out of their leases, so that whoever sees the leases
+// empty and then waits for givingBack also waits for their give-back.
+func (t *LocalTier) giveBack(backs []Refund) {
 	go func() {
 		defer t.givingBack.Done()
-		t.giveBackNow(key, units, taken)
+		t.giveBackNow(backs)
 	}()
 }
 
-func (t *LocalTier) giveBackNow(key string, units int64, taken Decision) {
-	ctx, cancel := context.WithTimeout(context.Background(), tierGiveBackTimeout)
-	defer cancel()
-	if _, err := t.store.Refund(ctx, key, units, taken); err != nil && t.onGiveBackError != nil {
-		t.onGiveBackError(fmt.Errorf("giving back %d unspent units of a lease: %w", units, err))
+func (t *LocalTier) giveBackNow(backs []Refund) {
+	if err := t.store.RefundMany(context.Background(), backs); err != nil && t.onGiveBackError != nil {
+		var units int64
+		for _, b := range backs {
+			units += b.Cost
+		}
+		t.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(backs), err))
 	}
 }
 
@@ -457,13 +468,22 @@ func (t *LocalTier) janitor() {
 // does) and forgets idle keys. It locks one shard at a time.
 func (t *LocalTier) sweep(all bool) {
 	idleFor := 2 * LeaseLifetime.Microseconds()
+	var backs []Refund
+	defer func() {
+		if len(backs) > 0 {
+			t.giveBack(backs)
+		}
+	}()
 	for i := range t.shards {
 		sh := &t.shards[i]
 		now := t.clock.now()
 		sh.mu.Lock()
 		for key, k := range sh.keys {
 			if k.units > 0 && (all || now >= k.expires) {
-				t.giveBack(key, k.units, k.grant)
+				if len(backs) == 0 {
+					t.givingBack.Add(1) // see giveBack
+				}
+				backs = append(backs, Refund{Key: key, Cost: k.units, Taken: k.grant})
 				k.units, k.expires = 0, 0
 			}
 			if k.units == 0 && k.refill == nil && now >= k.deniedUntil && now-k.used >= idleFor {

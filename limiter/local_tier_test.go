@@ -63,6 +63,20 @@ func (c *countingLeaser) Refund(ctx context.Context, key string, cost int64, tak
 	return c.Memory.Refund(ctx, key, cost, taken)
 }
 
+// Renew counts as the refund and the lease it is.
+func (c *countingLeaser) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+	_, _ = c.Refund(ctx, back.Key, back.Cost, back.Taken)
+	return c.TakeUpTo(ctx, back.Key, cost, want)
+}
+
+// RefundMany counts as the refunds it is.
+func (c *countingLeaser) RefundMany(ctx context.Context, refunds []Refund) error {
+	for _, r := range refunds {
+		_, _ = c.Refund(ctx, r.Key, r.Cost, r.Taken)
+	}
+	return nil
+}
+
 func (c *countingLeaser) leaseSizes() []int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()

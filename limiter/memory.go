@@ -143,6 +143,22 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Deci
 	return d, nil
 }
 
+// Renew implements Leaser: the refund, then the lease. Each is atomic on
+// its own; a memory store is not shared between instances, so nothing else
+// needs the two together.
+func (m *Memory) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+	_, _ = m.Refund(ctx, back.Key, back.Cost, back.Taken)
+	return m.TakeUpTo(ctx, back.Key, cost, want)
+}
+
+// RefundMany implements Leaser; it never fails.
+func (m *Memory) RefundMany(ctx context.Context, refunds []Refund) error {
+	for _, r := range refunds {
+		_, _ = m.Refund(ctx, r.Key, r.Cost, r.Taken)
+	}
+	return nil
+}
+
 // Peek implements Store; it never fails, and a key it does not hold is
 // reported as fresh without being added.
 func (m *Memory) Peek(_ context.Context, key string) (Decision, error) {

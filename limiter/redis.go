@@ -69,7 +69,9 @@ type Redis struct {
 	cost   int64 // the largest cost a request may have
 	script *redis.Script
 	src    string // the script's source, sent when Redis lacks it
-	args   []any  // the policy's script arguments
+	// batchScript runs several decisions in one call (see lua.Batch).
+	batchScript *redis.Script
+	args        []any // the policy's script arguments
 	// batch lets concurrent decisions share round trips.
 	batch batcher
 	// breaker answers at once while Redis keeps failing.
@@ -165,8 +167,9 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		r.leaseID = hex.EncodeToString(id[:]) + "."
 	}
 	r.keyTail = "}:" + params.alg.keySuffix + qualifier
-	src := params.alg.script
+	src := params.alg.scripts.one
 	r.script, r.src = redis.NewScript(src), src
+	r.batchScript = redis.NewScript(params.alg.scripts.batch)
 	r.batch.runOne = func(c *scriptCall) {
 		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
 	}
@@ -226,8 +229,8 @@ func (r *Redis) Key(key string) string {
 
 // Take implements Store with one script run in Redis.
 func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, error) {
-	if cost < 1 || cost > r.cost {
-		return Decision{}, fmt.Errorf("redis store for zone %q: cost %d outside 1..%d", r.zone, cost, r.cost)
+	if err := r.checkCost(cost); err != nil {
+		return Decision{}, err
 	}
 	var lease string
 	if r.p.alg.leases {
@@ -249,11 +252,8 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 // TakeUpTo implements Leaser with one script run, for the algorithms whose
 // Traits say Leases.
 func (r *Redis) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
-	if !r.p.alg.Leases {
-		return Decision{}, fmt.Errorf("redis store for zone %q: %s does not lease", r.zone, r.policy.Algorithm)
-	}
-	if cost < 1 || cost > r.cost || want < cost {
-		return Decision{}, fmt.Errorf("redis store for zone %q: lease of %d for a cost of %d outside 1..%d", r.zone, want, cost, r.cost)
+	if err := r.checkLease(cost, want); err != nil {
+		return Decision{}, err
 	}
 	d, err := r.run(ctx, key, cost, want)
 	if err != nil {
@@ -262,13 +262,20 @@ func (r *Redis) TakeUpTo(ctx context.Context, key string, cost, want int64) (Dec
 	return d, nil
 }
 
+// checkLease refuses a lease the policy cannot grant.
+func (r *Redis) checkLease(cost, want int64) error {
+	if !r.p.alg.Leases {
+		return fmt.Errorf("redis store for zone %q: %s does not lease", r.zone, r.policy.Algorithm)
+	}
+	if cost < 1 || cost > r.cost || want < cost {
+		return fmt.Errorf("redis store for zone %q: lease of %d for a cost of %d outside 1..%d", r.zone, want, cost, r.cost)
+	}
+	return nil
+}
+
 // Peek implements Store with one script run that gives back nothing.
 func (r *Redis) Peek(ctx context.Context, key string) (Decision, error) {
-	var extra any
-	if r.p.alg.refundArg != nil {
-		extra = r.p.alg.refundArg(Decision{})
-	}
-	d, err := r.run(ctx, key, 0, extra)
+	d, err := r.run(ctx, key, 0, r.refundArg(Decision{}))
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: peek: %w", r.zone, err)
 	}
@@ -288,18 +295,32 @@ func (r *Redis) Reset(ctx context.Context, key string) error {
 // Refund implements Store: it gives back what taken consumed, or releases
 // its concurrency lease, in one script run.
 func (r *Redis) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
-	if cost < 1 || cost > r.cost {
-		return Decision{}, fmt.Errorf("redis store for zone %q: cost %d outside 1..%d", r.zone, cost, r.cost)
+	if err := r.checkCost(cost); err != nil {
+		return Decision{}, err
 	}
-	var extra any
-	if r.p.alg.refundArg != nil {
-		extra = r.p.alg.refundArg(taken)
-	}
-	d, err := r.run(ctx, key, -cost, extra)
+	d, err := r.run(ctx, key, -cost, r.refundArg(taken))
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: refund: %w", r.zone, err)
 	}
 	return d, nil
+}
+
+// checkCost refuses a cost no request of the policy can have.
+func (r *Redis) checkCost(cost int64) error {
+	if cost < 1 || cost > r.cost {
+		return fmt.Errorf("redis store for zone %q: cost %d outside 1..%d", r.zone, cost, r.cost)
+	}
+	return nil
+}
+
+// refundArg is the argument a refund of taken passes after the policy's,
+// naming the admission it gives back; nil for the algorithms that need
+// none.
+func (r *Redis) refundArg(taken Decision) any {
+	if r.p.alg.refundArg == nil {
+		return nil
+	}
+	return r.p.alg.refundArg(taken)
 }
 
 // run calls the script for key under the store's timeout, in a round trip
@@ -316,19 +337,33 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 	// the wait for it, so an unreachable host would otherwise hold the
 	// request for the client's dial timeout.
 	ctx = r.deadlines.bound(ctx, r.timeout)
+	return r.runBounded(ctx, key, cost, extra)
+}
 
+// runBounded is run for a ctx the caller has already bounded.
+func (r *Redis) runBounded(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
 	reply, err := r.batch.do(r.newCall(ctx, key, cost, extra))
-	r.breaker.record(err)
-	if err != nil {
-		if r.reloadSlots != nil && storeWide(err) && !errors.Is(err, context.Canceled) {
-			r.reloadSlots()
-		}
-		if isTimeout(err) {
-			return Decision{}, fmt.Errorf("%w: %w", ErrStoreTimeout, err)
-		}
+	if err := r.outcome(err); err != nil {
 		return Decision{}, err
 	}
 	return decodeReply(reply)
+}
+
+// outcome tells the breaker how a call to Redis went and, when it failed,
+// asks a Cluster client for the slot map again if the failure may mean it
+// moved, and marks a timeout as ErrStoreTimeout.
+func (r *Redis) outcome(err error) error {
+	r.breaker.record(err)
+	if err == nil {
+		return nil
+	}
+	if r.reloadSlots != nil && storeWide(err) && !errors.Is(err, context.Canceled) {
+		r.reloadSlots()
+	}
+	if isTimeout(err) {
+		return fmt.Errorf("%w: %w", ErrStoreTimeout, err)
+	}
+	return err
 }
 
 // newCall is the script call deciding for key: its Redis key and

@@ -7,8 +7,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Preload connects to the store's Redis and loads its script there (on
-// every master of a Cluster), so that the first decision is an ordinary
+// Preload connects to the store's Redis and loads its scripts there (on
+// every master of a Cluster): the one that decides and the batch script
+// that gives leases back and renews them (see RefundMany), so that the first decision is an ordinary
 // one: without it, the first decision after a start or a reload pays a
 // dial and a NOSCRIPT round trip, which can run past a tight timeout and
 // leave the decision to the zone's fail mode. ctx bounds the whole load.
@@ -16,8 +17,10 @@ import (
 // the script themselves, as they would have anyway.
 func (r *Redis) Preload(ctx context.Context) error {
 	load := func(ctx context.Context, c redis.Scripter) error {
-		if err := r.script.Load(ctx, c).Err(); err != nil {
-			return fmt.Errorf("redis store for zone %q: loading its script: %w", r.zone, err)
+		for _, s := range []*redis.Script{r.script, r.batchScript} {
+			if err := s.Load(ctx, c).Err(); err != nil {
+				return fmt.Errorf("redis store for zone %q: loading its scripts: %w", r.zone, err)
+			}
 		}
 		return nil
 	}

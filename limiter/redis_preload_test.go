@@ -10,7 +10,7 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
-// TestRedisPreload: Preload leaves the store's script loaded on every
+// TestRedisPreload: Preload leaves the store's scripts loaded on every
 // server that may run it, the standalone server or each Cluster master,
 // before any decision; an unreachable server is an error within ctx.
 func TestRedisPreload(t *testing.T) {
@@ -24,12 +24,12 @@ func TestRedisPreload(t *testing.T) {
 			t.Fatalf("Preload: %v", err)
 		}
 		for _, s := range servers {
-			exists, err := s.Client(t).ScriptExists(ctx, r.script.Hash()).Result()
+			exists, err := s.Client(t).ScriptExists(ctx, r.script.Hash(), r.batchScript.Hash()).Result()
 			if err != nil {
 				t.Fatalf("SCRIPT EXISTS on %s: %v", s.Addr(), err)
 			}
-			if !exists[0] {
-				t.Errorf("the script is not loaded on %s after Preload", s.Addr())
+			if !exists[0] || !exists[1] {
+				t.Errorf("the scripts loaded on %s after Preload: %v, want both", s.Addr(), exists)
 			}
 		}
 	}

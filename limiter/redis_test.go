@@ -618,7 +618,8 @@ func BenchmarkRedisTake(b *testing.B) {
 }
 
 // TestRedisMatchesMemory steps the memory store and the Redis store through
-// the same random requests and refunds under policies chosen to stress the
+// the same random requests and refunds (alone, several in one call, and in
+// a lease's renewal) under policies chosen to stress the
 // arithmetic (large and coprime L and W, bursts, long delays, a quota that
 // needs the wide state form), and wants the same decision every time.
 func TestRedisMatchesMemory(t *testing.T) {
@@ -659,7 +660,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			}
 			// Costs up to a twentieth of the quota exhaust large quotas too.
 			maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
-			outcomes, leases := map[bool]int{}, map[bool]int{}
+			outcomes, leases, renewals, many := map[bool]int{}, map[bool]int{}, map[bool]int{}, 0
 			for step := range 400 {
 				if rng.IntN(2) == 0 {
 					now += rng.Int64N(span)
@@ -667,16 +668,56 @@ func TestRedisMatchesMemory(t *testing.T) {
 				clock.SetMicro(now)
 				var dm, dr Decision
 				var errm, errr error
-				if len(memTaken) > 0 && rng.IntN(4) == 0 {
-					j := rng.IntN(len(memTaken))
-					dm, errm = mem.Refund(ctx, "k", costs[j], memTaken[j])
-					dr, errr = red.Refund(ctx, "k", costs[j], redTaken[j])
+				// forget removes admission j from those that may be given back.
+				forget := func(j int) {
 					memTaken = append(memTaken[:j], memTaken[j+1:]...)
 					redTaken = append(redTaken[:j], redTaken[j+1:]...)
 					costs = append(costs[:j], costs[j+1:]...)
+				}
+				leasing := p.Algorithm.Traits().Leases
+				if len(memTaken) > 0 && rng.IntN(4) == 0 {
+					j := rng.IntN(len(memTaken))
+					switch {
+					case len(memTaken) > 1 && rng.IntN(3) == 0:
+						// Several admissions given back in one call; the
+						// state afterwards is compared through a peek.
+						var mb, rb []Refund
+						for range 2 + rng.IntN(min(3, len(memTaken)-1)) {
+							j := rng.IntN(len(memTaken))
+							mb = append(mb, Refund{Key: "k", Cost: costs[j], Taken: memTaken[j]})
+							rb = append(rb, Refund{Key: "k", Cost: costs[j], Taken: redTaken[j]})
+							forget(j)
+						}
+						errm, errr = mem.RefundMany(ctx, mb), red.RefundMany(ctx, rb)
+						if errm == nil && errr == nil {
+							dm, errm = mem.Peek(ctx, "k")
+							dr, errr = red.Peek(ctx, "k")
+						}
+						many++
+					case leasing && rng.IntN(2) == 0:
+						// A renewal: part or all of an admission back,
+						// then a lease, in one call.
+						back := 1 + rng.Int64N(costs[j])
+						cost := 1 + rng.Int64N(maxCost)
+						want := cost + rng.Int64N(3*maxCost)
+						dm, errm = mem.Renew(ctx, Refund{Key: "k", Cost: back, Taken: memTaken[j]}, cost, want)
+						dr, errr = red.Renew(ctx, Refund{Key: "k", Cost: back, Taken: redTaken[j]}, cost, want)
+						if dm.Granted() != dr.Granted() {
+							t.Fatalf("step %d: renewal of %d for %d: memory granted %d, redis %d", step, want, cost, dm.Granted(), dr.Granted())
+						}
+						forget(j)
+						if dm.Allowed && dr.Allowed {
+							memTaken, redTaken, costs = append(memTaken, dm), append(redTaken, dr), append(costs, dm.Granted())
+						}
+						renewals[dm.Allowed]++
+					default:
+						dm, errm = mem.Refund(ctx, "k", costs[j], memTaken[j])
+						dr, errr = red.Refund(ctx, "k", costs[j], redTaken[j])
+						forget(j)
+					}
 				} else {
 					cost := 1 + rng.Int64N(maxCost)
-					if p.Algorithm.Traits().Leases && rng.IntN(3) == 0 {
+					if leasing && rng.IntN(3) == 0 {
 						// A lease: up to a few times the cost, so some
 						// are cut short by what the limit has left.
 						want := cost + rng.Int64N(3*maxCost)
@@ -708,6 +749,12 @@ func TestRedisMatchesMemory(t *testing.T) {
 			}
 			if p.Algorithm.Traits().Leases && (leases[true] == 0 || leases[false] == 0) {
 				t.Errorf("%d leases cut short, %d whole: the steps should exercise both", leases[true], leases[false])
+			}
+			if p.Algorithm.Traits().Leases && (renewals[true] == 0 || renewals[false] == 0) {
+				t.Errorf("%d renewals granted, %d refused: the steps should exercise both", renewals[true], renewals[false])
+			}
+			if many == 0 {
+				t.Error("no refunds of several admissions in one call")
 			}
 		})
 	}

@@ -37,6 +37,26 @@ type Leaser interface {
 	// how many. Refund gives back any part of them, naming the
 	// admission's Decision.
 	TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error)
+	// Renew gives back unspent units of an earlier admission of back.Key,
+	// then takes up to want as TakeUpTo does, in one atomic call: a lease
+	// that lapsed with units left is returned by the call that replaces
+	// it, so the next lease can use them and the give-back costs no round
+	// trip of its own. An error means neither happened, or both: the
+	// caller cannot tell, and must not give the units back again.
+	Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error)
+	// RefundMany does each refund as Refund would, in as few calls to the
+	// shared store as it allows, since lapsed leases are given back many
+	// at a time. It reports the refunds that failed, which may or may not
+	// have been done.
+	RefundMany(ctx context.Context, refunds []Refund) error
+}
+
+// Refund is one give-back of RefundMany or Renew: Cost units of Key that the
+// admission Taken consumed.
+type Refund struct {
+	Key   string
+	Cost  int64
+	Taken Decision
 }
 
 // Clock tells the time. It is the one way time is injected in this module:

@@ -15,6 +15,10 @@
 // what its scripts use, since the interpreter runs every definition on
 // every call. The result is still one atomic EVALSHA per decision.
 //
+// Batch wraps the same parts as one function called once per operation, so
+// several decisions (many give-backs, or a give-back and a take on one key)
+// run in one call and in order; see batch_open.lua.
+//
 // Which parts make which algorithm's script is said once, in package
 // limiter's algorithm table, so adding an algorithm touches its own .lua
 // file and that table, not this package.
@@ -33,8 +37,20 @@ var files embed.FS
 // files in order. It fails only for a name that is not a file of this
 // package, which a test of the algorithm table catches.
 func Script(names ...string) (string, error) {
+	return join(append([]string{"prelude.lua"}, names...))
+}
+
+// Batch is the source of the batch script of the algorithm whose parts are
+// names (as for Script): it runs any number of that algorithm's operations,
+// on one key or several, in order, and replies with the last one's reply.
+func Batch(names ...string) (string, error) {
+	parts := append([]string{"batch_open.lua", "prelude.lua"}, names...)
+	return join(append(parts, "batch_close.lua"))
+}
+
+func join(names []string) (string, error) {
 	var b strings.Builder
-	for _, name := range append([]string{"prelude.lua"}, names...) {
+	for _, name := range names {
 		src, err := files.ReadFile(name)
 		if err != nil {
 			return "", fmt.Errorf("lua script part %q: %w", name, err)

@@ -1,0 +1,121 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A LocalTier gives units back to Redis in bulk: leases lapse by the
+// thousand on a busy instance, and one script call per lease would cost
+// Redis as much as the decisions the leases saved. The batch script
+// (lua.Batch) runs any number of one algorithm's operations in one atomic
+// EVALSHA, in order, and replies with the last one's reply. RefundMany sends
+// up to redisMaxGiveBacks give-backs per call; Renew sends a lapsed lease's
+// give-back and the next lease's take for one key together.
+//
+// On a Cluster every client key is in a hash slot of its own (its hash tag
+// is the key's digest), and a script may only touch keys of one slot, so
+// RefundMany sends there one script per give-back, pipelined as concurrent
+// decisions are; Renew names one key and works everywhere.
+
+// redisGiveBackTimeout bounds one call of RefundMany's. Give-backs run off
+// the request path, so they may wait far longer than a decision does; one
+// that fails leaves its units taken until the key's state expires.
+const redisGiveBackTimeout = time.Second
+
+// redisMaxGiveBacks bounds the give-backs of one script call, so that it
+// holds Redis, which runs one script at a time, about as long as a
+// pipeline of decisions does (see redisMaxBatch).
+const redisMaxGiveBacks = redisMaxBatch
+
+// Renew implements Leaser with one call of the batch script: the refund,
+// then the lease.
+func (r *Redis) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+	if err := r.checkLease(cost, want); err != nil {
+		return Decision{}, err
+	}
+	if err := r.checkCost(back.Cost); err != nil {
+		return Decision{}, err
+	}
+	ctx = r.deadlines.bound(ctx, r.timeout)
+	reply, err := r.runBatch(ctx, []*scriptCall{
+		r.newCall(ctx, back.Key, -back.Cost, r.refundArg(back.Taken)),
+		r.newCall(ctx, back.Key, cost, want),
+	})
+	if err != nil {
+		return Decision{}, fmt.Errorf("redis store for zone %q: renewing a lease: %w", r.zone, err)
+	}
+	return decodeReply(reply)
+}
+
+// RefundMany implements Leaser: up to redisMaxGiveBacks refunds per script
+// call, or on a Cluster one per refund, each call bounded by
+// redisGiveBackTimeout.
+func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
+	for _, rf := range refunds {
+		if err := r.checkCost(rf.Cost); err != nil {
+			return err
+		}
+	}
+	var failed int
+	var errs []error
+	fail := func(n int, err error) {
+		failed += n
+		if len(errs) < 3 { // enough to say why, not one per key
+			errs = append(errs, err)
+		}
+	}
+	if r.reloadSlots != nil {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, rf := range refunds {
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+				defer cancel()
+				if _, err := r.runBounded(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken)); err != nil {
+					mu.Lock()
+					fail(1, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	} else {
+		calls := make([]*scriptCall, 0, min(len(refunds), redisMaxGiveBacks))
+		for start := 0; start < len(refunds); start += redisMaxGiveBacks {
+			calls = calls[:0]
+			cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+			for _, rf := range refunds[start:min(len(refunds), start+redisMaxGiveBacks)] {
+				calls = append(calls, r.newCall(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken)))
+			}
+			if _, err := r.runBatch(cctx, calls); err != nil {
+				fail(len(calls), err)
+			}
+			cancel()
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("redis store for zone %q: %d of %d give-backs failed: %w", r.zone, failed, len(refunds), errors.Join(errs...))
+	}
+	return nil
+}
+
+// runBatch runs calls, each a decision as newCall builds it, in one call
+// of the batch script, and returns the last one's reply.
+func (r *Redis) runBatch(ctx context.Context, calls []*scriptCall) ([]int64, error) {
+	if r.breaker.open() {
+		return nil, ErrStoreUnavailable
+	}
+	keys := make([]string, len(calls))
+	var args []any
+	for i, c := range calls {
+		keys[i] = c.key
+		args = append(args, len(c.args))
+		args = append(args, c.args...)
+	}
+	reply, err := r.batchScript.Run(ctx, r.client, keys, args...).Int64Slice()
+	return reply, r.outcome(err)
+}
