@@ -40,6 +40,7 @@ type countingLeaser struct {
 	mu      sync.Mutex
 	wants   []int64
 	takes   atomic.Int64
+	renews  atomic.Int64
 	refunds atomic.Int64
 	// refunded is the units given back.
 	refunded atomic.Int64
@@ -63,8 +64,9 @@ func (c *countingLeaser) Refund(ctx context.Context, key string, cost int64, tak
 	return c.Memory.Refund(ctx, key, cost, taken)
 }
 
-// Renew counts as the refund and the lease it is.
+// Renew counts as the refund and the lease it is, and as a renewal.
 func (c *countingLeaser) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+	c.renews.Add(1)
 	_, _ = c.Refund(ctx, back.Key, back.Cost, back.Taken)
 	return c.TakeUpTo(ctx, back.Key, cost, want)
 }
@@ -175,6 +177,36 @@ func TestLeaseExpiry(t *testing.T) {
 				t.Fatalf("store has %d left after Close, want %d", st.Remaining, 100-admitted-1)
 			}
 		})
+	}
+}
+
+// TestLeaseRenewal: a lease too short for a request's cost gives its
+// leftover back in the call that takes the next lease, so the new lease
+// can use those units and nothing is stranded or counted twice.
+func TestLeaseRenewal(t *testing.T) {
+	ctx := context.Background()
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	p := Policy{Algorithm: FixedWindow, Events: 100, Window: time.Hour}
+	tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 0.1})
+	for range 2 { // leases of 1 and 2: 1 left in the last
+		if d, err := tier.Take(ctx, "k", 1); err != nil || !d.Allowed {
+			t.Fatalf("take: %+v, %v", d, err)
+		}
+	}
+	d, err := tier.Take(ctx, "k", 5)
+	if err != nil || !d.Allowed || d.Source != SourceStore {
+		t.Fatalf("take of 5: %+v, %v", d, err)
+	}
+	if n, back := store.renews.Load(), store.refunded.Load(); n != 1 || back != 1 {
+		t.Fatalf("%d renewals giving back %d units, want 1 giving back the 1 left", n, back)
+	}
+	// 1 + 2 leased, 1 given back, 5 leased (a lease of 4 doubled, raised
+	// to the cost): 7 taken in the store, all spent.
+	if d.Remaining != 100-7 {
+		t.Fatalf("remaining %d, want %d", d.Remaining, 100-7)
+	}
+	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 100-7 {
+		t.Fatalf("the store has %d left, want %d", st.Remaining, 100-7)
 	}
 }
 
