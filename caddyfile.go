@@ -47,16 +47,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
 	zoneLines := map[string]int{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if opt != "zone" {
-			if seen[opt] {
-				return d.Errf("%s specified twice", opt)
-			}
-			seen[opt] = true
-		}
+	err := eachOption(d, "", "zone", func(opt string) error {
 		var err error
 		switch opt {
 		case "zone":
@@ -81,10 +73,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "sweep_interval":
 			err = parseDurationArg(d, &h.SweepInterval)
 		case "max_keys":
-			var n int64
-			if err = parsePositiveArg(d, &n); err == nil {
-				h.MaxKeys = int(n)
-			}
+			err = parsePositiveIntArg(d, &h.MaxKeys)
 		case "log_sample":
 			err = parseFraction(d, &h.LogSample, 0, 1, false, "a fraction of decisions from 0 to 1, such as 0.01")
 		case "jitter":
@@ -96,9 +85,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unknown rate_limit option %q", opt)
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if len(h.RateLimits) == 0 {
 		return d.Err("rate_limit needs at least one zone")
@@ -129,16 +119,8 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 		return d.Errf("zone %q defined twice", name)
 	}
 	z := new(Zone)
-	seen := map[string]bool{}
-	usedRate := false
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if opt != "match" {
-			if seen[opt] {
-				return d.Errf("zone %q: %s specified twice", name, opt)
-			}
-			seen[opt] = true
-		}
+	usedRate, usedEventsOrWindow := false, false
+	err := eachOption(d, fmt.Sprintf("zone %q: ", name), "match", func(opt string) error {
 		var err error
 		switch opt {
 		case "match":
@@ -155,14 +137,16 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 			if usedRate {
 				return d.Errf("zone %q: rate and events cannot both be set", name)
 			}
+			usedEventsOrWindow = true
 			err = parsePositiveArg(d, &z.MaxEvents)
 		case "window":
 			if usedRate {
 				return d.Errf("zone %q: rate and window cannot both be set", name)
 			}
+			usedEventsOrWindow = true
 			err = parseDurationArg(d, &z.Window)
 		case "rate":
-			if seen["events"] || seen["window"] {
+			if usedEventsOrWindow {
 				return d.Errf("zone %q: rate and events/window cannot both be set", name)
 			}
 			usedRate = true
@@ -203,6 +187,10 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 		if err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if err := z.validate(name); err != nil {
 		return zoneError(d, line, name, err)
@@ -312,6 +300,35 @@ func parseRateWindow(s string) (time.Duration, error) {
 	return caddy.ParseDuration(s)
 }
 
+// eachOption calls parse with the name of every option in the block the
+// dispenser is about to open, the dispenser on that name, so every block
+// of the directive (rate_limit, zone, redis) refuses an option given twice
+// the same way, at the line of the second: prefix names the block in the
+// error, and repeatable is the one option that may recur (a rate_limit's
+// zones, a zone's matchers), or "".
+func eachOption(d *caddyfile.Dispenser, prefix, repeatable string, parse func(opt string) error) error {
+	seen := map[string]bool{}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		if opt != repeatable {
+			if seen[opt] {
+				return d.Errf("%s%s specified twice", prefix, opt)
+			}
+			seen[opt] = true
+		}
+		if err := parse(opt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// optionArg binds an argument parser to the field it fills, so a table of
+// options can name each option's parser in one line.
+func optionArg[T any](parse func(*caddyfile.Dispenser, *T) error, dst *T) func(*caddyfile.Dispenser) error {
+	return func(d *caddyfile.Dispenser) error { return parse(d, dst) }
+}
+
 func noArgs(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
@@ -337,6 +354,17 @@ func parsePositiveArg(d *caddyfile.Dispenser, dst *int64) error {
 	}
 	*dst = n
 	return noArgs(d)
+}
+
+// parsePositiveIntArg is parsePositiveArg for the int fields (max_keys,
+// pool_size) that size things in memory.
+func parsePositiveIntArg(d *caddyfile.Dispenser, dst *int) error {
+	var n int64
+	if err := parsePositiveArg(d, &n); err != nil {
+		return err
+	}
+	*dst = int(n)
+	return nil
 }
 
 func parseIntArg(d *caddyfile.Dispenser, dst *int, lo, hi int) error {

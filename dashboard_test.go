@@ -11,9 +11,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
-	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
 // dashboardFile is the Grafana dashboard the README tells operators to
@@ -213,10 +210,9 @@ func TestDashboardStructure(t *testing.T) {
 // handler exports has a panel.
 func TestDashboardMetrics(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout),
+	_, inst := startRedisSite(t, redisTimeout,
 		redisRoute{path: "/red", zone: "key {header.X-Client}\nalgorithm fixed_window\nrate 2/1h\nlocal_quota 0.5"},
-	))
+	)
 	c := newClient(t)
 	wantCodes(t, "red", sequence(t, c, 4, inst.URL("/red"), "X-Client", "k"), 200, 200, 429, 429)
 	exported := map[string]bool{}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/jwttest"
-	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
 // heapInUse is the live heap after a full collection.
@@ -95,7 +94,6 @@ func TestFloodMemoryMillionKeys(t *testing.T) {
 // other, each leave DBSIZE at 0 once their windows end.
 func TestRedisFloodKeysExpire(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
 	// Three-second windows outlast a flood (about 2s here), so most keys
 	// still live when they are scanned.
 	const window = 3 * time.Second
@@ -110,7 +108,7 @@ func TestRedisFloodKeysExpire(t *testing.T) {
 		{path: "/swc", zone: zone("sliding_window_counter")},
 		{path: "/cc", zone: zone("concurrency")},
 	}
-	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout), routes...))
+	srv, inst := startRedisSite(t, redisTimeout, routes...)
 	client := srv.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -546,16 +546,37 @@ http://{{http}} {
 	results := make(chan response, limit+1)
 	errs := make(chan error, limit+1)
 	hold := inst.URL("/hold")
-	for range limit + 1 {
-		go func() {
-			r, err := send(c, http.MethodGet, hold)
-			if err != nil {
-				errs <- err
-				return
-			}
-			results <- r
-		}()
+	// sendHeld sends n requests that the upstream holds until released.
+	sendHeld := func(n int) {
+		for range n {
+			go func() {
+				r, err := send(c, http.MethodGet, hold)
+				if err != nil {
+					errs <- err
+					return
+				}
+				results <- r
+			}()
+		}
 	}
+	// wantReleasedOK waits for the limit held requests to finish, with 200,
+	// once released; what names them in a failure.
+	wantReleasedOK := func(what string) {
+		t.Helper()
+		for range limit {
+			select {
+			case r := <-results:
+				if r.code != http.StatusOK {
+					t.Errorf("%s: status %d, want 200", what, r.code)
+				}
+			case err := <-errs:
+				t.Fatal(err)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s: did not finish after release", what)
+			}
+		}
+	}
+	sendHeld(limit + 1)
 	up.waitArrivals(t, limit)
 	var denied response
 	select {
@@ -581,18 +602,7 @@ http://{{http}} {
 	}
 
 	up.releaseAll()
-	for range limit {
-		select {
-		case r := <-results:
-			if r.code != http.StatusOK {
-				t.Errorf("held request: status %d, want 200", r.code)
-			}
-		case err := <-errs:
-			t.Fatal(err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("held requests did not finish after release")
-		}
-	}
+	wantReleasedOK("held request")
 
 	// A slot is released just after the response is written, so poll
 	// briefly until a lone request sees every other slot free.
@@ -604,30 +614,10 @@ http://{{http}} {
 		return fmt.Errorf("status %d, remaining %q", r.code, r.header.Get("X-RateLimit-Remaining"))
 	})
 	// And L requests can be in flight together again.
-	for range limit {
-		go func() {
-			r, err := send(c, http.MethodGet, hold)
-			if err != nil {
-				errs <- err
-				return
-			}
-			results <- r
-		}()
-	}
+	sendHeld(limit)
 	up.waitArrivals(t, limit)
 	up.releaseAll()
-	for range limit {
-		select {
-		case r := <-results:
-			if r.code != http.StatusOK {
-				t.Errorf("second round: status %d, want 200", r.code)
-			}
-		case err := <-errs:
-			t.Fatal(err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("second round did not finish")
-		}
-	}
+	wantReleasedOK("second round")
 }
 
 // TestHTTPHeaders checks every header mode on admitted and refused

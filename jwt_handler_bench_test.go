@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -86,11 +84,7 @@ func benchCheckVerified(b *testing.B, h *Handler, r *http.Request) {
 // client reusing its token. Compare with BenchmarkHandlerIPKey.
 func BenchmarkHandlerJWTCached(b *testing.B) {
 	k := jwttest.TestKeys(b)
-	path := filepath.Join(b.TempDir(), "rsa.pem")
-	if err := os.WriteFile(path, k.RSAPEM, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	h := benchJWTHandler(b, "bench_jwt_cached", "public_key "+path)
+	h := benchJWTHandler(b, "bench_jwt_cached", "public_key "+jwttest.WriteFile(b, "rsa.pem", k.RSAPEM))
 	token := jwttest.Sign(b, jwt.SigningMethodRS256, k.RSA, "", jwttest.ClaimsAt(time.Now(), jwt.MapClaims{"sub": "bench-user"}))
 	bases := benchJWTBases([]string{token})
 	benchCheckVerified(b, h, bases[0])
@@ -124,14 +118,6 @@ func benchServeFresh(b *testing.B, h *Handler, bases []*http.Request) {
 // timer stopped, before each pass.
 func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 	k := jwttest.TestKeys(b)
-	dir := b.TempDir()
-	pemFile := func(name string, data []byte) string {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			b.Fatal(err)
-		}
-		return path
-	}
 	for _, tc := range []struct {
 		name    string
 		jwtConf string
@@ -139,9 +125,9 @@ func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 		key     any
 	}{
 		{"HS256", "secret " + string(k.HMAC), jwt.SigningMethodHS256, k.HMAC},
-		{"RS256", "public_key " + pemFile("rsa.pem", k.RSAPEM), jwt.SigningMethodRS256, k.RSA},
-		{"ES256", "public_key " + pemFile("ec256.pem", k.EC256PEM), jwt.SigningMethodES256, k.EC256},
-		{"EdDSA", "public_key " + pemFile("ed25519.pem", k.EdPEM), jwt.SigningMethodEdDSA, k.Ed},
+		{"RS256", "public_key " + jwttest.WriteFile(b, "rsa.pem", k.RSAPEM), jwt.SigningMethodRS256, k.RSA},
+		{"ES256", "public_key " + jwttest.WriteFile(b, "ec256.pem", k.EC256PEM), jwt.SigningMethodES256, k.EC256},
+		{"EdDSA", "public_key " + jwttest.WriteFile(b, "ed25519.pem", k.EdPEM), jwt.SigningMethodEdDSA, k.Ed},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			h := benchJWTHandler(b, "bench_jwt_first_"+tc.name, tc.jwtConf)

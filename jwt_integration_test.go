@@ -16,8 +16,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,17 +55,9 @@ func startLiveJWT(t *testing.T) *liveJWT {
 	if f.attacker, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	pemFile := func(name string, data []byte) string {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	rsaPath := pemFile("rsa.pem", f.k.RSAPEM)
-	ecPath := pemFile("ec256.pem", f.k.EC256PEM)
-	edPath := pemFile("ed25519.pem", f.k.EdPEM)
+	rsaPath := jwttest.WriteFile(t, "rsa.pem", f.k.RSAPEM)
+	ecPath := jwttest.WriteFile(t, "ec256.pem", f.k.EC256PEM)
+	edPath := jwttest.WriteFile(t, "ed25519.pem", f.k.EdPEM)
 	f.jwks = jwttest.NewJWKSServer(t, jwttest.JWKSDoc(t, jwttest.RSAJWK("k1", &f.k.RSA.PublicKey)))
 
 	// route is one rate_limit with its own jwt block, which also requires

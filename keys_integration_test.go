@@ -218,59 +218,39 @@ http://[::1]:`+v6port+` {
 		client string
 		want   int
 	}
-	run := func(t *testing.T, path string, steps []step) {
-		t.Helper()
-		url := inst.URL(path)
-		for _, s := range steps {
-			if r := get(t, c, url, xff, s.client); r.code != s.want {
-				t.Errorf("%s from %s: status %d, want %d (client_ip %q)", path, s.client, r.code, s.want, r.body)
-			}
-		}
-	}
-
-	t.Run("ipv6 /64 by default", func(t *testing.T) {
-		t.Parallel()
-		run(t, "/v6default", []step{
+	for _, tc := range []struct {
+		name, path string
+		steps      []step
+	}{
+		{"ipv6 /64 by default", "/v6default", []step{
 			{"2001:db8:1:2::a", 200},
 			{"2001:db8:1:2::b", 200},
 			{"2001:db8:1:2:ffff:ffff:ffff:ffff", 429}, // same /64
 			{"2001:db8:1:3::a", 200},                  // next /64
 			{"2001:db8:1:3::a", 200},
 			{"2001:db8:1:3::1", 429},
-		})
-	})
-	t.Run("ipv6_prefix 128", func(t *testing.T) {
-		t.Parallel()
-		run(t, "/v6full", []step{
+		}},
+		{"ipv6_prefix 128", "/v6full", []step{
 			{"2001:db8:1:2::a", 200},
 			{"2001:db8:1:2::a", 200},
 			{"2001:db8:1:2::a", 429},
 			{"2001:db8:1:2::b", 200}, // same /64, own address
 			{"2001:db8:1:2::b", 200},
 			{"2001:db8:1:2::b", 429},
-		})
-	})
-	t.Run("ipv6_prefix 48", func(t *testing.T) {
-		t.Parallel()
-		run(t, "/v6wide", []step{
+		}},
+		{"ipv6_prefix 48", "/v6wide", []step{
 			{"2001:db8:1:2::a", 200},
 			{"2001:db8:1:ffff::a", 200},
 			{"2001:db8:1:7::7", 429},
 			{"2001:db8:2::a", 200},
-		})
-	})
-	t.Run("ipv4 /32 by default", func(t *testing.T) {
-		t.Parallel()
-		run(t, "/v4default", []step{
+		}},
+		{"ipv4 /32 by default", "/v4default", []step{
 			{"198.51.100.1", 200},
 			{"198.51.100.1", 200},
 			{"198.51.100.1", 429},
 			{"198.51.100.2", 200},
-		})
-	})
-	t.Run("ipv4_prefix 24", func(t *testing.T) {
-		t.Parallel()
-		run(t, "/v4group", []step{
+		}},
+		{"ipv4_prefix 24", "/v4group", []step{
 			{"198.51.100.1", 200},
 			{"198.51.100.200", 200},
 			{"198.51.100.77", 429},
@@ -278,8 +258,18 @@ http://[::1]:`+v6port+` {
 			// the same /24, not a way around it.
 			{"::ffff:198.51.100.9", 429},
 			{"198.51.101.1", 200},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := inst.URL(tc.path)
+			for _, s := range tc.steps {
+				if r := get(t, c, url, xff, s.client); r.code != s.want {
+					t.Errorf("%s from %s: status %d, want %d (client_ip %q)", tc.path, s.client, r.code, s.want, r.body)
+				}
+			}
 		})
-	})
+	}
 	t.Run("real ::1 peer", func(t *testing.T) {
 		t.Parallel()
 		url := "http://[::1]:" + v6port + "/"

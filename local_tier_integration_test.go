@@ -198,25 +198,16 @@ func TestLeasesGivenBackAtCleanup(t *testing.T) {
 // runs in Redis until the cache's duration has passed.
 func TestDenyCacheThroughCaddy(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout),
+	srv, inst := startRedisSite(t, redisTimeout,
 		redisRoute{path: "/fw", zone: "key global\nalgorithm fixed_window\nrate 2/1h\ndeny_cache 3s"},
-		redisRoute{path: "/off", zone: "key global\nalgorithm fixed_window\nrate 2/1h\ndeny_cache off"}))
+		redisRoute{path: "/off", zone: "key global\nalgorithm fixed_window\nrate 2/1h\ndeny_cache off"})
 	awayFromHourBoundary(t, 30*time.Second)
 	c := newClient(t)
 	client := srv.Client(t)
 	scripts := func() int64 {
-		stats, err := client.Info(context.Background(), "commandstats").Result()
+		calls, err := evalCalls(context.Background(), client)
 		if err != nil {
 			t.Fatal(err)
-		}
-		var calls int64
-		for line := range strings.SplitSeq(stats, "\n") {
-			if strings.HasPrefix(line, "cmdstat_evalsha:") || strings.HasPrefix(line, "cmdstat_eval:") {
-				_, rest, _ := strings.Cut(line, "calls=")
-				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				calls += n
-			}
 		}
 		return calls
 	}
@@ -254,9 +245,8 @@ func TestDenyCacheThroughCaddy(t *testing.T) {
 // request waits past the decision timeout.
 func TestLeasesRedisKilled(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), "200ms"),
-		redisRoute{path: "/closed", zone: "key global\nalgorithm sliding_window_log\nrate 1000/1h\nlocal_quota 1\nfail closed"}))
+	srv, inst := startRedisSite(t, "200ms",
+		redisRoute{path: "/closed", zone: "key global\nalgorithm sliding_window_log\nrate 1000/1h\nlocal_quota 1\nfail closed"})
 	c := newClient(t)
 	// Leases of 1, 2, 4, 8 and 16: 31 taken, 16 requests made, 15 held.
 	rs := sequence(t, c, 16, inst.URL("/closed"))
@@ -293,12 +283,11 @@ func TestLeasesRedisKilled(t *testing.T) {
 // memory store.
 func TestLeasesWithTiersDryRunAndFailLocal(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout),
+	srv, inst := startRedisSite(t, redisTimeout,
 		redisRoute{path: "/tiered", zone: "key global\nalgorithm fixed_window\nrate 10/1h\nlocal_quota 0.5\ntier {header.X-Plan} {\ngold 20/1h\n}"},
 		redisRoute{path: "/dry", zone: "key global\nalgorithm sliding_window_log\nrate 3/1h\nlocal_quota 1\ndry_run"},
 		redisRoute{path: "/local", zone: "key global\nalgorithm fixed_window\nrate 5/1h\nlocal_quota 1\nfail local"},
-	))
+	)
 	awayFromHourBoundary(t, 30*time.Second)
 	c := newClient(t)
 	defer func() {

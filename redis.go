@@ -194,71 +194,76 @@ func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("redis: %s specified twice", opt)
-		}
-		seen[opt] = true
-		var err error
-		switch opt {
-		case "url":
-			if err = parseStringArg(d, &c.URL); err == nil && !strings.Contains(c.URL, "{") {
-				if uerr := checkRedisURL(c.URL); uerr != nil {
-					err = d.Errf("redis: url: %v", uerr)
-				}
-			}
-		case "addresses":
-			c.Addresses = d.RemainingArgs()
-			if len(c.Addresses) == 0 {
-				return d.ArgErr()
-			}
-		case "master_name":
-			err = parseStringArg(d, &c.MasterName)
-		case "username":
-			err = parseStringArg(d, &c.Username)
-		case "password":
-			err = parseStringArg(d, &c.Password)
-		case "sentinel_username":
-			err = parseStringArg(d, &c.SentinelUsername)
-		case "sentinel_password":
-			err = parseStringArg(d, &c.SentinelPassword)
-		case "db":
-			err = parseIntArg(d, &c.DB, 0, 1<<16)
-		case "tls":
-			c.TLS = true
-			switch args := d.RemainingArgs(); {
-			case len(args) == 0:
-			case len(args) == 1 && args[0] == "insecure_skip_verify":
-				c.InsecureSkipVerify = true
-			default:
-				return d.Errf("redis: tls takes only insecure_skip_verify")
-			}
-		case "timeout":
-			err = parseDurationArg(d, &c.Timeout)
-		case "dial_timeout":
-			err = parseDurationArg(d, &c.DialTimeout)
-		case "breaker_after":
-			err = parseDurationArg(d, &c.BreakerAfter)
-		case "breaker_open_for":
-			err = parseDurationArg(d, &c.BreakerOpenFor)
-		case "pool_size":
-			var n int64
-			if err = parsePositiveArg(d, &n); err == nil {
-				c.PoolSize = int(n)
-			}
-		case "key_prefix":
-			err = parseStringArg(d, &c.KeyPrefix)
-		default:
+	options := c.options()
+	err := eachOption(d, "redis: ", "", func(opt string) error {
+		parse, ok := options[opt]
+		if !ok {
 			return d.Errf("redis: unknown option %q", opt)
 		}
-		if err != nil {
-			return err
-		}
+		return parse(d)
+	})
+	if err != nil {
+		return err
 	}
 	if err := c.validate(); err != nil {
 		return d.Err(err.Error())
+	}
+	return nil
+}
+
+// options is the redis block's parsers by option name, each filling its
+// field of c: every option takes its arguments the way the other blocks'
+// options of its kind do, so one is added with one line here.
+func (c *RedisConfig) options() map[string]func(*caddyfile.Dispenser) error {
+	return map[string]func(*caddyfile.Dispenser) error{
+		"url":               c.parseURL,
+		"addresses":         c.parseAddresses,
+		"master_name":       optionArg(parseStringArg, &c.MasterName),
+		"username":          optionArg(parseStringArg, &c.Username),
+		"password":          optionArg(parseStringArg, &c.Password),
+		"sentinel_username": optionArg(parseStringArg, &c.SentinelUsername),
+		"sentinel_password": optionArg(parseStringArg, &c.SentinelPassword),
+		"db":                func(d *caddyfile.Dispenser) error { return parseIntArg(d, &c.DB, 0, 1<<16) },
+		"tls":               c.parseTLS,
+		"timeout":           optionArg(parseDurationArg, &c.Timeout),
+		"dial_timeout":      optionArg(parseDurationArg, &c.DialTimeout),
+		"breaker_after":     optionArg(parseDurationArg, &c.BreakerAfter),
+		"breaker_open_for":  optionArg(parseDurationArg, &c.BreakerOpenFor),
+		"pool_size":         optionArg(parsePositiveIntArg, &c.PoolSize),
+		"key_prefix":        optionArg(parseStringArg, &c.KeyPrefix),
+	}
+}
+
+// parseURL reads `url <url>`, refusing one go-redis cannot parse at its
+// line unless a placeholder is left to fill when the config loads.
+func (c *RedisConfig) parseURL(d *caddyfile.Dispenser) error {
+	if err := parseStringArg(d, &c.URL); err != nil || strings.Contains(c.URL, "{") {
+		return err
+	}
+	if err := checkRedisURL(c.URL); err != nil {
+		return d.Errf("redis: url: %v", err)
+	}
+	return nil
+}
+
+// parseAddresses reads `addresses <host:port>...`: at least one.
+func (c *RedisConfig) parseAddresses(d *caddyfile.Dispenser) error {
+	c.Addresses = d.RemainingArgs()
+	if len(c.Addresses) == 0 {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// parseTLS reads `tls [insecure_skip_verify]`.
+func (c *RedisConfig) parseTLS(d *caddyfile.Dispenser) error {
+	c.TLS = true
+	switch args := d.RemainingArgs(); {
+	case len(args) == 0:
+	case len(args) == 1 && args[0] == "insecure_skip_verify":
+		c.InsecureSkipVerify = true
+	default:
+		return d.Errf("redis: tls takes only insecure_skip_verify")
 	}
 	return nil
 }

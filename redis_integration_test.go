@@ -95,6 +95,15 @@ func redisURLBlock(addr, timeout string) string {
 	return fmt.Sprintf("redis {\nurl redis://%s\ntimeout %s\n}", addr, timeout)
 }
 
+// startRedisSite starts a standalone redis-server and a Caddy serving
+// redisSite on it with the given decision timeout: the setup of every test
+// that needs one server and whose zones need nothing else of the config.
+func startRedisSite(t *testing.T, timeout string, routes ...redisRoute) (*redistest.Server, *caddyproc.Instance) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return srv, caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), timeout), routes...))
+}
+
 // redisMember returns the parameters of zone's member of a RateLimit or
 // RateLimit-Policy field. The zone names of these tests are plain tokens,
 // so splitting on commas and semicolons parses the structured field;
@@ -420,16 +429,26 @@ func checkPolicy(t *testing.T, rs []response, zone, want string) {
 	}
 }
 
-// redisDBSize is the number of keys on one server.
-func redisDBSize(t *testing.T, s *redistest.Server) int64 {
+// redisReply is the reply to one command (named by what in the failure)
+// run on s within 10s; an error fails the test, so what the tests read
+// from a server is one line each.
+func redisReply[T any](t *testing.T, s *redistest.Server, what string, cmd func(ctx context.Context) (T, error)) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := s.Client(t).DBSize(ctx).Result()
+	v, err := cmd(ctx)
 	if err != nil {
-		t.Fatalf("DBSIZE on %s: %v", s.Addr(), err)
+		t.Fatalf("%s on %s: %v", what, s.Addr(), err)
 	}
-	return n
+	return v
+}
+
+// redisDBSize is the number of keys on one server.
+func redisDBSize(t *testing.T, s *redistest.Server) int64 {
+	t.Helper()
+	return redisReply(t, s, "DBSIZE", func(ctx context.Context) (int64, error) {
+		return s.Client(t).DBSize(ctx).Result()
+	})
 }
 
 // TestRedisAlgorithms runs every algorithm through the handler with `store
@@ -778,12 +797,11 @@ func TestRedisKilled(t *testing.T) {
 // and decisions resume once it continues.
 func TestRedisPaused(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
 	zone := "key global\nalgorithm token_bucket\nrate 1000/1h\nfail "
-	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), "50ms"),
+	srv, inst := startRedisSite(t, "50ms",
 		redisRoute{path: "/open", zone: zone + "open"},
 		redisRoute{path: "/closed", zone: zone + "closed"},
-	))
+	)
 	c := newClient(t)
 	url := inst.URL("/open")
 
@@ -838,8 +856,7 @@ func TestRedisPaused(t *testing.T) {
 // scripts reloaded on NOSCRIPT, with the counters starting afresh.
 func TestRedisRestarted(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout), failRoutes()[:2]...))
+	srv, inst := startRedisSite(t, redisTimeout, failRoutes()[:2]...)
 	c := newClient(t)
 	rs := sequence(t, c, 4, inst.URL("/closed"), clientHeader("")...)
 	wantCodes(t, "before the restart", rs, 200, 200, 200, 429)
@@ -1026,12 +1043,9 @@ func TestRedisBadConfigRefused(t *testing.T) {
 // a server: Caddy's, per configRedisSite.
 func caddyConnIDs(t *testing.T, s *redistest.Server) []string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	list, err := s.Client(t).ClientList(ctx).Result()
-	if err != nil {
-		t.Fatalf("CLIENT LIST on %s: %v", s.Addr(), err)
-	}
+	list := redisReply(t, s, "CLIENT LIST", func(ctx context.Context) (string, error) {
+		return s.Client(t).ClientList(ctx).Result()
+	})
 	var ids []string
 	idRe := regexp.MustCompile(`(?:^| )id=(\d+) `)
 	for line := range strings.SplitSeq(list, "\n") {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
@@ -26,12 +25,9 @@ func TestRedisWarmStart(t *testing.T) {
 	one, two := redistest.Start(t), redistest.Start(t)
 	warmed := func(what string, s *redistest.Server) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		info, err := s.Client(t).Info(ctx, "memory").Result()
-		if err != nil {
-			t.Fatalf("%s: INFO: %v", what, err)
-		}
+		info := redisReply(t, s, what+": INFO memory", func(ctx context.Context) (string, error) {
+			return s.Client(t).Info(ctx, "memory").Result()
+		})
 		// The server is the zone's alone: one cached script is its own.
 		if !strings.Contains(info, "number_of_cached_scripts:1\r\n") {
 			t.Errorf("%s: the zone's script is not loaded before the first request (INFO memory: %q)", what, cachedScriptsLine(info))
