@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync"
@@ -147,16 +148,33 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Deci
 // its own; a memory store is not shared between instances, so nothing else
 // needs the two together.
 func (m *Memory) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
-	_, _ = m.Refund(ctx, back.Key, back.Cost, back.Taken)
-	return m.TakeUpTo(ctx, back.Key, cost, want)
+	return renewInTurn(ctx, m, back, cost, want)
 }
 
 // RefundMany implements Leaser; it never fails.
 func (m *Memory) RefundMany(ctx context.Context, refunds []Refund) error {
-	for _, r := range refunds {
-		_, _ = m.Refund(ctx, r.Key, r.Cost, r.Taken)
+	return refundInTurn(ctx, m, refunds)
+}
+
+// renewInTurn renews a lease of l by its Refund and then its TakeUpTo, for
+// a Leaser with no call that does both at once.
+func renewInTurn(ctx context.Context, l Leaser, back Refund, cost, want int64) (Decision, error) {
+	if _, err := l.Refund(ctx, back.Key, back.Cost, back.Taken); err != nil {
+		return Decision{}, err
 	}
-	return nil
+	return l.TakeUpTo(ctx, back.Key, cost, want)
+}
+
+// refundInTurn does refunds one Refund at a time, for a Leaser with no
+// call that does several; it reports those that failed.
+func refundInTurn(ctx context.Context, l Leaser, refunds []Refund) error {
+	var errs []error
+	for _, r := range refunds {
+		if _, err := l.Refund(ctx, r.Key, r.Cost, r.Taken); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Peek implements Store; it never fails, and a key it does not hold is

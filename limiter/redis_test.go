@@ -453,14 +453,7 @@ func TestRedisAccuracy(t *testing.T) {
 	ctx := context.Background()
 	checkGoroutines := testutil.GoroutineCheck(t)
 
-	clients := make([]redis.UniversalClient, 3)
-	for i := range clients {
-		c, err := RedisConfig{Addresses: []string{s.Addr()}}.NewClient()
-		if err != nil {
-			t.Fatal(err)
-		}
-		clients[i] = c
-	}
+	clients := instanceClients(t, []string{s.Addr()}, 3)
 	// A fixed or counted window must not turn over mid-test.
 	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < 30*time.Second {
 		time.Sleep(left + time.Second)
@@ -556,10 +549,8 @@ func TestRedisAccuracy(t *testing.T) {
 		}
 	})
 
-	for _, c := range clients {
-		if err := c.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
+	if err := closeClients(clients); err != nil {
+		t.Errorf("close: %v", err)
 	}
 	// Closed clients leave no goroutines behind.
 	checkGoroutines()
