@@ -50,6 +50,9 @@ type evaluation struct {
 	// failed is the store error of a `fail closed` zone, which refuses
 	// the request with 503.
 	failed error
+	// claims is the request's token as this handler's jwt block verifies
+	// it, which keys and tiers read directly; nil without a jwt block.
+	claims *jwtClaims
 }
 
 // candidate is a zone that matches a request, its limit and its key.
@@ -97,7 +100,7 @@ var evaluations = sync.Pool{New: func() any {
 
 func getEvaluation() *evaluation {
 	ev := evaluations.Get().(*evaluation)
-	ev.denied, ev.hold, ev.failed = -1, 0, nil
+	ev.denied, ev.hold, ev.failed, ev.claims = -1, 0, nil, nil
 	return ev
 }
 
@@ -119,7 +122,7 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 	together := h.remoteZones > 1
 	var c candidate
 	for _, z := range h.zones {
-		ok, err := h.match(z, r, repl, &c)
+		ok, err := h.match(z, r, repl, ev.claims, &c)
 		if err != nil {
 			return err
 		}
@@ -152,8 +155,8 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 }
 
 // match reports whether zone z applies to r and, if so, sets c to it with
-// its limit and key.
-func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, c *candidate) (bool, error) {
+// its limit and key. claims are the request's verified token, or nil.
+func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *jwtClaims, c *candidate) (bool, error) {
 	if len(z.matchers) > 0 {
 		ok, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -163,8 +166,8 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, c *candi
 			return false, nil
 		}
 	}
-	*c = candidate{zone: z, limit: z.limitFor(r, repl)}
-	key, ok := z.key.evaluate(r, repl)
+	*c = candidate{zone: z, limit: z.limitFor(r, repl, claims)}
+	key, ok := z.key.evaluate(r, repl, claims)
 	if !ok {
 		switch z.missing {
 		case missingSkip:

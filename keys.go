@@ -99,13 +99,14 @@ func parseKeyTemplate(s string) (keyTemplate, error) {
 
 // evaluate builds r's key. It reports false when any placeholder is empty
 // or unknown: a key missing a part is a missing key, never a shared bucket.
-func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer) (string, bool) {
+// claims are the request's verified token (see value), or nil.
+func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer, claims *jwtClaims) (string, bool) {
 	if len(t.parts) == 1 {
 		p := t.parts[0]
 		if !p.placeholder {
 			return p.text, true
 		}
-		v := t.value(r, repl, p.text)
+		v := t.value(r, repl, claims, p.text)
 		return escapeKey(v), v != ""
 	}
 	var buf [128]byte
@@ -115,7 +116,7 @@ func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer) (string, b
 			key = append(key, p.text...)
 			continue
 		}
-		v := t.value(r, repl, p.text)
+		v := t.value(r, repl, claims, p.text)
 		if v == "" {
 			return "", false
 		}
@@ -124,10 +125,16 @@ func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer) (string, b
 	return escapeKey(string(key)), true
 }
 
-// value is one placeholder's value, grouped by prefix if it is an IP.
-func (t *keyTemplate) value(r *http.Request, repl *caddy.Replacer, name string) string {
+// value is one placeholder's value, grouped by prefix if it is an IP. A
+// {jwt.*} claim is read from claims, the request's token as the handler's
+// own jwt block verified it, when the handler has one: what the replacer
+// would answer, without asking Caddy's providers first or boxing the value.
+func (t *keyTemplate) value(r *http.Request, repl *caddy.Replacer, claims *jwtClaims, name string) string {
 	if name == clientIPPlaceholder {
 		return t.clientIP(r)
+	}
+	if path, ok := strings.CutPrefix(name, "jwt."); ok && claims != nil {
+		return t.maskIP(claims.claim(path))
 	}
 	v, _ := repl.GetString(name)
 	return t.maskIP(v)

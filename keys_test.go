@@ -56,7 +56,7 @@ func TestKeyEvaluation(t *testing.T) {
 	} {
 		r, repl := newKeyRequest(tc.ip, tc.headers)
 		k := mustTemplate(t, tc.template, 32, 64)
-		got, ok := k.evaluate(r, repl)
+		got, ok := k.evaluate(r, repl, nil)
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("key %q: got %q,%v want %q,%v", tc.template, got, ok, tc.want, tc.ok)
 		}
@@ -70,12 +70,12 @@ func TestKeysCannotReachReservedNamespace(t *testing.T) {
 	spoof := missingKeyNamespace + "203.0.113.9"
 	r, repl := newKeyRequest("203.0.113.9", map[string]string{"X-K": spoof})
 	k := mustTemplate(t, "{http.request.header.X-K}", 32, 64)
-	got, ok := k.evaluate(r, repl)
+	got, ok := k.evaluate(r, repl, nil)
 	if !ok || got == spoof || strings.HasPrefix(got, missingKeyNamespace) {
 		t.Fatalf("client key %q evaluated to %q, inside the reserved namespace", spoof, got)
 	}
 	k2 := mustTemplate(t, "x{http.request.header.X-K}", 32, 64)
-	if got, _ := k2.evaluate(r, repl); strings.HasPrefix(got, missingKeyNamespace) {
+	if got, _ := k2.evaluate(r, repl, nil); strings.HasPrefix(got, missingKeyNamespace) {
 		t.Fatalf("composite key reached the reserved namespace: %q", got)
 	}
 }
@@ -130,7 +130,7 @@ func FuzzKeyExtraction(f *testing.F) {
 		k.ipv4Bits, k.ipv6Bits = 24, 64
 		r, repl := newKeyRequest(ip, nil)
 		r.Header["X-Api-Key"] = []string{header}
-		key, ok := k.evaluate(r, repl)
+		key, ok := k.evaluate(r, repl, nil)
 		if !ok && key != "" {
 			t.Fatalf("missing key %q returned a value", key)
 		}

@@ -423,10 +423,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // zone decided comes with its evaluation, which done must recycle.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation, pass bool, err error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if h.jwt != nil {
-		placeholdersFor(r, repl).useJWT(r, h.jwt)
-	}
 	ev = getEvaluation()
+	if h.jwt != nil {
+		ev.claims = placeholdersFor(r, repl).useJWT(r, h.jwt)
+	}
 	if err := h.evaluate(r, repl, ev); err != nil {
 		ev.refund(r, false)
 		putEvaluation(ev)

@@ -444,9 +444,9 @@ func (z *zone) memories() []*limiter.Memory {
 }
 
 // limitFor is the limit that applies to r: a tier's, or the zone's own.
-func (z *zone) limitFor(r *http.Request, repl *caddy.Replacer) *limit {
+func (z *zone) limitFor(r *http.Request, repl *caddy.Replacer, claims *jwtClaims) *limit {
 	if z.tierKey != nil {
-		if v, ok := z.tierKey.evaluate(r, repl); ok {
+		if v, ok := z.tierKey.evaluate(r, repl, claims); ok {
 			if l := z.tiers[v]; l != nil {
 				return l
 			}
