@@ -32,9 +32,10 @@ import (
 type requestPlaceholders struct {
 	repl *caddy.Replacer
 	// jwt is the request's token as the last handler with a jwt block
-	// verified it; its v is nil until such a handler has run. Held by
-	// value: one allocation fewer per request.
-	jwt jwtClaims
+	// verified it; nil until such a handler has run. A pointer, not a
+	// value: most requests have no token, and the provider is allocated
+	// for every request.
+	jwt *jwtClaims
 
 	// zone decided the request; nil until a handler has decided it.
 	zone                  *zone
@@ -66,10 +67,10 @@ func placeholdersFor(r *http.Request, repl *caddy.Replacer) *requestPlaceholders
 // claims. Each handler's zones are keyed by what its own jwt block
 // verified; later handlers see the last one's view.
 func (p *requestPlaceholders) useJWT(r *http.Request, v *jwtauth.Verifier) *jwtClaims {
-	if p.jwt.v != v || p.jwt.r != r {
-		p.jwt = jwtClaims{v: v, r: r}
+	if p.jwt == nil || p.jwt.v != v || p.jwt.r != r {
+		p.jwt = &jwtClaims{v: v, r: r}
 	}
-	return &p.jwt
+	return p.jwt
 }
 
 // decide records the decision later handlers and logs see: the refusing
@@ -103,7 +104,7 @@ func (p *requestPlaceholders) replace(key string) (any, bool) {
 		}
 		return nil, false
 	}
-	if path, ok := strings.CutPrefix(key, "jwt."); ok && p.jwt.v != nil {
+	if path, ok := strings.CutPrefix(key, "jwt."); ok && p.jwt != nil {
 		return p.jwt.claim(path), true
 	}
 	return nil, false
