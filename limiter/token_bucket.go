@@ -27,8 +27,11 @@ func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Decision {
 			at:         now,
 		}
 	}
-	granted := min(want, (full-debt)/p.w)
-	need = debt + granted*p.w
+	granted := cost // what fits, when no more is wanted: need <= full
+	if want > cost {
+		granted = min(want, (full-debt)/p.w)
+		need = debt + granted*p.w
+	}
 	s.setDebt(p, now, need)
 	return Decision{
 		Allowed:    true,
