@@ -13,7 +13,7 @@ import (
 // so an unreachable Redis delays a start or a reload by at most this long.
 const warmBudget = time.Second
 
-// warmRedis connects the handler's Redis client and loads the script of
+// warmRedis connects the handler's Redis client and loads the scripts of
 // every Redis store of its zones before the config serves, so the first
 // decision after a start or a reload is an ordinary one rather than one
 // that also dials and meets NOSCRIPT and so runs past a tight timeout. A
