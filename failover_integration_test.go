@@ -209,7 +209,12 @@ func checkFailoverRun(t *testing.T, what string, rs []loadResult, promoted, firs
 			}
 		}
 	}
-	bound := failoverTimeout*9/8 + 5*time.Millisecond + plainMax
+	// A zone's request that times out waits on two goroutines the
+	// runtime may run late on a busy machine, the timer that ends the
+	// wait and the request's own, where a plain request waits on one:
+	// hence twice the slowest plain request. A request held for a dial
+	// or a breaker (a second) still fails it.
+	bound := failoverTimeout*9/8 + 5*time.Millisecond + 2*plainMax
 	last := "none"
 	if failed > 0 {
 		last = lastFailure.Sub(promoted).Round(time.Millisecond).String()
@@ -218,7 +223,7 @@ func checkFailoverRun(t *testing.T, what string, rs []loadResult, promoted, firs
 		what, n, errs, failed, last, firstDecision.Sub(promoted).Round(time.Millisecond),
 		zoneMax.Round(time.Millisecond), plainMax.Round(time.Millisecond), bound.Round(time.Millisecond))
 	if zoneMax > bound {
-		t.Errorf("%s: a zone's request took %v, want at most the timeout %v ×9/8 + 5ms + the slowest plain request %v = %v",
+		t.Errorf("%s: a zone's request took %v, want at most the timeout %v ×9/8 + 5ms + twice the slowest plain request %v = %v",
 			what, zoneMax, failoverTimeout, plainMax, bound)
 	}
 	if d := firstDecision.Sub(promoted); d > failoverResume {
