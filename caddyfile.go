@@ -345,12 +345,13 @@ func parseStringArg(d *caddyfile.Dispenser, dst *string) error {
 }
 
 func parsePositiveArg(d *caddyfile.Dispenser, dst *int64) error {
+	opt := d.Val()
 	if !d.NextArg() {
 		return d.ArgErr()
 	}
 	n, err := strconv.ParseInt(d.Val(), 10, 64)
 	if err != nil || n <= 0 {
-		return d.Errf("%s: want a positive integer, got %q", d.Token().Text, d.Val())
+		return d.Errf("%s: want a positive integer, got %q", opt, d.Val())
 	}
 	*dst = n
 	return noArgs(d)
@@ -359,9 +360,13 @@ func parsePositiveArg(d *caddyfile.Dispenser, dst *int64) error {
 // parsePositiveIntArg is parsePositiveArg for the int fields (max_keys,
 // pool_size) that size things in memory.
 func parsePositiveIntArg(d *caddyfile.Dispenser, dst *int) error {
+	opt := d.Val()
 	var n int64
 	if err := parsePositiveArg(d, &n); err != nil {
 		return err
+	}
+	if n > math.MaxInt32 {
+		return d.Errf("%s: %d is more than this option allows (%d)", opt, n, math.MaxInt32)
 	}
 	*dst = int(n)
 	return nil
