@@ -850,3 +850,42 @@ func TestRedisRefundManyRefuses(t *testing.T) {
 		t.Fatal("a renewal giving back 0 units was accepted")
 	}
 }
+
+// TestRedisClockStepsBack: when the clock steps back behind a key's state
+// (Redis's own, or a failover to a server whose clock is behind), neither
+// store readmits a quota it has already spent, and both decide alike: a
+// window taken as its stored start, a bucket with no negative remaining.
+func TestRedisClockStepsBack(t *testing.T) {
+	client := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	for i, p := range []Policy{
+		{Algorithm: FixedWindow, Events: 3, Window: time.Second},
+		{Algorithm: SlidingWindowCounter, Events: 3, Window: time.Second},
+		{Algorithm: SlidingWindowLog, Events: 3, Window: time.Second},
+		{Algorithm: TokenBucket, Events: 3, Window: time.Second},
+	} {
+		t.Run(string(p.Algorithm), func(t *testing.T) {
+			clock := &testutil.Clock{}
+			mem, err := NewMemory(p, MemoryOptions{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			red := newTestRedis(t, client, p, RedisOptions{Zone: fmt.Sprintf("back%d", i), Timeout: 5 * time.Second, Clock: clock})
+			const base = 1_763_800_010_500_000 // half a second into a window
+			for step, at := range []int64{base, base, base, base - 600_000, base - 300_000} {
+				clock.SetMicro(at)
+				dm, errm := mem.Take(ctx, "k", 1)
+				dr, errr := red.Take(ctx, "k", 1)
+				if errm != nil || errr != nil {
+					t.Fatalf("step %d: %v %v", step, errm, errr)
+				}
+				if dm.Allowed != dr.Allowed || dm.Remaining != dr.Remaining || dm.ResetAfter != dr.ResetAfter || dm.RetryAfter != dr.RetryAfter {
+					t.Fatalf("step %d at %dus: memory %+v, redis %+v", step, at, dm, dr)
+				}
+				if step >= 3 && (dm.Allowed || dm.Remaining != 0) {
+					t.Fatalf("step %d, the clock %dms behind: %+v, want refused with 0 remaining", step, (base-at)/1000, dm)
+				}
+			}
+		})
+	}
+}

@@ -21,7 +21,9 @@ func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Decision {
 	need := debt + cost*p.w
 	if need > full {
 		return Decision{
-			Remaining:  (full - debt) / p.w,
+			// Never negative: a clock behind the bucket's state reads a
+			// debt beyond the burst (debt bounds it, see bucketState).
+			Remaining:  max(0, (full-debt)/p.w),
 			ResetAfter: microseconds(ceilDiv(debt, p.l)),
 			RetryAfter: microseconds(ceilDiv(need-full, p.l)),
 			at:         now,
@@ -44,5 +46,5 @@ func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Decision {
 
 func (s *tokenBucketState) refund(p *params, now, cost int64, _ Decision) Decision {
 	debt := s.bucketState.refund(p, now, cost)
-	return Decision{Allowed: true, Remaining: (p.b*p.w - debt) / p.w, ResetAfter: microseconds(ceilDiv(debt, p.l))}
+	return Decision{Allowed: true, Remaining: max(0, (p.b*p.w-debt)/p.w), ResetAfter: microseconds(ceilDiv(debt, p.l))}
 }

@@ -18,8 +18,18 @@ local win, count = index(now), 0
 local v = redis.call('GET', KEYS[1])
 if v then
   local sep = string.find(v, ':', 1, true)
-  if sep and tonumber(string.sub(v, 1, sep - 1)) == win then
-    count = tonumber(string.sub(v, sep + 1))
+  if sep then
+    local stored = tonumber(string.sub(v, 1, sep - 1))
+    if stored and stored >= win then
+      -- A clock behind the stored window (Redis's stepped back, or a
+      -- failover to a server whose clock is behind) decides at that
+      -- window's start, as fixedWindowState.roll does: going back to the
+      -- older window would restart its count and readmit a full quota.
+      if stored > win then
+        win, now = stored, stored * w
+      end
+      count = tonumber(string.sub(v, sep + 1))
+    end
   end
 end
 local left = (win + 1) * w - now

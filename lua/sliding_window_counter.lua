@@ -23,7 +23,12 @@ if v then
   local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
   if a then
     a = tonumber(a)
-    if a == win then
+    if a >= win then
+      -- A clock behind the stored window decides at that window's start,
+      -- as slidingCounterState.roll does, rather than drop both counts.
+      if a > win then
+        win, now = a, a * w
+      end
       prev, cur = tonumber(p), tonumber(c)
     elseif a + 1 == win then
       prev = tonumber(c)

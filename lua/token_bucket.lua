@@ -26,7 +26,9 @@ if op == 'return' then
 else
   local need = debt + cost * w
   if need > full then
-    return {0, floor((full - debt) / w), ceil(debt / l), ceil((need - full) / l)}
+    -- Never negative: a clock behind the state reads a debt beyond the
+    -- burst (limiter/token_bucket.go).
+    return {0, math.max(0, floor((full - debt) / w)), ceil(debt / l), ceil((need - full) / l)}
   end
   local want = tonumber(ARGV[7])
   if want then
@@ -35,7 +37,7 @@ else
   end
   debt = need
 end
-local reply = {1, floor((full - debt) / w), ceil(debt / l), 0}
+local reply = {1, math.max(0, floor((full - debt) / w)), ceil(debt / l), 0}
 if ARGV[7] and op == 'take' then
   reply[5], reply[6] = now, cost
 end
