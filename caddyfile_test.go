@@ -112,6 +112,17 @@ func TestCaddyfileKeys(t *testing.T) {
 	}
 }
 
+// TestCaddyfileNumberErrorsNameTheOption: a number an option cannot take
+// is refused with the option's name, not only the value, and an int option
+// is bounded rather than wrapped.
+func TestCaddyfileNumberErrorsNameTheOption(t *testing.T) {
+	runParseErrorCases(t, []parseErrorCase{
+		{"zero burst", "rate_limit {\n zone a {\n  rate 1/s\n  burst 0\n }\n}", []string{`"a"`, "burst: want a positive integer", ":4"}},
+		{"zero max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 0\n}", []string{"max_keys: want a positive integer", ":5"}},
+		{"huge max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 9999999999\n}", []string{"max_keys", "more than", ":5"}},
+	})
+}
+
 // TestCaddyfileErrorsNameZoneAndLine checks every refusal the README
 // lists for a Caddyfile: each names the zone (where there is one) and the line.
 func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
@@ -123,9 +134,6 @@ func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 		{"missing window", "rate_limit {\n zone a {\n  events 5\n }\n}", []string{`"a"`, "window", ":2"}},
 		{"missing events", "rate_limit {\n zone a {\n  window 1m\n }\n}", []string{`"a"`, "events", ":2"}},
 		{"zero events", "rate_limit {\n zone a {\n  events 0\n  window 1m\n }\n}", []string{`"a"`, "positive", ":3"}},
-		{"zero burst", "rate_limit {\n zone a {\n  rate 1/s\n  burst 0\n }\n}", []string{`"a"`, "burst: want a positive integer", ":4"}},
-		{"zero max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 0\n}", []string{"max_keys: want a positive integer", ":5"}},
-		{"huge max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 9999999999\n}", []string{"max_keys", "more than", ":5"}},
 		{"negative events", "rate_limit {\n zone a {\n  events -1\n  window 1m\n }\n}", []string{`"a"`, "positive", ":3"}},
 		{"zero window", "rate_limit {\n zone a {\n  events 1\n  window 0s\n }\n}", []string{`"a"`, "positive", ":4"}},
 		{"negative window", "rate_limit {\n zone a {\n  events 1\n  window -5s\n }\n}", []string{`"a"`, ":4"}},
