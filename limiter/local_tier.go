@@ -469,11 +469,6 @@ func (t *LocalTier) janitor() {
 func (t *LocalTier) sweep(all bool) {
 	idleFor := 2 * LeaseLifetime.Microseconds()
 	var backs []Refund
-	defer func() {
-		if len(backs) > 0 {
-			t.giveBack(backs)
-		}
-	}()
 	for i := range t.shards {
 		sh := &t.shards[i]
 		now := t.clock.now()
@@ -492,6 +487,9 @@ func (t *LocalTier) sweep(all bool) {
 			}
 		}
 		sh.mu.Unlock()
+	}
+	if len(backs) > 0 {
+		t.giveBack(backs)
 	}
 }
 

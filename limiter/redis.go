@@ -329,9 +329,6 @@ func (r *Redis) refundArg(taken Decision) any {
 // at once instead (see Breaker). A positive cost takes, a negative one
 // gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
-	if r.breaker.open() {
-		return Decision{}, ErrStoreUnavailable
-	}
 	// A Done that closes at the deadline, not only socket deadlines:
 	// go-redis dials a new connection in the background and only Done stops
 	// the wait for it, so an unreachable host would otherwise hold the
@@ -340,8 +337,12 @@ func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Dec
 	return r.runBounded(ctx, key, cost, extra)
 }
 
-// runBounded is run for a ctx the caller has already bounded.
+// runBounded is run for a ctx the caller has already bounded (RefundMany's
+// give-backs on a Cluster wait longer than a decision).
 func (r *Redis) runBounded(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
+	if r.breaker.open() {
+		return Decision{}, ErrStoreUnavailable
+	}
 	reply, err := r.batch.do(r.newCall(ctx, key, cost, extra))
 	if err := r.outcome(err); err != nil {
 		return Decision{}, err
@@ -369,11 +370,17 @@ func (r *Redis) outcome(err error) error {
 // newCall is the script call deciding for key: its Redis key and
 // arguments {cost, now, the policy's, extra}.
 func (r *Redis) newCall(ctx context.Context, key string, cost int64, extra any) *scriptCall {
+	return r.callOn(ctx, r.Key(key), cost, extra)
+}
+
+// callOn is newCall for a client key already named in Redis (Key), for a
+// caller that sends several calls on one key.
+func (r *Redis) callOn(ctx context.Context, redisKey string, cost int64, extra any) *scriptCall {
 	var now any = ""
 	if r.clock != nil {
 		now = r.clock.Now().UnixMicro()
 	}
-	c := &scriptCall{ctx: ctx, key: r.Key(key)}
+	c := &scriptCall{ctx: ctx, key: redisKey}
 	c.args = append(c.argv[:0], cost, now)
 	c.args = append(c.args, r.args...)
 	if extra != nil {

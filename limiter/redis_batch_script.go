@@ -41,9 +41,10 @@ func (r *Redis) Renew(ctx context.Context, back Refund, cost, want int64) (Decis
 		return Decision{}, err
 	}
 	ctx = r.deadlines.bound(ctx, r.timeout)
+	key := r.Key(back.Key) // the refund and the take name the same key
 	reply, err := r.runBatch(ctx, []*scriptCall{
-		r.newCall(ctx, back.Key, -back.Cost, r.refundArg(back.Taken)),
-		r.newCall(ctx, back.Key, cost, want),
+		r.callOn(ctx, key, -back.Cost, r.refundArg(back.Taken)),
+		r.callOn(ctx, key, cost, want),
 	})
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: renewing a lease: %w", r.zone, err)
