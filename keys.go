@@ -45,9 +45,13 @@ type keyTemplate struct {
 }
 
 // keyPart is a literal, or a placeholder name when placeholder is set.
+// claim is set, when the template is parsed, for a {jwt.*} placeholder,
+// whose claim path is the text after "jwt.": requests need not look at
+// the name again.
 type keyPart struct {
 	text        string
 	placeholder bool
+	claim       bool
 }
 
 // parseKeyTemplate compiles a key; empty means the client IP. Braces
@@ -82,7 +86,7 @@ func parseKeyTemplate(s string) (keyTemplate, error) {
 				return keyTemplate{}, fmt.Errorf("malformed placeholder {%s} in %q", name, s)
 			}
 			flush()
-			t.parts = append(t.parts, keyPart{text: name, placeholder: true})
+			t.parts = append(t.parts, keyPart{text: name, placeholder: true, claim: strings.HasPrefix(name, "jwt.")})
 			i += end + 1
 		case c == '}':
 			return keyTemplate{}, fmt.Errorf("unopened } in %q", s)
@@ -106,7 +110,7 @@ func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer, claims *jw
 		if !p.placeholder {
 			return p.text, true
 		}
-		v := t.value(r, repl, claims, p.text)
+		v := t.value(r, repl, claims, p)
 		return escapeKey(v), v != ""
 	}
 	var buf [128]byte
@@ -116,7 +120,7 @@ func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer, claims *jw
 			key = append(key, p.text...)
 			continue
 		}
-		v := t.value(r, repl, claims, p.text)
+		v := t.value(r, repl, claims, p)
 		if v == "" {
 			return "", false
 		}
@@ -129,14 +133,14 @@ func (t *keyTemplate) evaluate(r *http.Request, repl *caddy.Replacer, claims *jw
 // {jwt.*} claim is read from claims, the request's token as the handler's
 // own jwt block verified it, when the handler has one: what the replacer
 // would answer, without asking Caddy's providers first or boxing the value.
-func (t *keyTemplate) value(r *http.Request, repl *caddy.Replacer, claims *jwtClaims, name string) string {
-	if name == clientIPPlaceholder {
+func (t *keyTemplate) value(r *http.Request, repl *caddy.Replacer, claims *jwtClaims, p keyPart) string {
+	if p.text == clientIPPlaceholder {
 		return t.clientIP(r)
 	}
-	if path, ok := strings.CutPrefix(name, "jwt."); ok && claims != nil {
-		return t.maskIP(claims.claim(path))
+	if p.claim && claims != nil {
+		return t.maskIP(claims.claim(p.text[len("jwt."):]))
 	}
-	v, _ := repl.GetString(name)
+	v, _ := repl.GetString(p.text)
 	return t.maskIP(v)
 }
 
