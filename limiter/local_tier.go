@@ -39,6 +39,10 @@ type LocalTierOptions struct {
 	// not return (they stay taken in the shared store until its state
 	// expires), so the caller can log it.
 	OnGiveBackError func(error)
+
+	// manualSweep keeps the janitor from starting, so a test decides
+	// when sweeps run (LocalTier.sweep) and schedules stay deterministic.
+	manualSweep bool
 }
 
 // LocalTier is a tier in this process in front of a shared store, so most
@@ -162,7 +166,11 @@ func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, er
 	for i := range t.shards {
 		t.shards[i].keys = make(map[string]*tierKey)
 	}
-	go t.janitor()
+	if opts.manualSweep {
+		close(t.stopped)
+	} else {
+		go t.janitor()
+	}
 	return t, nil
 }
 
