@@ -82,16 +82,15 @@ type algorithm struct {
 	// newTables makes a memory store's empty key tables for the
 	// algorithm's per-key state type.
 	newTables func() memoryTables
-	// scripts are the Redis scripts' sources; keySuffix ends the Redis
-	// key of every client key, so algorithms never read each other's
-	// state.
+	// scripts are the Redis scripts' sources; keySuffix starts the
+	// policy part of every Redis key (see policyTag), so algorithms never
+	// read each other's state.
 	scripts   scripts
 	keySuffix string
 	// redisArgs are the policy's arguments to the script, from L and W
 	// on (cost and now come first); the bucket scripts take L and W
-	// reduced, and key names
-	// that depend on the reduction get it in keyQualifier.
-	redisArgs func(p *params) (args []any, keyQualifier string)
+	// reduced.
+	redisArgs func(p *params) []any
 	// refundArg is the argument a refund sends after the policy's, to
 	// say which admission it gives back; nil sends none.
 	refundArg func(taken Decision) any
@@ -116,9 +115,9 @@ var algorithmTable = []*algorithm{
 		newTables: func() memoryTables { return newShardSet[tokenBucketState]() },
 		scripts:   mustScripts("bucket.lua", "token_bucket.lua", "bucket_save.lua"),
 		keySuffix: "tb",
-		redisArgs: func(p *params) ([]any, string) {
+		redisArgs: func(p *params) []any {
 			l, w := p.reduced()
-			return []any{l, w, p.b, p.maxAhead}, bucketKeyQualifier(l)
+			return []any{l, w, p.b, p.maxAhead}
 		},
 		checkExact: checkBucketExact,
 	},
@@ -128,9 +127,9 @@ var algorithmTable = []*algorithm{
 		newTables: func() memoryTables { return newShardSet[leakyBucketState]() },
 		scripts:   mustScripts("bucket.lua", "leaky_bucket.lua", "bucket_save.lua"),
 		keySuffix: "lb",
-		redisArgs: func(p *params) ([]any, string) {
+		redisArgs: func(p *params) []any {
 			l, w := p.reduced()
-			return []any{l, w, p.maxDelay / gcd(p.l, p.w), p.maxAhead}, bucketKeyQualifier(l)
+			return []any{l, w, p.maxDelay / gcd(p.l, p.w), p.maxAhead}
 		},
 		checkExact: checkBucketExact,
 	},
@@ -211,7 +210,7 @@ func mustScripts(parts ...string) scripts {
 }
 
 // windowArgs are the window algorithms' script arguments: none beyond L and W.
-func windowArgs(p *params) ([]any, string) { return []any{p.l, p.w}, "" }
+func windowArgs(p *params) []any { return []any{p.l, p.w} }
 
 // refundAt names an admission by its decision time, which tells the window
 // algorithms which window or log entry to give back to.
@@ -225,14 +224,30 @@ func (p *params) reduced() (l, w int64) {
 	return p.l / g, p.w / g
 }
 
-// bucketKeyQualifier keeps bucket states apart by reduced L: their state
-// counts fractions of a microsecond in units of 1/L, so a key written
-// under one L must not be read under another.
-func bucketKeyQualifier(l int64) string {
-	if l == 1 {
-		return ""
+// policyTag names the limit a Redis key's state was written under: the
+// algorithm's suffix, L/W (W in µs) and, where they differ from their
+// defaults, the burst (b) and max_delay (d, µs × L). Two stores of one zone
+// name with different limits (two handlers, or a reload that changes the
+// limit) therefore never read each other's state, which was written under
+// other arithmetic: a fixed window's index under another W, or a bucket's
+// tat under another rate. A reload that keeps the policy keeps the names,
+// and so the counters.
+func (p *params) policyTag() string {
+	b := make([]byte, 0, 40)
+	b = append(b, p.alg.keySuffix...)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, p.l, 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, p.w, 10)
+	if p.b != p.l {
+		b = append(b, 'b')
+		b = strconv.AppendInt(b, p.b, 10)
 	}
-	return strconv.FormatInt(l, 10)
+	if p.alg.HoldsRequests && p.maxDelay != (p.b-1)*p.w {
+		b = append(b, 'd')
+		b = strconv.AppendInt(b, p.maxDelay, 10)
+	}
+	return string(b)
 }
 
 // checkBucketExact bounds the bucket scripts' products:

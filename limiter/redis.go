@@ -84,7 +84,7 @@ type Redis struct {
 	reloadSlots func()
 	zone        string
 	keyHead     string // prefix, zone and the opening of the hash tag
-	keyTail     string // the closing of the hash tag and the algorithm's suffix
+	keyTail     string // the closing of the hash tag and the policy (policyTag)
 	timeout     time.Duration
 	// deadlines bound each decision by timeout without a timer each.
 	deadlines *deadlines
@@ -159,14 +159,13 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	}
 	r.keyHead = escapeKeyPart(prefix) + StateID(opts.Zone, opts.Tier) + ":{"
 
-	args, qualifier := params.alg.redisArgs(&params)
-	r.args = args
+	r.args = params.alg.redisArgs(&params)
 	if params.alg.leases {
 		var id [8]byte
 		_, _ = rand.Read(id[:]) // never fails: crypto/rand aborts the program instead
 		r.leaseID = hex.EncodeToString(id[:]) + "."
 	}
-	r.keyTail = "}:" + params.alg.keySuffix + qualifier
+	r.keyTail = "}:" + params.policyTag()
 	src := params.alg.scripts.one
 	r.script, r.src = redis.NewScript(src), src
 	r.batchScript = redis.NewScript(params.alg.scripts.batch)

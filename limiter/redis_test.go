@@ -156,7 +156,8 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		alg := suffixes[strings.TrimRight(k[strings.LastIndexByte(k, ':')+1:], "0123456789")]
+		tail := strings.Split(k, "}:")[1]
+		alg := suffixes[tail[:strings.IndexByte(tail, ':')]]
 		if ttl <= 0 || ttl > longest[alg]+time.Millisecond {
 			t.Errorf("key %s (%s): TTL %v, want in (0, %v]", k, alg, ttl, longest[alg])
 		}
@@ -176,14 +177,14 @@ func TestRedisKeyNames(t *testing.T) {
 			}
 		}
 	}
-	pattern := regexp.MustCompile(`^fg%7Bx%7D:api%7Bv2%7D%25:\{[0-9a-f]{32}\}:(tb|lb|fw|swl|swc|cc)[0-9]*$`)
+	pattern := regexp.MustCompile(`^fg%7Bx%7D:api%7Bv2%7D%25:\{[0-9a-f]{32}\}:(tb|lb|fw|swl|swc|cc):5/60000000$`)
 	keys := scanKeys(t, client)
 	if len(keys) != len(secrets)*len(Algorithms) {
 		t.Errorf("found %d keys, want %d", len(keys), len(secrets)*len(Algorithms))
 	}
 	for _, k := range keys {
 		if !pattern.MatchString(k) {
-			t.Errorf("key %q does not have the form prefix zone:{hash}:algorithm", k)
+			t.Errorf("key %q does not have the form prefix zone:{hash}:algorithm:policy", k)
 		}
 		for _, secret := range secrets {
 			if strings.Contains(k, secret) {
@@ -191,11 +192,67 @@ func TestRedisKeyNames(t *testing.T) {
 			}
 		}
 	}
-	// Every instance names a client's key the same way: the hash is not seeded.
-	a := newTestRedis(t, client, Policy{Algorithm: TokenBucket, Events: 1, Window: time.Second}, RedisOptions{Zone: "z"})
-	b := newTestRedis(t, client, Policy{Algorithm: TokenBucket, Events: 9, Window: time.Hour}, RedisOptions{Zone: "z"})
+	// Every instance names a client's key the same way: the hash is not
+	// seeded. A store of another limit names it otherwise.
+	p := Policy{Algorithm: TokenBucket, Events: 1, Window: time.Second}
+	a := newTestRedis(t, client, p, RedisOptions{Zone: "z"})
+	b := newTestRedis(t, client, p, RedisOptions{Zone: "z"})
 	if a.Key("client") != b.Key("client") || a.Key("client") == a.Key("other") {
 		t.Errorf("keys %q, %q, %q", a.Key("client"), b.Key("client"), a.Key("other"))
+	}
+	for _, q := range []Policy{
+		{Algorithm: TokenBucket, Events: 2, Window: 2 * time.Second},
+		{Algorithm: TokenBucket, Events: 1, Window: time.Second, Burst: 3},
+		{Algorithm: LeakyBucket, Events: 1, Window: time.Second},
+	} {
+		if c := newTestRedis(t, client, q, RedisOptions{Zone: "z"}); c.Key("client") == a.Key("client") {
+			t.Errorf("%s and %s share the key %q", p, q, a.Key("client"))
+		}
+	}
+}
+
+// TestRedisLimitsOfOneZoneNameKeepApart: two stores of one zone name with
+// different limits (two handlers declaring the zone, or a reload that
+// changes its limit) each enforce their own, never reading the other's
+// state. On a shared key name the 5/1h window read the 100/1m one's
+// window index as an hour's and admitted 40 in ten minutes.
+func TestRedisLimitsOfOneZoneNameKeepApart(t *testing.T) {
+	s := redistest.Start(t)
+	client := s.Client(t)
+	ctx := context.Background()
+	for _, pair := range [][2]Policy{
+		{{Algorithm: FixedWindow, Events: 100, Window: time.Minute}, {Algorithm: FixedWindow, Events: 5, Window: time.Hour}},
+		{{Algorithm: TokenBucket, Events: 100, Window: time.Minute}, {Algorithm: TokenBucket, Events: 5, Window: time.Hour}},
+		{{Algorithm: SlidingWindowLog, Events: 100, Window: time.Minute}, {Algorithm: SlidingWindowLog, Events: 5, Window: time.Hour}},
+		{{Algorithm: SlidingWindowCounter, Events: 100, Window: time.Minute}, {Algorithm: SlidingWindowCounter, Events: 5, Window: time.Hour}},
+	} {
+		clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
+		opts := RedisOptions{Zone: "shared-" + string(pair[0].Algorithm), Timeout: time.Second, Clock: clock}
+		fast := newTestRedis(t, client, pair[0], opts)
+		slow := newTestRedis(t, client, pair[1], opts)
+		admitted := 0
+		for minute := 0; minute < 10; minute++ {
+			for i := 0; i < 10; i++ {
+				if _, err := fast.Take(ctx, "k", 1); err != nil {
+					t.Fatal(err)
+				}
+				d, err := slow.Take(ctx, "k", 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					admitted++
+				}
+				// The sliding counter's reset is the end of the next window.
+				if reset := d.ResetAfter; reset > 2*time.Hour {
+					t.Errorf("%s: reset after %v, beyond its windows", pair[1], reset)
+				}
+			}
+			clock.Advance(time.Minute)
+		}
+		if admitted != 5 {
+			t.Errorf("%s beside %s on one zone name admitted %d in ten minutes, want 5", pair[1], pair[0], admitted)
+		}
 	}
 }
 
