@@ -97,10 +97,10 @@ type algorithm struct {
 	// leases is set when every admission holds a lease id of its own
 	// (passed as the take's extra argument), which its refund names.
 	leases bool
-	// leaseEndsWithReset is set when a lease must not outlive the
-	// decision's ResetAfter: a fixed window's units belong to the window
-	// they were taken in.
-	leaseEndsWithReset bool
+	// leaseEndsWithWindow is set when a lease must not outlive the aligned
+	// window it was granted in: the counters' units belong to that window,
+	// and spent in the next one they would join that window's own L.
+	leaseEndsWithWindow bool
 	// checkExact refuses policies the script cannot decide exactly in
 	// Lua's doubles, beyond the window bound every algorithm has; nil
 	// means that bound suffices.
@@ -140,8 +140,8 @@ var algorithmTable = []*algorithm{
 		scripts:            mustScripts("window.lua", "fixed_window.lua"),
 		keySuffix:          "fw",
 		redisArgs:          windowArgs,
-		refundArg:          refundAt,
-		leaseEndsWithReset: true,
+		refundArg:           refundAt,
+		leaseEndsWithWindow: true,
 	},
 	{
 		name:      SlidingWindowLog,
@@ -149,7 +149,9 @@ var algorithmTable = []*algorithm{
 		newTables: func() memoryTables { return newShardSet[slidingLogState]() },
 		scripts:   mustScripts("sliding_window_log.lua"),
 		keySuffix: "swl",
-		redisArgs: windowArgs,
+		// A lease's units are logged at the end of its lifetime (see
+		// slidingLogState.takeUpTo), which the script is told.
+		redisArgs: func(p *params) []any { return []any{p.l, p.w, LeaseLifetime.Microseconds()} },
 		refundArg: refundAt,
 	},
 	{
@@ -157,9 +159,10 @@ var algorithmTable = []*algorithm{
 		Traits:    Traits{Leases: true},
 		newTables: func() memoryTables { return newShardSet[slidingCounterState]() },
 		scripts:   mustScripts("window.lua", "sliding_window_counter.lua"),
-		keySuffix: "swc",
-		redisArgs: windowArgs,
-		refundArg: refundAt,
+		keySuffix:           "swc",
+		redisArgs:           windowArgs,
+		refundArg:           refundAt,
+		leaseEndsWithWindow: true,
 		checkExact: func(p *params) error {
 			if hi, lo := bits.Mul64(uint64(p.l), uint64(p.w)); hi != 0 || lo > redisExact/4 {
 				return errors.New("events times window is too large to decide exactly in Redis")
@@ -212,9 +215,9 @@ func mustScripts(parts ...string) scripts {
 // windowArgs are the window algorithms' script arguments: none beyond L and W.
 func windowArgs(p *params) []any { return []any{p.l, p.w} }
 
-// refundAt names an admission by its decision time, which tells the window
-// algorithms which window or log entry to give back to.
-func refundAt(taken Decision) any { return taken.at }
+// refundAt names an admission by the time it was counted at, which tells
+// the window algorithms which window or log entry to give back to.
+func refundAt(taken Decision) any { return taken.admission() }
 
 // reduced is L and W divided by their greatest common divisor: the bucket
 // algorithms compute in time scaled by L, and the reduction changes no

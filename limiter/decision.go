@@ -21,9 +21,15 @@ type Decision struct {
 	// it is how long the request must be held before it continues.
 	RetryAfter time.Duration
 
-	// at is the store time of the decision in microseconds: Refund uses it
-	// to give back exactly what this decision took.
+	// at is the store time of the decision in microseconds, which the
+	// headers count the reset from.
 	at int64
+	// mark is the store's name for the admission whose units this
+	// decision took, when it is not at: the time a sliding log entry is
+	// logged at, or for a decision spent from a lease, the lease's grant.
+	// Refund names it (admission), so a give-back reaches the window or
+	// log entry its units were counted in, however long after.
+	mark int64
 	// lease names the concurrency slot a Redis decision took.
 	lease string
 	// leaseGen numbers the LocalTier lease a decision was spent from, so
@@ -67,6 +73,14 @@ func (d Decision) At() time.Time {
 		return time.Time{}
 	}
 	return time.UnixMicro(d.at)
+}
+
+// admission names the admission d's units were counted in, for Refund.
+func (d Decision) admission() int64 {
+	if d.mark != 0 {
+		return d.mark
+	}
+	return d.at
 }
 
 // Granted is how many units an admission took: its cost, or for a lease

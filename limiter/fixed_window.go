@@ -54,7 +54,7 @@ func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Decision {
 
 func (s *fixedWindowState) refund(p *params, now, cost int64, taken Decision) Decision {
 	now = s.roll(p, now)
-	if windowIndex(p, taken.at) == s.win {
+	if windowIndex(p, taken.admission()) == s.win {
 		s.count = max(0, s.count-cost)
 	}
 	return s.status(p, now)

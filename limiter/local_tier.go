@@ -71,8 +71,9 @@ type LocalTier struct {
 	leasing  bool
 	maxLease int64
 	quota    int64
-	// leaseEndsWithReset: see algorithm.leaseEndsWithReset.
-	leaseEndsWithReset bool
+	// window, when set, is the aligned window (µs) a lease must not
+	// outlive: see algorithm.leaseEndsWithWindow.
+	window int64
 	denyFor            int64 // µs
 	maxKeys            int64
 	keys               atomic.Int64
@@ -151,7 +152,6 @@ func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, er
 		leasing:            f > 0,
 		maxLease:           int64(math.Ceil(f * float64(q))),
 		quota:              q,
-		leaseEndsWithReset: params.alg.leaseEndsWithReset,
 		denyFor:            opts.DenyFor.Microseconds(),
 		maxKeys:            int64(opts.MaxKeys),
 		clock:              memoryClock{opts.Clock},
@@ -159,6 +159,9 @@ func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, er
 		onGiveBackError:    opts.OnGiveBackError,
 		stop:               make(chan struct{}),
 		stopped:            make(chan struct{}),
+	}
+	if params.alg.leaseEndsWithWindow {
+		t.window = params.w
 	}
 	if t.maxKeys <= 0 {
 		t.maxKeys = DefaultMaxKeys
@@ -268,7 +271,12 @@ func (t *LocalTier) takeFromStore(ctx context.Context, sh *tierShard, key string
 }
 
 // refill asks the store for a new lease for k, whose shard is locked and
-// is unlocked on return, and spends cost from it.
+// is unlocked on return, and spends cost from it. now is when the request
+// was sent, read before the store's clock decided: the lease's lifetime
+// (and a window's end) is measured from it, not from when the answer
+// came, so however slow the reply, the lease is spent only while the
+// store's clock is within a lifetime of the grant and, for the window
+// counters, within the grant's window.
 func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key string, cost, now int64) (Decision, error) {
 	// Size: doubled when the last lease was used up within a lifetime of
 	// its grant, restarted at the cost when the key was not leased
@@ -301,6 +309,7 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 	} else {
 		d, err = t.store.TakeUpTo(ctx, key, cost, want)
 	}
+	sent := now
 	now = t.clock.now()
 
 	sh.mu.Lock()
@@ -314,11 +323,11 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 		}
 	default:
 		k.gen++
-		k.grant, k.grantAt = d, now
+		k.grant, k.grantAt = d, sent
 		k.units = d.granted - cost
-		k.expires = now + life
-		if t.leaseEndsWithReset {
-			k.expires = min(k.expires, now+d.ResetAfter.Microseconds())
+		k.expires = sent + life
+		if t.window > 0 && d.at > 0 {
+			k.expires = min(k.expires, sent+t.window-d.at%t.window)
 		}
 		d = t.leaseDecision(k, now)
 		d.Source = SourceStore
@@ -350,6 +359,7 @@ func (t *LocalTier) leaseDecision(k *tierKey, now int64) Decision {
 		ResetAfter: max(0, k.grant.ResetAfter-microseconds(elapsed)),
 		Source:     SourceLease,
 		at:         k.grant.at,
+		mark:       k.grant.admission(),
 		leaseGen:   k.gen,
 	}
 	if d.at != 0 {

@@ -389,12 +389,14 @@ func (r *Redis) callOn(ctx context.Context, redisKey string, cost int64, extra a
 }
 
 // decodeReply reads a script's reply: {allowed, remaining, reset µs,
-// retry_after µs[, decision time µs[, units granted]]}; the bucket scripts
-// leave out the decision time but for a lease, and only a lease's
-// admission says what it granted.
+// retry_after µs[, decision time µs[, units granted[, admission µs]]]};
+// the bucket scripts leave out the decision time but for a lease, only a
+// lease's admission says what it granted (the sliding log's, every
+// admission's), and only the sliding log names the time its admission is
+// logged at, when that is not the decision's (see Decision.mark).
 func decodeReply(reply []int64) (Decision, error) {
-	if len(reply) < 4 || len(reply) > 6 {
-		return Decision{}, fmt.Errorf("script replied with %d values, want 4 to 6", len(reply))
+	if len(reply) < 4 || len(reply) > 7 {
+		return Decision{}, fmt.Errorf("script replied with %d values, want 4 to 7", len(reply))
 	}
 	d := Decision{
 		Allowed:    reply[0] == 1,
@@ -405,8 +407,11 @@ func decodeReply(reply []int64) (Decision, error) {
 	if len(reply) >= 5 {
 		d.at = reply[4]
 	}
-	if len(reply) == 6 {
+	if len(reply) >= 6 {
 		d.granted = reply[5]
+	}
+	if len(reply) == 7 && reply[6] != d.at {
+		d.mark = reply[6]
 	}
 	return d, nil
 }

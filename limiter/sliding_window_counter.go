@@ -75,7 +75,7 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 
 func (s *slidingCounterState) refund(p *params, now, cost int64, taken Decision) Decision {
 	now = s.roll(p, now)
-	switch windowIndex(p, taken.at) {
+	switch windowIndex(p, taken.admission()) {
 	case s.win:
 		s.cur = max(0, s.cur-cost)
 	case s.win - 1:

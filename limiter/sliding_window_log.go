@@ -47,7 +47,15 @@ func (s *slidingLogState) take(p *params, now, cost int64) Decision {
 }
 
 // takeUpTo takes what the window has left, up to want, when it has at
-// least cost: a lease, logged as one admission of every unit granted.
+// least cost: a lease, logged as one admission of every unit granted. A
+// lease of more than the request's cost is logged LeaseLifetime ahead, at
+// the latest time a LocalTier may spend it: logged at its grant, a unit
+// spent up to a lifetime later would leave the window that much early,
+// and instances together could admit more than L in a window-long span
+// (by up to a lease per instance). Logged ahead, every unit is in the log
+// from its grant until W after its spend, so the log's own check bounds
+// every span of spend times by L; the price is that leased units block
+// their key up to a lifetime longer.
 func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
 	now = max(now, 0)
 	s.expire(p, now)
@@ -59,15 +67,18 @@ func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
 		return d
 	}
 	granted := min(want, p.l-s.total)
-	// Keep entries in time order even if the clock stepped back.
 	at := now
+	if granted > cost {
+		at += LeaseLifetime.Microseconds()
+	}
+	// Keep entries in time order even if the clock stepped back.
 	if n := len(s.ents); n > s.head {
 		at = max(at, logAt(s.ents[n-1]))
 	}
 	s.push(at, granted)
 	s.total += granted
 	d := s.status(p, now)
-	d.at, d.granted = at, granted
+	d.at, d.mark, d.granted = now, at, granted
 	return d
 }
 
@@ -85,10 +96,11 @@ func (s *slidingLogState) retryAfter(p *params, now, need int64) int64 {
 
 func (s *slidingLogState) refund(p *params, now, cost int64, taken Decision) Decision {
 	s.expire(p, now)
+	at := taken.admission()
 	for i := len(s.ents) - 1; i >= s.head && cost > 0; i-- {
 		e := s.ents[i]
-		if logAt(e) != taken.at {
-			if logAt(e) < taken.at {
+		if logAt(e) != at {
+			if logAt(e) < at {
 				break
 			}
 			continue
@@ -99,7 +111,7 @@ func (s *slidingLogState) refund(p *params, now, cost int64, taken Decision) Dec
 		if u == logUnits(e) {
 			s.ents = append(s.ents[:i], s.ents[i+1:]...)
 		} else {
-			s.ents[i] = logEntry(taken.at, logUnits(e)-u)
+			s.ents[i] = logEntry(at, logUnits(e)-u)
 		}
 	}
 	return s.status(p, now)

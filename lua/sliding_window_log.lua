@@ -8,12 +8,17 @@
 --
 -- Sent after prelude.lua, which reads the arguments and the clock.
 --
--- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
--- the decision being returned (µs), for a lease the units wanted.
+-- ARGV: cost, now, L, W (see prelude.lua), a lease's lifetime (µs), and
+-- for "return" the time the admission being returned was logged at (µs),
+-- for a lease the units wanted.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
--- A lease (ARGV[5], want >= cost) takes what the window has left, up to
--- want, when it has at least cost, and its reply adds the units granted.
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}
+-- and, for an admission, the units granted and the time they are logged
+-- at. A lease (ARGV[6], want >= cost) takes what the window has left, up
+-- to want, when it has at least cost. A lease of more than the cost is
+-- logged a lifetime ahead, at the latest time it may be spent, so no
+-- window-long span of spend times holds more than L (see
+-- limiter/sliding_window_log.go).
 
 local key = KEYS[1]
 
@@ -65,7 +70,7 @@ local function expire()
 end
 
 if op == 'return' then
-  local at = tonumber(ARGV[5])
+  local at = tonumber(ARGV[6])
   if at > cutoff and redis.call('LREM', key, -cost, string.format('%d', at)) > 0 then
     expire()
   end
@@ -83,13 +88,17 @@ if count + cost > l then
   return status(0, retry, now)
 end
 
-local want = tonumber(ARGV[5])
+local at, want = now, tonumber(ARGV[6])
 if want then
-  cost = math.min(want, l - count)
+  local granted = math.min(want, l - count)
+  if granted > cost then
+    at = now + tonumber(ARGV[5])
+  end
+  cost = granted
 end
 
 -- Keep entries in time order even if the clock stepped back.
-local at = math.max(now, newest() or now)
+at = math.max(at, newest() or at)
 local entry = string.format('%d', at)
 local left = cost
 while left > 0 do
@@ -102,8 +111,6 @@ while left > 0 do
   left = left - #push
 end
 redis.call('PEXPIRE', key, ceil((at + w - now) / 1000) + pad)
-local reply = status(1, 0, at)
-if want then
-  reply[6] = cost
-end
+local reply = status(1, 0, now)
+reply[6], reply[7] = cost, at
 return reply

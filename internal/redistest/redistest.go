@@ -63,6 +63,14 @@ func Binary(t testing.TB) string {
 	return bin
 }
 
+// Available reports whether tests can start redis-server, so a test that
+// also runs without it can leave its Redis part out. Under CI=true it is
+// always true: Start then fails the test rather than skip it.
+func Available() bool {
+	_, err := exec.LookPath("redis-server")
+	return err == nil || os.Getenv("CI") == "true"
+}
+
 // Start starts a standalone server without persistence.
 func Start(t testing.TB) *Server {
 	t.Helper()

@@ -1,0 +1,232 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+)
+
+// The paths a lease takes at its edges: where its units are counted, when
+// it ends, and where a refund of them goes. Each test here failed before
+// the fix it names; the model test (model_test.go) searches the same
+// ground at random.
+
+// edgeBackends are the shared stores the edge tests run over: one memory
+// store, and Redis when redis-server is on the PATH. Each returns a fresh
+// Leaser for p on clock, shared by every tier the test builds.
+func edgeBackends(t *testing.T) map[string]func(t *testing.T, p Policy, clock Clock) Leaser {
+	backends := map[string]func(t *testing.T, p Policy, clock Clock) Leaser{
+		"memory": func(t *testing.T, p Policy, clock Clock) Leaser {
+			m, err := NewMemory(p, MemoryOptions{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		},
+	}
+	if redistest.Available() {
+		s := redistest.Start(t)
+		client := s.Client(t)
+		n := 0
+		backends["redis"] = func(t *testing.T, p Policy, clock Clock) Leaser {
+			n++
+			return newTestRedis(t, client, p, RedisOptions{Zone: fmt.Sprintf("edge%d", n), Timeout: 5 * time.Second, Clock: clock})
+		}
+	}
+	return backends
+}
+
+// edgeTiers puts n LocalTiers (n instances) in front of store, sweeping
+// only when the test says.
+func edgeTiers(t *testing.T, store Leaser, p Policy, clock Clock, n int, fraction float64) []*LocalTier {
+	t.Helper()
+	tiers := make([]*LocalTier, n)
+	for i := range tiers {
+		tier, err := NewLocalTier(store, p, LocalTierOptions{LeaseFraction: fraction, Clock: clock, manualSweep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tier.Close(context.Background()) })
+		tiers[i] = tier
+	}
+	return tiers
+}
+
+// driveBursts sends bursts of unit requests, as clients do: each step
+// moves the clock on by up to maxGap, then one instance (at random) sends
+// up to maxBurst requests at once, and now and then an instance sweeps.
+// It returns the admissions, each at the time it was answered.
+func driveBursts(t *testing.T, tiers []*LocalTier, clock *testutil.Clock, seed uint64, steps int, maxGap time.Duration, maxBurst int) []admission {
+	t.Helper()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 17))
+	var adm []admission
+	for range steps {
+		clock.Advance(time.Duration(rng.Int64N(int64(maxGap))))
+		tier := tiers[rng.IntN(len(tiers))]
+		if rng.IntN(4) == 0 {
+			tier.sweep(false)
+		}
+		for range 1 + rng.IntN(maxBurst) {
+			d, err := tier.Take(ctx, "k", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				adm = append(adm, admission{clock.Now().UnixMicro(), 1})
+			}
+		}
+	}
+	return adm
+}
+
+// admission is a request's units, admitted at a time in µs.
+type admission struct{ at, units int64 }
+
+// mostInSpan is the most units admitted in any span (t − w, t].
+func mostInSpan(adm []admission, w int64) int64 {
+	sort.Slice(adm, func(i, j int) bool { return adm[i].at < adm[j].at })
+	var most, in int64
+	first := 0
+	for _, a := range adm {
+		in += a.units
+		for adm[first].at <= a.at-w {
+			in -= adm[first].units
+			first++
+		}
+		most = max(most, in)
+	}
+	return most
+}
+
+// mostInWindow is the most units admitted in one aligned window [kw, (k+1)w).
+func mostInWindow(adm []admission, w int64) int64 {
+	per := map[int64]int64{}
+	var most int64
+	for _, a := range adm {
+		per[a.at/w] += a.units
+		most = max(most, per[a.at/w])
+	}
+	return most
+}
+
+// TestLeasedSlidingLogSpansHoldTheLimit: three instances lease a sliding
+// log of 100/1m at local_quota 0.5 and spend steadily. Logged at their
+// grant and spent up to a second later, lease units once let 136 pass
+// in one 60-second span.
+func TestLeasedSlidingLogSpansHoldTheLimit(t *testing.T) {
+	for name, backend := range edgeBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			p := Policy{Algorithm: SlidingWindowLog, Events: 100, Window: time.Minute}
+			for seed := range uint64(5) {
+				clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
+				tiers := edgeTiers(t, backend(t, p, clock), p, clock, 3, 0.5)
+				adm := driveBursts(t, tiers, clock, seed, 600, 800*time.Millisecond, 30)
+				if most := mostInSpan(adm, p.Window.Microseconds()); most > p.Events {
+					t.Errorf("seed %d: %d admitted in one 60s span, limit %d", seed, most, p.Events)
+				}
+			}
+		})
+	}
+}
+
+// slowReplies is a shared store whose answers reach the tier a while
+// after the store decided, as a reply crossing the network does.
+type slowReplies struct {
+	Leaser
+	clock *testutil.Clock
+	delay time.Duration
+}
+
+func (s slowReplies) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+	d, err := s.Leaser.TakeUpTo(ctx, key, cost, want)
+	s.clock.Advance(s.delay)
+	return d, err
+}
+
+func (s slowReplies) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+	d, err := s.Leaser.Renew(ctx, back, cost, want)
+	s.clock.Advance(s.delay)
+	return d, err
+}
+
+// TestLeaseEndsAtItsWindowDespiteSlowReplies: a window counter's lease
+// ends at the end of the window it was granted in, measured from when the
+// request was sent. Measured from the reply, a 3ms reply across a window
+// boundary let 131 pass in a window of 100.
+func TestLeaseEndsAtItsWindowDespiteSlowReplies(t *testing.T) {
+	for name, backend := range edgeBackends(t) {
+		for _, alg := range []Algorithm{FixedWindow, SlidingWindowCounter} {
+			t.Run(name+"/"+string(alg), func(t *testing.T) {
+				p := Policy{Algorithm: alg, Events: 100, Window: time.Second}
+				for seed := range uint64(5) {
+					clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
+					store := slowReplies{Leaser: backend(t, p, clock), clock: clock, delay: 3 * time.Millisecond}
+					tiers := edgeTiers(t, store, p, clock, 3, 1)
+					adm := driveBursts(t, tiers, clock, seed, 600, 40*time.Millisecond, 30)
+					if most := mostInWindow(adm, p.Window.Microseconds()); most > p.Events {
+						t.Errorf("seed %d: %d admitted in one window, limit %d", seed, most, p.Events)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestRefundAfterLeaseRenewed: a refund of a unit spent from a lease that
+// has since been renewed reaches the store, for every algorithm that
+// leases. The sliding log removes an entry only at its exact time, and
+// the refund once named the spend's time, not the entry's: the refused
+// request kept its unit for up to the window.
+func TestRefundAfterLeaseRenewed(t *testing.T) {
+	for name, backend := range edgeBackends(t) {
+		for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
+			t.Run(name+"/"+string(alg), func(t *testing.T) {
+				ctx := context.Background()
+				p := Policy{Algorithm: alg, Events: 10, Window: time.Hour}
+				clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
+				store := backend(t, p, clock)
+				tier := edgeTiers(t, store, p, clock, 1, 1)[0]
+				take := func() Decision {
+					t.Helper()
+					clock.Advance(10 * time.Millisecond)
+					d, err := tier.Take(ctx, "k", 1)
+					if err != nil || !d.Allowed {
+						t.Fatalf("take: %+v, %v", d, err)
+					}
+					return d
+				}
+				take()          // a lease of 1
+				take()          // a lease of 2: 1 left
+				spent := take() // spent from it
+				take()          // a lease of 4 replaces it
+				if spent.Source != SourceLease {
+					t.Fatalf("source %v, want lease", spent.Source)
+				}
+				clock.Advance(10 * time.Millisecond)
+				if _, err := tier.Refund(ctx, "k", 1, spent); err != nil {
+					t.Fatal(err)
+				}
+				// Let the lease lapse and go back, then look at the store.
+				clock.Advance(LeaseLifetime)
+				tier.sweep(false)
+				tier.givingBack.Wait()
+				d, err := store.Peek(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Four requests passed and one was refunded; the bucket
+				// refills a little over the 4.04s, so at least 7.
+				if d.Remaining < p.Events-3 {
+					t.Errorf("store has %d left, want %d: the refund was lost", d.Remaining, p.Events-3)
+				}
+			})
+		}
+	}
+}
