@@ -73,14 +73,14 @@ type LocalTier struct {
 	quota    int64
 	// window, when set, is the aligned window (µs) a lease must not
 	// outlive: see algorithm.leaseEndsWithWindow.
-	window int64
-	denyFor            int64 // µs
-	maxKeys            int64
-	keys               atomic.Int64
-	clock              memoryClock
-	seed               maphash.Seed
-	shards             [tierShards]tierShard
-	onGiveBackError    func(error)
+	window          int64
+	denyFor         int64 // µs
+	maxKeys         int64
+	keys            atomic.Int64
+	clock           memoryClock
+	seed            maphash.Seed
+	shards          [tierShards]tierShard
+	onGiveBackError func(error)
 
 	closed   atomic.Bool
 	stop     chan struct{}
@@ -148,17 +148,17 @@ func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, er
 	}
 	q, _ := p.Quota()
 	t := &LocalTier{
-		store:              store,
-		leasing:            f > 0,
-		maxLease:           int64(math.Ceil(f * float64(q))),
-		quota:              q,
-		denyFor:            opts.DenyFor.Microseconds(),
-		maxKeys:            int64(opts.MaxKeys),
-		clock:              memoryClock{opts.Clock},
-		seed:               maphash.MakeSeed(),
-		onGiveBackError:    opts.OnGiveBackError,
-		stop:               make(chan struct{}),
-		stopped:            make(chan struct{}),
+		store:           store,
+		leasing:         f > 0,
+		maxLease:        int64(math.Ceil(f * float64(q))),
+		quota:           q,
+		denyFor:         opts.DenyFor.Microseconds(),
+		maxKeys:         int64(opts.MaxKeys),
+		clock:           memoryClock{opts.Clock},
+		seed:            maphash.MakeSeed(),
+		onGiveBackError: opts.OnGiveBackError,
+		stop:            make(chan struct{}),
+		stopped:         make(chan struct{}),
 	}
 	if params.alg.leaseEndsWithWindow {
 		t.window = params.w
