@@ -372,6 +372,9 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 		Tier:    tier,
 		Timeout: time.Duration(h.Redis.Timeout),
 		Breaker: h.redis.breaker,
+		OnRenewError: func(err error) {
+			h.logger.Warn("concurrency slots of requests in flight could not be renewed in Redis; two failures in a row and they lapse", zap.String("zone", name), zap.Error(err))
+		},
 	})
 	if err != nil {
 		return limit{}, fmt.Errorf("redis store: %w", err)

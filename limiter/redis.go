@@ -49,6 +49,11 @@ type RedisOptions struct {
 	// one of its own.
 	Breaker *Breaker
 
+	// OnRenewError, when set, hears of a failed renewal of the
+	// concurrency slots the store holds (see redis_slots.go), so the
+	// caller can log it: two in a row and a slot lapses under its request.
+	OnRenewError func(error)
+
 	// Clock, when set, replaces the Redis server's TIME, so tests can step
 	// time exactly as they do the memory store's. Leave it nil in
 	// production: instances sharing a Redis must share its clock. With a
@@ -92,6 +97,11 @@ type Redis struct {
 
 	leaseID  string // this store's random part of every lease id
 	leaseSeq atomic.Uint64
+	// slots are the concurrency slots this store holds, which it renews
+	// while their requests run; onRenewError hears of a renewal that
+	// failed.
+	slots        slotTable
+	onRenewError func(error)
 }
 
 // Exactness bounds of the Redis scripts. Lua numbers are doubles, exact for
@@ -141,6 +151,8 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		zone:    opts.Zone,
 		timeout: opts.Timeout,
 		clock:   opts.Clock,
+
+		onRenewError: opts.OnRenewError,
 	}
 	if r.timeout == 0 {
 		r.timeout = DefaultRedisTimeout
@@ -235,7 +247,8 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 	if r.p.alg.leases {
 		lease = r.leaseID + strconv.FormatUint(r.leaseSeq.Add(1), 36)
 	}
-	d, err := r.run(ctx, key, cost, lease)
+	redisKey := r.Key(key)
+	d, err := r.runKey(ctx, redisKey, cost, lease)
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: take: %w", r.zone, err)
 	}
@@ -243,6 +256,9 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 		d.lease = lease
 		if r.p.alg.Leases {
 			d.granted = cost
+		}
+		if lease != "" {
+			r.hold(lease, redisKey, cost)
 		}
 	}
 	return d, nil
@@ -297,6 +313,9 @@ func (r *Redis) Refund(ctx context.Context, key string, cost int64, taken Decisi
 	if err := r.checkCost(cost); err != nil {
 		return Decision{}, err
 	}
+	if taken.lease != "" {
+		r.release(taken.lease)
+	}
 	d, err := r.run(ctx, key, -cost, r.refundArg(taken))
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: refund: %w", r.zone, err)
@@ -328,25 +347,34 @@ func (r *Redis) refundArg(taken Decision) any {
 // at once instead (see Breaker). A positive cost takes, a negative one
 // gives back.
 func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
+	return r.runKey(ctx, r.Key(key), cost, extra)
+}
+
+// runKey is run for a client key already named in Redis (Key).
+func (r *Redis) runKey(ctx context.Context, redisKey string, cost int64, extra any) (Decision, error) {
 	// A Done that closes at the deadline, not only socket deadlines:
 	// go-redis dials a new connection in the background and only Done stops
 	// the wait for it, so an unreachable host would otherwise hold the
 	// request for the client's dial timeout.
 	ctx = r.deadlines.bound(ctx, r.timeout)
-	return r.runBounded(ctx, key, cost, extra)
-}
-
-// runBounded is run for a ctx the caller has already bounded (RefundMany's
-// give-backs on a Cluster wait longer than a decision).
-func (r *Redis) runBounded(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
-	if r.breaker.open() {
-		return Decision{}, ErrStoreUnavailable
-	}
-	reply, err := r.batch.do(r.newCall(ctx, key, cost, extra))
-	if err := r.outcome(err); err != nil {
+	reply, err := r.runCall(r.callOn(ctx, redisKey, cost, extra))
+	if err != nil {
 		return Decision{}, err
 	}
 	return decodeReply(reply)
+}
+
+// runCall runs one script call, whose ctx the caller has bounded (calls
+// off the request path, RefundMany's on a Cluster or a renewal of
+// concurrency slots, wait longer than a decision), in a round trip shared
+// with concurrent ones; while Redis keeps failing it answers
+// ErrStoreUnavailable at once.
+func (r *Redis) runCall(c *scriptCall) ([]int64, error) {
+	if r.breaker.open() {
+		return nil, ErrStoreUnavailable
+	}
+	reply, err := r.batch.do(c)
+	return reply, r.outcome(err)
 }
 
 // outcome tells the breaker how a call to Redis went and, when it failed,

@@ -76,7 +76,7 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 			wg.Go(func() {
 				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
 				defer cancel()
-				if _, err := r.runBounded(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken)); err != nil {
+				if _, err := r.runCall(r.newCall(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken))); err != nil {
 					mu.Lock()
 					fail(1, err)
 					mu.Unlock()

@@ -2,13 +2,17 @@
 --
 -- State (KEYS[1], a sorted set): one member per unit in flight, named after
 -- the lease that holds it ("<lease>" for its first unit, "<lease>#<i>" for
--- the others) and scored by when the lease lapses, now + W. An instance that
--- crashes with requests in flight loses their units for at most W. The key
--- expires when its last lease lapses.
+-- the others) and scored by when the lease lapses, now + W. The instance
+-- that holds a lease renews it every W/3 while its request runs (the
+-- "renew" operation below), so only an instance that dies, or cannot reach
+-- Redis for W, loses its units, after at most W. The key expires when its
+-- last lease lapses.
 --
 -- Sent after prelude.lua, which reads the arguments and the clock.
 --
--- ARGV: cost, now, L, W (see prelude.lua; W is the lease), lease id.
+-- ARGV: cost, now, L, W (see prelude.lua; W is the lease), lease id; for
+-- a renewal: cost 0, lease id "", "renew", then each lease to renew and
+-- its units (id, units, id, units, ...).
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs};
 -- reset and retry_after are always 0: a unit frees when a response finishes.
@@ -30,6 +34,33 @@ local function members(first, last)
     end
   end
   return m
+end
+
+-- Pushes the lapse of every unit of the named leases to now + W, but
+-- adds none back: a lease that lapsed or was released stays gone.
+local function renew()
+  local expiry = string.format('%d', now + w)
+  for i = 7, #ARGV, 2 do
+    lease = ARGV[i]
+    local units = tonumber(ARGV[i + 1])
+    for first = 1, units, 1000 do
+      local add = {}
+      for _, m in ipairs(members(first, math.min(units, first + 999))) do
+        add[#add + 1] = expiry
+        add[#add + 1] = m
+      end
+      redis.call('ZADD', key, 'XX', unpack(add))
+    end
+  end
+  if redis.call('ZCARD', key) > 0 then
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIRE', key, ceil((tonumber(last[2]) - now) / 1000) + pad)
+  end
+end
+
+if ARGV[6] == 'renew' then
+  renew()
+  return {1, math.max(0, l - redis.call('ZCARD', key)), 0, 0, now}
 end
 
 if op == 'return' then

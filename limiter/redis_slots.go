@@ -1,0 +1,182 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A Redis concurrency slot is scored by when it lapses, now + W, so that
+// the slots of an instance that dies are freed after W. A request that
+// runs longer than W must not lose its slot while it runs: the store
+// remembers the slots it holds and renews them all, every W/3, until
+// their requests finish. Renewal costs Redis a call per instance per
+// period, for up to redisMaxRenewals slots each, not one per request
+// (on a Cluster, where every key has a slot of its own, one script per
+// key, pipelined). A slot whose instance stopped renewing (it died, or
+// Redis was unreachable for W) lapses as before.
+
+// redisMaxRenewals bounds the slots one renewal call names, so that a
+// call holds Redis, which runs one script at a time, about as long as a
+// pipeline of decisions does.
+const redisMaxRenewals = 1000
+
+// minRenewEvery is the shortest renewal period, for a tiny window.
+const minRenewEvery = time.Millisecond
+
+// heldSlot is a concurrency slot this store took and has not released:
+// its lease id and units on the Redis key redisKey.
+type heldSlot struct {
+	redisKey string
+	units    int64
+}
+
+// slotTable is the slots a Redis concurrency store holds, and whether its
+// renewer runs. The renewer starts with the first slot and stops when a
+// period finds none, so a store holds no goroutine while idle, and a
+// handler after its Cleanup still renews what its requests in flight
+// hold.
+type slotTable struct {
+	mu       sync.Mutex
+	held     map[string]heldSlot // by lease id
+	renewing bool
+}
+
+// hold remembers the slot lease, and starts the renewer if it is not
+// running.
+func (r *Redis) hold(lease, redisKey string, units int64) {
+	s := &r.slots
+	s.mu.Lock()
+	if s.held == nil {
+		s.held = make(map[string]heldSlot)
+	}
+	s.held[lease] = heldSlot{redisKey: redisKey, units: units}
+	start := !s.renewing
+	s.renewing = true
+	s.mu.Unlock()
+	if start {
+		go r.renewLoop()
+	}
+}
+
+// release forgets the slot lease, before its release is sent: a release
+// that fails leaves the slot to lapse, never renewed again.
+func (r *Redis) release(lease string) {
+	r.slots.mu.Lock()
+	delete(r.slots.held, lease)
+	r.slots.mu.Unlock()
+}
+
+// renewEvery is how often held slots are renewed: three times per lapse
+// period, so two renewals in a row may fail before a slot lapses.
+func (r *Redis) renewEvery() time.Duration {
+	return max(microseconds(r.p.w)/3, minRenewEvery)
+}
+
+// renewLoop renews the held slots every renewEvery until a period finds
+// none.
+func (r *Redis) renewLoop() {
+	tick := time.NewTicker(r.renewEvery())
+	defer tick.Stop()
+	for range tick.C {
+		r.slots.mu.Lock()
+		if len(r.slots.held) == 0 {
+			r.slots.renewing = false
+			r.slots.mu.Unlock()
+			return
+		}
+		r.slots.mu.Unlock()
+		if err := r.renewSlots(context.Background()); err != nil && r.onRenewError != nil {
+			r.onRenewError(err)
+		}
+	}
+}
+
+// renewSlots pushes the lapse of every slot this store holds to now + W,
+// in as few calls as the client allows, each bounded by
+// redisGiveBackTimeout. A slot that already lapsed or was released is not
+// added back.
+func (r *Redis) renewSlots(ctx context.Context) error {
+	byKey := make(map[string][]any)
+	r.slots.mu.Lock()
+	for lease, s := range r.slots.held {
+		byKey[s.redisKey] = append(byKey[s.redisKey], lease, s.units)
+	}
+	r.slots.mu.Unlock()
+	if len(byKey) == 0 {
+		return nil
+	}
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if len(errs) < 3 { // enough to say why, not one per key
+			errs = append(errs, err)
+		}
+		mu.Unlock()
+	}
+	if r.reloadSlots != nil {
+		// A Cluster: one script per key, pipelined by the batcher.
+		var wg sync.WaitGroup
+		for key, leases := range byKey {
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+				defer cancel()
+				if _, err := r.runCall(r.renewCall(cctx, key, leases)); err != nil {
+					fail(err)
+				}
+			})
+		}
+		wg.Wait()
+	} else {
+		var calls []*scriptCall
+		named := 0
+		flush := func() {
+			cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+			defer cancel()
+			if _, err := r.runBatch(cctx, calls); err != nil {
+				fail(err)
+			}
+			calls, named = calls[:0], 0
+		}
+		for key, leases := range byKey {
+			for len(leases) > 0 {
+				n := min(len(leases), 2*(redisMaxRenewals-named))
+				calls = append(calls, r.renewCall(ctx, key, leases[:n]))
+				named += n / 2
+				leases = leases[n:]
+				if named == redisMaxRenewals {
+					flush()
+				}
+			}
+		}
+		if len(calls) > 0 {
+			flush()
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("redis store for zone %q: renewing concurrency slots: %w", r.zone, errors.Join(errs...))
+	}
+	return nil
+}
+
+// renewCall is the script call that renews leases (id, units, id, units,
+// ...) on redisKey: concurrency.lua's "renew" operation.
+func (r *Redis) renewCall(ctx context.Context, redisKey string, leases []any) *scriptCall {
+	c := r.callOn(ctx, redisKey, 0, "")
+	c.args = append(c.args, "renew")
+	c.args = append(c.args, leases...)
+	return c
+}
+
+// HeldSlots is how many concurrency slots the store holds for requests
+// still in flight, which it renews until they finish.
+func (r *Redis) HeldSlots() int {
+	r.slots.mu.Lock()
+	defer r.slots.mu.Unlock()
+	return len(r.slots.held)
+}
