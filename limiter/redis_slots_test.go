@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -95,6 +97,44 @@ func TestRedisConcurrencySlotsRenewedInRealTime(t *testing.T) {
 				}
 				return nil
 			})
+		})
+	}
+}
+
+// BenchmarkRedisConcurrencyRenewal measures what renewing N held slots
+// costs Redis: script calls per renewal, and per second per instance for a
+// 1m window (a renewal every 20s). Each held request is on a key of its
+// own, the costly case: requests of one key share a call's operation.
+func BenchmarkRedisConcurrencyRenewal(b *testing.B) {
+	s := redistest.Start(b)
+	client := s.Client(b)
+	ctx := context.Background()
+	for _, held := range []int{1, 100, 10_000} {
+		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
+			p := Policy{Algorithm: Concurrency, Events: 10, Window: time.Minute}
+			r := newTestRedis(b, client, p, RedisOptions{Zone: fmt.Sprintf("renew%d", held), Timeout: 5 * time.Second})
+			for i := range held {
+				if d, err := r.Take(ctx, strconv.Itoa(i), 1); err != nil || !d.Allowed {
+					b.Fatalf("take: %+v, %v", d, err)
+				}
+			}
+			before, err := scriptCalls(ctx, client)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				if err := r.renewSlots(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			after, err := scriptCalls(ctx, client)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(after-before)/float64(b.N), "scripts/renewal")
+			b.ReportMetric(float64(after-before)/float64(b.N)/r.renewEvery().Seconds(), "scripts/s")
 		})
 	}
 }
