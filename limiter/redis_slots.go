@@ -35,15 +35,16 @@ type heldSlot struct {
 	units    int64
 }
 
-// slotTable is the slots a Redis concurrency store holds, and whether its
-// renewer runs. The renewer starts with the first slot and stops when a
-// period finds none, so a store holds no goroutine while idle, and a
-// handler after its Cleanup still renews what its requests in flight
-// hold.
+// slotTable is the slots a Redis concurrency store holds, and its
+// renewer's stop channel while one runs. The renewer starts with the
+// first slot and stops with the release of the last, so a store holds no
+// goroutine while idle, and a handler after its Cleanup still renews what
+// its requests in flight hold.
 type slotTable struct {
-	mu       sync.Mutex
-	held     map[string]heldSlot // by lease id
-	renewing bool
+	mu   sync.Mutex
+	held map[string]heldSlot // by lease id
+	// stop, while the renewer runs, is closed to stop it.
+	stop chan struct{}
 }
 
 // hold remembers the slot lease, and starts the renewer if it is not
@@ -55,20 +56,29 @@ func (r *Redis) hold(lease, redisKey string, units int64) {
 		s.held = make(map[string]heldSlot)
 	}
 	s.held[lease] = heldSlot{redisKey: redisKey, units: units}
-	start := !s.renewing
-	s.renewing = true
+	var stop chan struct{}
+	if s.stop == nil {
+		stop = make(chan struct{})
+		s.stop = stop
+	}
 	s.mu.Unlock()
-	if start {
-		go r.renewLoop()
+	if stop != nil {
+		go r.renewLoop(stop)
 	}
 }
 
 // release forgets the slot lease, before its release is sent: a release
-// that fails leaves the slot to lapse, never renewed again.
+// that fails leaves the slot to lapse, never renewed again. The last
+// slot's release stops the renewer.
 func (r *Redis) release(lease string) {
-	r.slots.mu.Lock()
-	delete(r.slots.held, lease)
-	r.slots.mu.Unlock()
+	s := &r.slots
+	s.mu.Lock()
+	delete(s.held, lease)
+	if len(s.held) == 0 && s.stop != nil {
+		close(s.stop)
+		s.stop = nil
+	}
+	s.mu.Unlock()
 }
 
 // renewEvery is how often held slots are renewed: three times per lapse
@@ -77,19 +87,16 @@ func (r *Redis) renewEvery() time.Duration {
 	return max(microseconds(r.p.w)/3, minRenewEvery)
 }
 
-// renewLoop renews the held slots every renewEvery until a period finds
-// none.
-func (r *Redis) renewLoop() {
+// renewLoop renews the held slots every renewEvery until stop closes.
+func (r *Redis) renewLoop(stop <-chan struct{}) {
 	tick := time.NewTicker(r.renewEvery())
 	defer tick.Stop()
-	for range tick.C {
-		r.slots.mu.Lock()
-		if len(r.slots.held) == 0 {
-			r.slots.renewing = false
-			r.slots.mu.Unlock()
+	for {
+		select {
+		case <-stop:
 			return
+		case <-tick.C:
 		}
-		r.slots.mu.Unlock()
 		if err := r.renewSlots(context.Background()); err != nil && r.onRenewError != nil {
 			r.onRenewError(err)
 		}

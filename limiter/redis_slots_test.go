@@ -92,7 +92,7 @@ func TestRedisConcurrencySlotsRenewedInRealTime(t *testing.T) {
 			testutil.Eventually(t, "the renewer stops once no slot is held", func() error {
 				r.slots.mu.Lock()
 				defer r.slots.mu.Unlock()
-				if r.slots.renewing {
+				if r.slots.stop != nil {
 					return errors.New("still renewing")
 				}
 				return nil

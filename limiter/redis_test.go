@@ -445,12 +445,15 @@ func TestRedisConcurrencyLeases(t *testing.T) {
 		t.Fatalf("return: %+v %v", d, err)
 	}
 
-	// Leases never released (a crashed instance) lapse after the window.
+	// Leases never released nor renewed (a crashed instance) lapse after
+	// the window.
 	start := time.Now()
 	for range 2 {
-		if d, err := r.Take(ctx, "crashed", 1); err != nil || !d.Allowed {
+		d, err := r.Take(ctx, "crashed", 1)
+		if err != nil || !d.Allowed {
 			t.Fatalf("take: %+v %v", d, err)
 		}
+		r.release(d.lease) // the instance dies: nobody renews the slot
 	}
 	if d, err := r.Take(ctx, "crashed", 1); err != nil || d.Allowed {
 		t.Fatalf("third take while two are in flight: %+v %v", d, err)
@@ -601,8 +604,12 @@ func TestRedisAccuracy(t *testing.T) {
 		}
 		checkPipelined(t, stores)
 		// Every lease came back.
-		if d, err := stores[0].Take(ctx, "hot", 1); err != nil || d.Remaining != limit-1 {
+		d, err := stores[0].Take(ctx, "hot", 1)
+		if err != nil || d.Remaining != limit-1 {
 			t.Fatalf("after all returned: %+v %v", d, err)
+		}
+		if _, err := stores[0].Refund(ctx, "hot", 1, d); err != nil {
+			t.Fatal(err)
 		}
 	})
 
