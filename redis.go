@@ -41,7 +41,7 @@ type RedisConfig struct {
 	// InsecureSkipVerify accepts any server certificate; for testing only.
 	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 	// Timeout bounds each decision; past it the zone's fail mode applies.
-	// Default: 5ms.
+	// Default: 5ms; at least 1ms, as every duration of the block.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// DialTimeout bounds connecting to a server, apart from Timeout: a
 	// connection opened for a decision still counts against the
@@ -78,11 +78,24 @@ func (c *RedisConfig) validate() error {
 	if (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "" {
 		return errors.New("redis: sentinel_username and sentinel_password need master_name")
 	}
-	if c.Timeout < 0 || c.PoolSize < 0 || c.DB < 0 {
-		return errors.New("redis: timeout, pool_size and db must not be negative")
+	if c.DB < 0 {
+		return errors.New("redis: db must not be negative")
 	}
-	if c.DialTimeout < 0 || c.BreakerAfter < 0 || c.BreakerOpenFor < 0 {
-		return errors.New("redis: dial_timeout, breaker_after and breaker_open_for must not be negative")
+	if err := checkCount("pool_size", c.PoolSize); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	for _, d := range []struct {
+		v     caddy.Duration
+		bound durationBound
+	}{
+		{c.Timeout, timeoutBound},
+		{c.DialTimeout, dialTimeoutBound},
+		{c.BreakerAfter, breakerAfterBound},
+		{c.BreakerOpenFor, breakerOpenForBound},
+	} {
+		if err := d.bound.check(d.v); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
 	}
 	return nil
 }
