@@ -181,3 +181,12 @@ func TestCaddyfileRefusesBadNumbers(t *testing.T) {
 		})
 	}
 }
+
+// TestCaddyfileRefusesNegativeJWTDurations: the jwt block's durations are
+// refused negative at their line, as Validate refuses them in JSON.
+func TestCaddyfileRefusesNegativeJWTDurations(t *testing.T) {
+	runParseErrorCases(t, []parseErrorCase{
+		{"negative leeway", "rate_limit {\n zone a {\n  rate 1/s\n }\n jwt {\n  secret s\n  leeway -1s\n }\n}", []string{"leeway", ":7"}},
+		{"negative jwks_refresh", "rate_limit {\n zone a {\n  rate 1/s\n }\n jwt {\n  jwks_url https://idp.test/jwks\n  jwks_refresh -1m\n }\n}", []string{"jwks_refresh", ":7"}},
+	})
+}
