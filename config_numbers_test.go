@@ -1,12 +1,14 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
@@ -189,4 +191,39 @@ func TestCaddyfileRefusesNegativeJWTDurations(t *testing.T) {
 		{"negative leeway", "rate_limit {\n zone a {\n  rate 1/s\n }\n jwt {\n  secret s\n  leeway -1s\n }\n}", []string{"leeway", ":7"}},
 		{"negative jwks_refresh", "rate_limit {\n zone a {\n  rate 1/s\n }\n jwt {\n  jwks_url https://idp.test/jwks\n  jwks_refresh -1m\n }\n}", []string{"jwks_refresh", ":7"}},
 	})
+}
+
+// TestRedisEmptyPlaceholderRefused: a redis block value whose placeholder
+// resolves empty (an unset {env.*}) refuses the config at Provision,
+// naming the field, as the jwt block's secret does; a set variable loads.
+func TestRedisEmptyPlaceholderRefused(t *testing.T) {
+	addr := closedPort(t)
+	for _, tc := range []struct{ field, block string }{
+		{"password", "addresses " + addr + "\n  password {env.FLOODGATE_TEST_UNSET_REDIS_PASSWORD}"},
+		{"username", "addresses " + addr + "\n  username {env.FLOODGATE_TEST_UNSET_REDIS_USER}\n  password p"},
+		{"url", "url {env.FLOODGATE_TEST_UNSET_REDIS_URL}"},
+		{"addresses", "addresses {env.FLOODGATE_TEST_UNSET_REDIS_ADDR}"},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			h := new(Handler)
+			input := "rate_limit {\n zone z {\n  rate 5/m\n  store redis\n }\n redis {\n  " + tc.block + "\n }\n}"
+			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			defer cancel()
+			err := h.Provision(ctx)
+			if err == nil {
+				_ = h.Cleanup()
+				t.Fatalf("provisioned with an empty %s", tc.field)
+			}
+			for _, want := range []string{tc.field, "empty"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+		})
+	}
+	t.Setenv("FLOODGATE_TEST_SET_REDIS_PASSWORD", "p")
+	provisionHandler(t, "rate_limit {\n zone z {\n  rate 5/m\n  store redis\n }\n redis {\n  addresses "+addr+"\n  password {env.FLOODGATE_TEST_SET_REDIS_PASSWORD}\n }\n}")
 }

@@ -367,6 +367,9 @@ func (h *Handler) Cleanup() error {
 // JWT verifier.
 func (h *Handler) provisionShared(ctx caddy.Context) error {
 	if h.Redis != nil {
+		if err := h.Redis.checkResolved(); err != nil {
+			return err
+		}
 		c, key, err := loadRedisClient(h.Redis.poolKey())
 		if err != nil {
 			return err

@@ -121,6 +121,37 @@ func (c *RedisConfig) poolKey() redisPoolKey {
 	}
 }
 
+// checkResolved refuses a block whose placeholders resolve to nothing: a
+// password, username, url, address or name written as {env.X} with X
+// unset would otherwise connect without credentials, or nowhere, as the
+// jwt block's secret is refused (see JWTConfig.newVerifier).
+// Placeholders Caddy does not know are kept as written, as resolved keeps
+// them: a password may hold braces.
+func (c *RedisConfig) checkResolved() error {
+	repl := caddy.NewReplacer()
+	fields := []struct{ name, value string }{
+		{"url", c.URL}, {"master_name", c.MasterName},
+		{"username", c.Username}, {"password", c.Password},
+		{"sentinel_username", c.SentinelUsername}, {"sentinel_password", c.SentinelPassword},
+	}
+	for _, a := range c.Addresses {
+		fields = append(fields, struct{ name, value string }{"addresses", a})
+	}
+	for _, f := range fields {
+		if f.value == "" {
+			continue
+		}
+		v, err := repl.ReplaceOrErr(f.value, true, false)
+		if err == nil && v == "" {
+			err = errors.New("resolves to nothing")
+		}
+		if err != nil {
+			return fmt.Errorf("redis: %s %q is empty when resolved (an unset environment variable?): %w", f.name, f.value, err)
+		}
+	}
+	return nil
+}
+
 // resolved is c's client settings with placeholders replaced, in the
 // limiter's terms.
 func (c *RedisConfig) resolved() limiter.RedisConfig {
