@@ -60,6 +60,7 @@ func TestJSONRefusesBadNumbers(t *testing.T) {
 		{"breaker_open_for under 1ms", jsonHandler("", "", "", `"breaker_open_for":100`), "breaker_open_for"},
 		{"negative timeout", jsonHandler("", "", "", `"timeout":"-5ms"`), "timeout"},
 		{"huge pool_size", jsonHandler("", "", "", `"pool_size":1000000000000`), "pool_size"},
+		{"huge db", jsonHandler("", "", "", `"db":100000`), "db"},
 		{"jwt leeway negative", strings.TrimSuffix(jsonHandler("", "", "", ""), "}") + `,"jwt":{"secret":"s","leeway":"-1s"}}`, "leeway"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

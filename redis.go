@@ -78,8 +78,8 @@ func (c *RedisConfig) validate() error {
 	if (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "" {
 		return errors.New("redis: sentinel_username and sentinel_password need master_name")
 	}
-	if c.DB < 0 {
-		return errors.New("redis: db must not be negative")
+	if c.DB < 0 || c.DB > maxRedisDB {
+		return fmt.Errorf("redis: db must be from 0 to %d, got %d", maxRedisDB, c.DB)
 	}
 	if err := checkCount("pool_size", c.PoolSize); err != nil {
 		return fmt.Errorf("redis: %w", err)
@@ -99,6 +99,10 @@ func (c *RedisConfig) validate() error {
 	}
 	return nil
 }
+
+// maxRedisDB is the largest db number the block accepts, far above Redis's
+// default of 16 databases.
+const maxRedisDB = 1 << 16
 
 // defaultDialTimeout bounds connecting when neither dial_timeout nor the
 // url says: long enough for a server across a network, short enough that
@@ -267,7 +271,7 @@ func (c *RedisConfig) options() map[string]func(*caddyfile.Dispenser) error {
 		"password":          optionArg(parseStringArg, &c.Password),
 		"sentinel_username": optionArg(parseStringArg, &c.SentinelUsername),
 		"sentinel_password": optionArg(parseStringArg, &c.SentinelPassword),
-		"db":                func(d *caddyfile.Dispenser) error { return parseIntArg(d, &c.DB, 0, 1<<16) },
+		"db":                func(d *caddyfile.Dispenser) error { return parseIntArg(d, &c.DB, 0, maxRedisDB) },
 		"tls":               c.parseTLS,
 		"timeout":           optionArg(parseDurationArg, &c.Timeout),
 		"dial_timeout":      optionArg(parseDurationArg, &c.DialTimeout),
