@@ -69,7 +69,7 @@ func redisConfigFix(err error) string {
 	case strings.HasPrefix(msg, "NOAUTH"):
 		return "redis requires a password and none was given: set the redis block's password (and username), or credentials in its url"
 	case strings.HasPrefix(msg, "NOPERM"):
-		return "the redis user may not run what Floodgate needs: grant its ACL user EVALSHA, EVAL, SCRIPT LOAD and DEL on the key_prefix's keys"
+		return "the redis user may not run what Floodgate needs: grant its ACL user the scripting commands (EVALSHA, EVAL, SCRIPT LOAD), DEL, and the commands its scripts call, on the key_prefix's keys"
 	case strings.HasPrefix(msg, "MOVED"):
 		return clusterNodeFix
 	}
