@@ -1,8 +1,8 @@
 package ratelimit
 
-// End-to-end tests of the edges design section 11 names: dry_run never
+// End-to-end tests of the edges (docs/design.md, "Testing"): dry_run never
 // refuses, whatever the fail mode; admin inspect and reset take the key as a
-// person types it.
+// person types it; Redis configuration errors are named at provisioning.
 
 import (
 	"net/http"
