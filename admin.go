@@ -180,8 +180,10 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 }
 
 // forKey answers a route about one key (inspect, reset): do runs on the
-// limit the query's tier picks in each zone of that name, and the answers
-// are written as one, or as an array for a name several handlers declare.
+// limit the query's tier picks in each zone of that name, with the key as
+// that zone's requests name it (a full IP address masked to the zone's
+// prefix, see keyTemplate.typed), and the answers are written as one, or
+// as an array for a name several handlers declare.
 func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, do func(z *zone, l *limit, key, tier string) (T, error)) error {
 	key, tier, err := keyQuery(r)
 	if err != nil {
@@ -193,7 +195,7 @@ func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, d
 		if err != nil {
 			return err
 		}
-		v, err := do(reg.zone, l, key, tier)
+		v, err := do(reg.zone, l, reg.zone.key.typed(key), tier)
 		if err != nil {
 			return adminError(http.StatusBadGateway, "zone %q: %v", reg.zone.name, err)
 		}
@@ -210,17 +212,23 @@ type keyReset struct {
 	Reset bool   `json:"reset"`
 }
 
+// resetKey forgets a key in the zone's store and its `fail local`
+// fallback; reset is true only if either held state for it (a local
+// tier's lease or cached refusal counts).
 func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
 	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyReset, error) {
+		existed := false
 		for _, s := range []limiter.Store{l.store, l.local} {
 			if s == nil {
 				continue
 			}
-			if err := s.Reset(r.Context(), key); err != nil {
+			had, err := s.Reset(r.Context(), key)
+			if err != nil {
 				return keyReset{}, err
 			}
+			existed = existed || had
 		}
-		return keyReset{Zone: z.name, Tier: tier, Key: key, Reset: true}, nil
+		return keyReset{Zone: z.name, Tier: tier, Key: key, Reset: existed}, nil
 	})
 }
 

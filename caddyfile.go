@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -75,9 +74,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_keys":
 			err = parsePositiveIntArg(d, &h.MaxKeys)
 		case "log_sample":
-			err = parseFraction(d, &h.LogSample, 0, 1, false, "a fraction of decisions from 0 to 1, such as 0.01")
+			err = parseFraction(d, &h.LogSample)
 		case "jitter":
-			err = parseFraction(d, &h.Jitter, 0, math.Inf(1), false, "a non-negative fraction such as 0.2")
+			err = parseFraction(d, &h.Jitter)
 		case "distributed":
 			h.Distributed, err = skipCompatBlock(d)
 		case "storage":
@@ -178,7 +177,7 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 		case "dry_run":
 			z.DryRun, err = true, noArgs(d)
 		case "local_quota":
-			err = parseFraction(d, &z.LocalQuota, 0, 1, true, "a fraction of the quota above 0 and at most 1, such as 0.1")
+			err = parseFraction(d, &z.LocalQuota)
 		case "deny_cache":
 			err = parseDenyCache(d, z)
 		default:
@@ -285,6 +284,9 @@ func parseRate(d *caddyfile.Dispenser, z *Zone) error {
 	if err != nil || window <= 0 {
 		return d.Errf("rate %q: window must be a positive duration like 1m, 30s, s, h or d", d.Val())
 	}
+	if err := windowBound.check(caddy.Duration(window)); err != nil {
+		return d.Errf("rate %q: %v", d.Val(), err)
+	}
 	z.MaxEvents, z.Window = events, caddy.Duration(window)
 	if d.NextArg() {
 		return d.ArgErr()
@@ -365,8 +367,8 @@ func parsePositiveIntArg(d *caddyfile.Dispenser, dst *int) error {
 	if err := parsePositiveArg(d, &n); err != nil {
 		return err
 	}
-	if n > math.MaxInt32 {
-		return d.Errf("%s: %d is more than this option allows (%d)", opt, n, math.MaxInt32)
+	if n > maxCount {
+		return d.Errf("%s: %d is more than this option allows (%d)", opt, n, maxCount)
 	}
 	*dst = int(n)
 	return nil
@@ -397,6 +399,11 @@ func parseDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	if v <= 0 && opt != "max_delay" {
 		return d.Errf("%s: must be positive, got %q", opt, d.Val())
 	}
+	if b, ok := durationBounds[opt]; ok {
+		if err := b.check(caddy.Duration(v)); err != nil {
+			return d.Err(err.Error())
+		}
+	}
 	*dst = caddy.Duration(v)
 	return noArgs(d)
 }
@@ -412,23 +419,27 @@ func parseDenyCache(d *caddyfile.Dispenser, z *Zone) error {
 		if v, err = caddy.ParseDuration(d.Val()); err != nil || v <= 0 {
 			return d.Errf("deny_cache: want a positive duration or off, got %q", d.Val())
 		}
+		if err := denyCacheBound.check(caddy.Duration(v)); err != nil {
+			return d.Err(err.Error())
+		}
 	}
 	dc := caddy.Duration(v)
 	z.DenyCache = &dc
 	return noArgs(d)
 }
 
-// parseFraction reads a fraction option (jitter, log_sample, local_quota):
-// a number within [lo, hi] (above lo when openLow is set; hi may be
-// +Inf), explained by range in the error.
-func parseFraction(d *caddyfile.Dispenser, dst *float64, lo, hi float64, openLow bool, explain string) error {
+// parseFraction reads a fraction option (jitter, log_sample, local_quota)
+// and checks it with the option's bound (bounds.go), which Validate uses
+// too: NaN and infinities are refused, at the option's line.
+func parseFraction(d *caddyfile.Dispenser, dst *float64) error {
 	opt := d.Val()
+	b := fractionBounds[opt]
 	if !d.NextArg() {
 		return d.ArgErr()
 	}
 	v, err := strconv.ParseFloat(d.Val(), 64)
-	if err != nil || v < lo || v > hi || (openLow && v == lo) {
-		return d.Errf("%s: want %s, got %q", opt, explain, d.Val())
+	if err != nil || b.check(v) != nil {
+		return d.Errf("%s: want %s, got %q", opt, b.explain, d.Val())
 	}
 	*dst = v
 	return noArgs(d)

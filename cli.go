@@ -32,8 +32,10 @@ Reads the rate limits of the running Caddy instance through its admin API
 of one key, the keys seen most in the last minute, and resets a key.
 
 Keys are given as the zone sees them (the evaluated key template, such as a
-client IP or an API key header's value). With --tier, inspect and reset act
-on a tier's limit of the zone instead of its own.
+client IP or an API key header's value); a client's full IP address is
+grouped by the zone's ipv4_prefix/ipv6_prefix, as its requests are. With
+--tier, inspect and reset act on a tier's limit of the zone instead of its
+own.
 
 Since the admin endpoint is configurable, its address is taken from the
 --address flag if specified; otherwise from the given --config file;

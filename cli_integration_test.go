@@ -146,8 +146,8 @@ func TestCLI(t *testing.T) {
 			wantRow(t, zone, cliTable(t, inst, "inspect", zone, key), map[string]string{"ZONE": zone, "KEY": key, "REMAINING": "3", "RESET AFTER": "0s"})
 			var reset keyReset
 			cliJSON(t, inst, &reset, "reset", zone, key)
-			if reset != (keyReset{Zone: zone, Key: key, Reset: true}) {
-				t.Errorf("reset %s --json: %+v", zone, reset)
+			if reset != (keyReset{Zone: zone, Key: key, Reset: false}) {
+				t.Errorf("reset %s --json of a key just reset: %+v, want reset false", zone, reset)
 			}
 		}
 		wantCodes(t, "mem after the reset", sequence(t, c, 1, inst.URL("/mem"), "X-Client", key), 200)

@@ -238,10 +238,12 @@ func (ev *evaluation) refundEarly(ctx context.Context, from int) {
 func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bool) {
 	z, l := c.zone, c.limit
 	if c.missingDeny {
-		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: limiter.Decision{RetryAfter: l.window}})
+		d := limiter.Decision{RetryAfter: l.window}
+		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: d})
 		z.metrics.count(false, z.dryRun, limiter.SourceStore)
 		h.sample(z, c.key, limiter.Decision{}, sourceMissingKey, 0)
 		if z.dryRun {
+			h.logDenial(r, z, c.key, d, true)
 			return false
 		}
 		ev.denied = len(ev.outcomes) - 1
@@ -258,6 +260,12 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 		z.metrics.failure()
 		h.logStoreFailure(z, err)
 		switch {
+		case z.fail == failClosed && z.dryRun:
+			// dry_run never refuses: the 503 the zone would have
+			// answered is logged (logStoreFailure) and counted in
+			// store_failures_total, and the zone lets the request
+			// through as `fail open` does.
+			return false
 		case z.fail == failClosed:
 			ev.failed = err
 			return true
@@ -282,7 +290,9 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 	case !d.Allowed:
 		ev.denied = len(ev.outcomes) - 1
 		return true
-	case l.traits.HoldsRequests && d.RetryAfter > ev.hold:
+	case l.traits.HoldsRequests && d.RetryAfter > ev.hold && !z.dryRun:
+		// A dry run shapes nothing: it reports the hold in its headers
+		// but does not make the request wait.
 		ev.hold = d.RetryAfter
 	}
 	return false
@@ -411,6 +421,12 @@ func (h *Handler) logStoreFailure(z *zone, err error) {
 	now := h.now().UnixNano()
 	last := z.failLogged.Load()
 	if now-last < int64(failLogInterval) || !z.failLogged.CompareAndSwap(last, now) {
+		return
+	}
+	if z.dryRun && z.fail == failClosed {
+		h.logger.Warn("rate limit store failed; dry_run lets requests through that fail closed would refuse",
+			zap.String("zone", z.name), zap.String("fail", z.fail), zap.Bool("dry_run", true),
+			zap.Int("would_refuse", http.StatusServiceUnavailable), zap.Error(err))
 		return
 	}
 	h.logger.Warn("rate limit store failed; applying fail mode",

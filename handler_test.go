@@ -323,7 +323,7 @@ func TestCleanupStopsGoroutines(t *testing.T) {
 	checkGoroutines := testutil.GoroutineCheck(t)
 	for i := range 5 {
 		h := new(Handler)
-		input := "rate_limit {\n zone leak_" + strconv.Itoa(i) + " {\n  rate 5/s\n }\n sweep_interval 1ms\n}"
+		input := "rate_limit {\n zone leak_" + strconv.Itoa(i) + " {\n  rate 5/s\n }\n sweep_interval 1s\n}"
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
 			t.Fatal(err)
 		}
@@ -333,7 +333,7 @@ func TestCleanupStopsGoroutines(t *testing.T) {
 		}
 		r, _ := newKeyRequest("198.51.100.30", nil)
 		serve(h, r, okHandler)
-		time.Sleep(5 * time.Millisecond) // let the sweeper run
+		time.Sleep(5 * time.Millisecond) // the sweeper is running (sweep_interval is at least 1s, so it has not swept)
 		if err := h.Cleanup(); err != nil {
 			t.Fatal(err)
 		}

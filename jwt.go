@@ -163,6 +163,9 @@ func (j *JWTConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return d.Errf("jwt: %s %q: %v", sub, val, err)
 			}
+			if dur < 0 {
+				return d.Errf("jwt: %s %q must not be negative", sub, val)
+			}
 			if sub == "leeway" {
 				j.Leeway = caddy.Duration(dur)
 			} else {

@@ -144,6 +144,20 @@ func (t *keyTemplate) value(r *http.Request, repl *caddy.Replacer, claims *jwtCl
 	return t.maskIP(v)
 }
 
+// typed is the key the zone evaluates for a request whose placeholders
+// give the value an operator typed (admin inspect and reset): a bare IP
+// address is grouped by prefix, so a client's full address names its
+// prefix's state, and the value is escaped as evaluate escapes it. A
+// template without placeholders is one constant key, taken as typed. In a
+// composite template (`{client_ip}:{path}`) only a key that is an IP as a
+// whole is masked: type the IP part as the zone groups it.
+func (t *keyTemplate) typed(v string) string {
+	if len(t.parts) == 1 && !t.parts[0].placeholder {
+		return v
+	}
+	return escapeKey(t.maskIP(v))
+}
+
 // clientIP is Caddy's client IP for r, grouped by prefix.
 func (t *keyTemplate) clientIP(r *http.Request) string {
 	ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)

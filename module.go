@@ -47,7 +47,7 @@ type Handler struct {
 	LogKey bool `json:"log_key,omitempty"`
 
 	// SweepInterval is how often the memory store forgets keys whose
-	// state is back to empty. Default: 1m.
+	// state is back to empty. Default: 1m; at least 1s.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
 	// MaxKeys bounds the keys the memory store keeps per zone; beyond it
@@ -55,7 +55,8 @@ type Handler struct {
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	// Jitter adds up to this fraction of the wait to Retry-After (0.2
-	// adds up to 20%), so refused clients do not all retry at once.
+	// adds up to 20%), so refused clients do not all retry at once. From
+	// 0 to 1.
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// Redis is where zones with `store redis` keep their state.
@@ -305,17 +306,17 @@ func (h *Handler) Validate() error {
 	if _, err := parseHeaderMode(h.Headers); err != nil {
 		return err
 	}
-	if h.Jitter < 0 {
-		return fmt.Errorf("jitter must not be negative, got %v", h.Jitter)
+	if err := jitterBound.check(h.Jitter); err != nil {
+		return err
 	}
-	if h.MaxKeys < 0 {
-		return fmt.Errorf("max_keys must not be negative, got %d", h.MaxKeys)
+	if err := checkCount("max_keys", h.MaxKeys); err != nil {
+		return err
 	}
-	if !(h.LogSample >= 0 && h.LogSample <= 1) {
-		return fmt.Errorf("log_sample must be a fraction from 0 to 1, got %v", h.LogSample)
+	if err := logSampleBound.check(h.LogSample); err != nil {
+		return err
 	}
-	if h.SweepInterval < 0 {
-		return fmt.Errorf("sweep_interval must not be negative")
+	if err := sweepIntervalBound.check(h.SweepInterval); err != nil {
+		return err
 	}
 	if len(h.RateLimits) == 0 {
 		return fmt.Errorf("at least one zone is required")
@@ -366,6 +367,9 @@ func (h *Handler) Cleanup() error {
 // JWT verifier.
 func (h *Handler) provisionShared(ctx caddy.Context) error {
 	if h.Redis != nil {
+		if err := h.Redis.checkResolved(); err != nil {
+			return err
+		}
 		c, key, err := loadRedisClient(h.Redis.poolKey())
 		if err != nil {
 			return err

@@ -41,7 +41,7 @@ type RedisConfig struct {
 	// InsecureSkipVerify accepts any server certificate; for testing only.
 	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
 	// Timeout bounds each decision; past it the zone's fail mode applies.
-	// Default: 5ms.
+	// Default: 5ms; at least 1ms, as every duration of the block.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// DialTimeout bounds connecting to a server, apart from Timeout: a
 	// connection opened for a decision still counts against the
@@ -78,14 +78,31 @@ func (c *RedisConfig) validate() error {
 	if (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "" {
 		return errors.New("redis: sentinel_username and sentinel_password need master_name")
 	}
-	if c.Timeout < 0 || c.PoolSize < 0 || c.DB < 0 {
-		return errors.New("redis: timeout, pool_size and db must not be negative")
+	if c.DB < 0 || c.DB > maxRedisDB {
+		return fmt.Errorf("redis: db must be from 0 to %d, got %d", maxRedisDB, c.DB)
 	}
-	if c.DialTimeout < 0 || c.BreakerAfter < 0 || c.BreakerOpenFor < 0 {
-		return errors.New("redis: dial_timeout, breaker_after and breaker_open_for must not be negative")
+	if err := checkCount("pool_size", c.PoolSize); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	for _, d := range []struct {
+		v     caddy.Duration
+		bound durationBound
+	}{
+		{c.Timeout, timeoutBound},
+		{c.DialTimeout, dialTimeoutBound},
+		{c.BreakerAfter, breakerAfterBound},
+		{c.BreakerOpenFor, breakerOpenForBound},
+	} {
+		if err := d.bound.check(d.v); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
 	}
 	return nil
 }
+
+// maxRedisDB is the largest db number the block accepts, far above Redis's
+// default of 16 databases.
+const maxRedisDB = 1 << 16
 
 // defaultDialTimeout bounds connecting when neither dial_timeout nor the
 // url says: long enough for a server across a network, short enough that
@@ -106,6 +123,37 @@ func (c *RedisConfig) poolKey() redisPoolKey {
 		Client:  c.resolved(),
 		Breaker: limiter.BreakerOptions{After: time.Duration(c.BreakerAfter), OpenFor: time.Duration(c.BreakerOpenFor)},
 	}
+}
+
+// checkResolved refuses a block whose placeholders resolve to nothing: a
+// password, username, url, address or name written as {env.X} with X
+// unset would otherwise connect without credentials, or nowhere, as the
+// jwt block's secret is refused (see JWTConfig.newVerifier).
+// Placeholders Caddy does not know are kept as written, as resolved keeps
+// them: a password may hold braces.
+func (c *RedisConfig) checkResolved() error {
+	repl := caddy.NewReplacer()
+	fields := []struct{ name, value string }{
+		{"url", c.URL}, {"master_name", c.MasterName},
+		{"username", c.Username}, {"password", c.Password},
+		{"sentinel_username", c.SentinelUsername}, {"sentinel_password", c.SentinelPassword},
+	}
+	for _, a := range c.Addresses {
+		fields = append(fields, struct{ name, value string }{"addresses", a})
+	}
+	for _, f := range fields {
+		if f.value == "" {
+			continue
+		}
+		v, err := repl.ReplaceOrErr(f.value, true, false)
+		if err == nil && v == "" {
+			err = errors.New("resolves to nothing")
+		}
+		if err != nil {
+			return fmt.Errorf("redis: %s %q is empty when resolved (an unset environment variable?): %w", f.name, f.value, err)
+		}
+	}
+	return nil
 }
 
 // resolved is c's client settings with placeholders replaced, in the
@@ -223,7 +271,7 @@ func (c *RedisConfig) options() map[string]func(*caddyfile.Dispenser) error {
 		"password":          optionArg(parseStringArg, &c.Password),
 		"sentinel_username": optionArg(parseStringArg, &c.SentinelUsername),
 		"sentinel_password": optionArg(parseStringArg, &c.SentinelPassword),
-		"db":                func(d *caddyfile.Dispenser) error { return parseIntArg(d, &c.DB, 0, 1<<16) },
+		"db":                func(d *caddyfile.Dispenser) error { return parseIntArg(d, &c.DB, 0, maxRedisDB) },
 		"tls":               c.parseTLS,
 		"timeout":           optionArg(parseDurationArg, &c.Timeout),
 		"dial_timeout":      optionArg(parseDurationArg, &c.DialTimeout),

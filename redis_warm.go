@@ -2,8 +2,11 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
@@ -18,7 +21,10 @@ const warmBudget = time.Second
 // decision after a start or a reload is an ordinary one rather than one
 // that also dials and meets NOSCRIPT and so runs past a tight timeout. A
 // failure is logged and otherwise ignored: decisions then dial and load
-// scripts themselves, and the zones' fail modes apply as ever.
+// scripts themselves, and the zones' fail modes apply as ever. A failure
+// that is the redis block's configuration (a wrong password, none where
+// one is required, a Cluster node given as a standalone server) is logged
+// as an error naming the fix, since waiting will not mend it.
 func (h *Handler) warmRedis() {
 	var stores []*limiter.Redis
 	for _, z := range h.zones {
@@ -35,9 +41,57 @@ func (h *Handler) warmRedis() {
 	defer cancel()
 	for _, rs := range stores {
 		if err := rs.Preload(ctx); err != nil {
+			if fix := redisConfigFix(err); fix != "" {
+				h.logger.Error(fix, zap.Error(err))
+				return
+			}
 			h.logger.Warn("could not warm up Redis before serving: the first decisions may be slow or follow the zones' fail modes",
 				zap.Duration("budget", warmBudget), zap.Error(err))
 			return
 		}
+	}
+	h.checkNotClusterNode(ctx)
+}
+
+// redisConfigFix names the fix for an error reply by which Redis refuses
+// the redis block's configuration, or is "" for any other error. The
+// decisions that meet these errors fail like any other (fail mode,
+// breaker); this is for the one line at provisioning that says why.
+func redisConfigFix(err error) string {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return ""
+	}
+	msg := re.Error()
+	switch {
+	case strings.HasPrefix(msg, "WRONGPASS"):
+		return "redis rejected the password: check the redis block's password/username (or the url's credentials)"
+	case strings.HasPrefix(msg, "NOAUTH"):
+		return "redis requires a password and none was given: set the redis block's password (and username), or credentials in its url"
+	case strings.HasPrefix(msg, "NOPERM"):
+		return "the redis user may not run what Floodgate needs: grant its ACL user the scripting commands (EVALSHA, EVAL, SCRIPT LOAD), DEL, and the commands its scripts call, on the key_prefix's keys"
+	case strings.HasPrefix(msg, "MOVED"):
+		return clusterNodeFix
+	}
+	return ""
+}
+
+// clusterNodeFix is the fix for a standalone client pointed at a Cluster
+// node, which answers MOVED for the keys of every other node's slots.
+const clusterNodeFix = "the redis block's single address is a Redis Cluster node: a standalone client gets MOVED for the keys of other nodes' slots; list several of the Cluster's nodes in addresses, so Floodgate uses a Cluster client"
+
+// checkNotClusterNode logs clusterNodeFix when the handler's client is a
+// standalone one (one address, or a url) and its server has Cluster mode
+// on. Loading scripts names no key, so a Cluster node accepts it; only
+// decisions would meet MOVED. The probe is best effort: an error (an ACL
+// user without INFO, say) says nothing.
+func (h *Handler) checkNotClusterNode(ctx context.Context) {
+	c, ok := h.redis.UniversalClient.(*redis.Client)
+	if !ok {
+		return
+	}
+	info, err := c.Info(ctx, "cluster").Result()
+	if err == nil && strings.Contains(info, "cluster_enabled:1") {
+		h.logger.Error(clusterNodeFix, zap.String("address", c.Options().Addr))
 	}
 }

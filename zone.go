@@ -123,8 +123,11 @@ func (z *Zone) validate(name string) error {
 		return fmt.Errorf("events must be a positive number of events per window, got %d", z.MaxEvents)
 	}
 	traits := p.Algorithm.Traits()
-	if z.Window < 0 || (z.Window == 0 && traits.DefaultWindow == 0) {
+	if z.Window == 0 && traits.DefaultWindow == 0 {
 		return fmt.Errorf("window must be a positive duration")
+	}
+	if err := windowBound.check(z.Window); err != nil {
+		return err
 	}
 	if z.Burst != 0 && !traits.Bucket {
 		return fmt.Errorf("burst applies only to token_bucket and leaky_bucket, not %s", p.Algorithm)
@@ -134,6 +137,11 @@ func (z *Zone) validate(name string) error {
 	}
 	if z.MaxDelay != nil && !traits.HoldsRequests {
 		return fmt.Errorf("max_delay applies only to leaky_bucket, not %s", p.Algorithm)
+	}
+	if z.MaxDelay != nil {
+		if err := maxDelayBound.check(*z.MaxDelay); err != nil {
+			return err
+		}
 	}
 	if z.Cost < 0 {
 		return fmt.Errorf("cost must be positive, got %d", z.Cost)
@@ -185,9 +193,10 @@ func (z *Zone) validate(name string) error {
 // zone's store can use.
 func (z *Zone) validateLocalTier(traits limiter.Traits) error {
 	if z.LocalQuota != 0 {
+		if err := localQuotaBound.check(z.LocalQuota); err != nil {
+			return err
+		}
 		switch {
-		case !(z.LocalQuota > 0 && z.LocalQuota <= 1):
-			return fmt.Errorf("local_quota must be a fraction above 0 and at most 1, got %v", z.LocalQuota)
 		case z.Store != storeRedis:
 			return fmt.Errorf("local_quota applies only to store redis: a memory zone decides in memory already")
 		case !traits.Leases:
@@ -195,9 +204,10 @@ func (z *Zone) validateLocalTier(traits limiter.Traits) error {
 		}
 	}
 	if z.DenyCache != nil {
+		if err := denyCacheBound.check(*z.DenyCache); err != nil {
+			return err
+		}
 		switch {
-		case *z.DenyCache < 0:
-			return fmt.Errorf("deny_cache must not be negative")
 		case z.Store != storeRedis:
 			return fmt.Errorf("deny_cache applies only to store redis")
 		case traits.ReleasesOnFinish && *z.DenyCache != 0:
@@ -251,6 +261,9 @@ func (z *Zone) validateTier(p limiter.Policy) error {
 		tp := tierPolicy(p, tl)
 		if tl.MaxEvents <= 0 || tl.Window <= 0 {
 			return fmt.Errorf("tier %q: events and window must be positive", value)
+		}
+		if err := windowBound.check(tl.Window); err != nil {
+			return fmt.Errorf("tier %q: %w", value, err)
 		}
 		if err := tp.Validate(); err != nil {
 			return fmt.Errorf("tier %q: %w", value, err)

@@ -126,16 +126,18 @@ func (b *Breaker) record(err error) {
 
 // storeWide reports whether err says Redis as a whole is failing, not that
 // one decision went wrong: no answer or a broken connection (anything that
-// is not a reply from Redis), or a reply saying the server cannot serve
-// now. Any other error reply, say WRONGTYPE for a key another application
-// wrote, is an answer about one key.
+// is not a reply from Redis), a reply saying the server cannot serve now,
+// or one refusing the client's configuration (credentials, permissions, a
+// standalone client sent to a Cluster node). Any other error reply, say
+// WRONGTYPE for a key another application wrote, is an answer about one
+// key.
 func storeWide(err error) bool {
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return true
 	}
 	msg := re.Error()
-	for _, prefix := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY", "TRYAGAIN", "OOM"} {
+	for _, prefix := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY", "TRYAGAIN", "OOM", "NOAUTH", "WRONGPASS", "NOPERM", "MOVED"} {
 		if strings.HasPrefix(msg, prefix) {
 			return true
 		}

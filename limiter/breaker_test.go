@@ -76,6 +76,9 @@ func TestStoreWide(t *testing.T) {
 		{fmt.Errorf("take: %w", replyError("LOADING Redis is loading the dataset in memory")), true},
 		{replyError("READONLY You can't write against a read only replica."), true},
 		{replyError("CLUSTERDOWN The cluster is down"), true},
+		{replyError("WRONGPASS invalid username-password pair or user is disabled."), true},
+		{replyError("NOAUTH Authentication required."), true},
+		{replyError("MOVED 7854 127.0.0.1:7001"), true},
 		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 		{replyError("ERR Error running script"), false},
 	} {

@@ -429,18 +429,26 @@ func (t *LocalTier) Peek(ctx context.Context, key string) (Decision, error) {
 // refusal of key, then the store's state. The lease's units are dropped,
 // not given back: they belong to the state being forgotten. Leases other
 // instances hold are given back into the fresh state when they lapse, so
-// right after a reset up to that many units more may pass.
-func (t *LocalTier) Reset(ctx context.Context, key string) error {
+// right after a reset up to that many units more may pass. It reports that
+// state existed when the store held some, or this instance a lease's units
+// or a refusal still in force.
+func (t *LocalTier) Reset(ctx context.Context, key string) (bool, error) {
+	now := t.clock.now()
+	held := false
 	sh := t.shard(key)
 	sh.mu.Lock()
-	if k := sh.keys[key]; k != nil && k.refill == nil {
-		delete(sh.keys, key)
-		t.keys.Add(-1)
-	} else if k != nil {
-		k.units, k.expires, k.deniedUntil = 0, 0, 0
+	if k := sh.keys[key]; k != nil {
+		held = k.units > 0 || now < k.deniedUntil
+		if k.refill == nil {
+			delete(sh.keys, key)
+			t.keys.Add(-1)
+		} else {
+			k.units, k.expires, k.deniedUntil = 0, 0, 0
+		}
 	}
 	sh.mu.Unlock()
-	return t.store.Reset(ctx, key)
+	existed, err := t.store.Reset(ctx, key)
+	return existed || held, err
 }
 
 // giveBack refunds leases' unspent units to the store, off the request

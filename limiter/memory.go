@@ -71,7 +71,7 @@ type memoryTables interface {
 	take(key uint64, p *params, clock *memoryClock, cost int64) Decision
 	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
 	takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Decision, bool)
-	forget(key uint64)
+	forget(key uint64, p *params, clock *memoryClock) bool
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
 	len() int
@@ -183,10 +183,10 @@ func (m *Memory) Peek(_ context.Context, key string) (Decision, error) {
 	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, Decision{}), nil
 }
 
-// Reset implements Store; it never fails.
-func (m *Memory) Reset(_ context.Context, key string) error {
-	m.tables.forget(maphash.String(m.seed, key))
-	return nil
+// Reset implements Store; it never fails. A key held whose state is back
+// to empty (not yet swept) did not exist, as Redis would have let it expire.
+func (m *Memory) Reset(_ context.Context, key string) (bool, error) {
+	return m.tables.forget(maphash.String(m.seed, key), &m.p, &m.clock), nil
 }
 
 // Refund implements Store; it never fails. A key forgotten since the Take
@@ -278,12 +278,16 @@ func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, co
 	return PS(&sh.slots[i].st).refund(p, now, cost, taken)
 }
 
-func (set *shardSet[S, PS]) forget(key uint64) {
+func (set *shardSet[S, PS]) forget(key uint64, p *params, clock *memoryClock) bool {
 	sh := set.lock(key)
 	defer sh.mu.Unlock()
-	if i, ok := sh.index[key]; ok {
-		sh.remove(key, i)
+	i, ok := sh.index[key]
+	if !ok {
+		return false
 	}
+	existed := !PS(&sh.slots[i].st).idle(p, clock.now())
+	sh.remove(key, i)
+	return existed
 }
 
 func (set *shardSet[S, PS]) sweep(p *params, clock *memoryClock) int {

@@ -298,13 +298,14 @@ func (r *Redis) Peek(ctx context.Context, key string) (Decision, error) {
 }
 
 // Reset implements Store: it deletes the key's state, under the store's
-// timeout.
-func (r *Redis) Reset(ctx context.Context, key string) error {
+// timeout; DEL's count says whether there was any.
+func (r *Redis) Reset(ctx context.Context, key string) (bool, error) {
 	ctx = r.deadlines.bound(ctx, r.timeout)
-	if err := r.client.Del(ctx, r.Key(key)).Err(); err != nil {
-		return fmt.Errorf("redis store for zone %q: reset: %w", r.zone, err)
+	n, err := r.client.Del(ctx, r.Key(key)).Result()
+	if err != nil {
+		return false, fmt.Errorf("redis store for zone %q: reset: %w", r.zone, err)
 	}
-	return nil
+	return n > 0, nil
 }
 
 // Refund implements Store: it gives back what taken consumed, or releases

@@ -48,8 +48,11 @@ func TestResetForgetsOneKey(t *testing.T) {
 					}
 				}
 			}
-			if err := s.Reset(ctx, "a/b:c"); err != nil {
-				t.Fatal(err)
+			if existed, err := s.Reset(ctx, "a/b:c"); err != nil || !existed {
+				t.Fatalf("reset of a key with state: existed %v, %v", existed, err)
+			}
+			if existed, err := s.Reset(ctx, "a/b:c"); err != nil || existed {
+				t.Fatalf("second reset: existed %v, %v, want false", existed, err)
 			}
 			peek := func(st Store, key string) int64 {
 				d, err := st.Peek(ctx, key)

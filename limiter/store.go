@@ -23,8 +23,10 @@ type Store interface {
 	// can see why a client is refused.
 	Peek(ctx context.Context, key string) (Decision, error)
 	// Reset forgets key's state: its next request starts afresh, as
-	// after an operator clears a key for a support ticket.
-	Reset(ctx context.Context, key string) error
+	// after an operator clears a key for a support ticket. It reports
+	// whether there was any state to forget (a key whose state is back
+	// to empty has none).
+	Reset(ctx context.Context, key string) (existed bool, err error)
 }
 
 // Leaser is a shared store that can grant several units in one decision,

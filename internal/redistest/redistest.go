@@ -77,6 +77,13 @@ func Start(t testing.TB) *Server {
 	return start(t, nil)
 }
 
+// StartArgs starts a standalone server as Start does, with extra
+// redis-server arguments after the common ones ("--requirepass", "secret").
+func StartArgs(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	return start(t, extra)
+}
+
 // start starts redis-server with extra arguments after the common ones.
 func start(t testing.TB, extra []string) *Server {
 	t.Helper()
