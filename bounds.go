@@ -32,14 +32,16 @@ func (b fractionBound) check(v float64) error {
 	return nil
 }
 
-// maxJitter is the largest jitter: at most the wait itself is added to
-// Retry-After (1 = 100%), so a refused client waits at most twice as long
-// as it must.
-const maxJitter = 1.0
+// maxJitter is the largest jitter: at most ten times the wait is added to
+// Retry-After (10 = 1000%). mholt/caddy-ratelimit bounds it not at all, so
+// the bound is wide enough for any jitter a config for it sensibly has
+// (they are fractions such as 0.2), yet keeps Retry-After finite: 1e300
+// once overflowed to Retry-After: 1.
+const maxJitter = 10.0
 
 var (
 	jitterBound = fractionBound{name: "jitter", hi: maxJitter,
-		explain: "a fraction of the wait from 0 to 1, such as 0.2"}
+		explain: "a fraction of the wait from 0 to 10, such as 0.2"}
 	logSampleBound = fractionBound{name: "log_sample", hi: 1,
 		explain: "a fraction of decisions from 0 to 1, such as 0.01"}
 	localQuotaBound = fractionBound{name: "local_quota", hi: 1, openLow: true,

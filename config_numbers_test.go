@@ -38,7 +38,7 @@ func TestJSONRefusesBadNumbers(t *testing.T) {
 		name, config, field string
 	}{
 		{"huge jitter", jsonHandler(`"jitter":1e300`, "", "", ""), "jitter"},
-		{"jitter above 1", jsonHandler(`"jitter":1.5`, "", "", ""), "jitter"},
+		{"jitter above 10", jsonHandler(`"jitter":10.5`, "", "", ""), "jitter"},
 		{"negative jitter", jsonHandler(`"jitter":-0.1`, "", "", ""), "jitter"},
 		{"log_sample above 1", jsonHandler(`"log_sample":1.5`, "", "", ""), "log_sample"},
 		{"huge log_sample", jsonHandler(`"log_sample":1e300`, "", "", ""), "log_sample"},
@@ -79,7 +79,7 @@ func TestJSONRefusesBadNumbers(t *testing.T) {
 	}
 	// The bounds themselves are accepted.
 	for _, config := range []string{
-		jsonHandler(`"jitter":1,"log_sample":1,"sweep_interval":"1s"`, `"window":"1ms"`, `"local_quota":1,"deny_cache":"1ms"`,
+		jsonHandler(`"jitter":10,"log_sample":1,"sweep_interval":"1s"`, `"window":"1ms"`, `"local_quota":1,"deny_cache":"1ms"`,
 			`"timeout":"1ms","dial_timeout":"1ms","breaker_after":"1ms","breaker_open_for":"1ms"`),
 		jsonHandler(`"jitter":0,"log_sample":0`, `"algorithm":"leaky_bucket","max_delay":0`, `"deny_cache":0`, ""),
 	} {
@@ -151,7 +151,7 @@ func TestCaddyfileRefusesBadNumbers(t *testing.T) {
 		{"jitter +Inf", "jitter +Inf", "jitter", 9},
 		{"jitter NaN", "jitter NaN", "jitter", 9},
 		{"jitter huge", "jitter 1e300", "jitter", 9},
-		{"jitter above 1", "jitter 1.5", "jitter", 9},
+		{"jitter above 10", "jitter 10.5", "jitter", 9},
 		{"log_sample NaN", "log_sample NaN", "log_sample", 9},
 		{"log_sample inf", "log_sample inf", "log_sample", 9},
 		{"sweep_interval under 1s", "sweep_interval 500ms", "sweep_interval", 9},
