@@ -83,7 +83,16 @@ var (
 	modelSchedulesFlag = flag.Int("model.schedules", 0, "TestModel: schedules per case (0: the CI default)")
 	modelStepsFlag     = flag.Int("model.steps", 0, "TestModel: steps per schedule (0: the default)")
 	modelBackFlag      = flag.Duration("model.back", modelDefaultBack, "TestModel: the largest step back of the clock")
+	modelSkipFlag      = flag.String("model.skip", "", "TestModel: step kinds to leave out, comma-separated, to isolate a failure: "+strings.Join(modelStepKinds, ","))
 )
+
+// modelStepKinds are the steps -model.skip can leave out.
+var modelStepKinds = []string{"refund", "sweep", "back", "slow", "reset", "limit", "quiet", "edge", "janitor"}
+
+// modelSkips reports whether -model.skip leaves out kind.
+func modelSkips(kind string) bool {
+	return slices.Contains(strings.Split(*modelSkipFlag, ","), kind)
+}
 
 const (
 	modelInstances        = 3
@@ -322,7 +331,9 @@ type modelRun struct {
 	back    time.Duration
 	// lastRenew is the clock (µs) at the last renewal of concurrency slots.
 	lastRenew int64
-	failure   string
+	// lastJanitor is the clock (µs) at the tiers' last janitor pass.
+	lastJanitor int64
+	failure     string
 }
 
 var modelPrefixSeq atomic.Int64
@@ -343,7 +354,7 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 		clients: clients, keys: []string{"alice", "bob"}, stats: stats, back: *modelBackFlag,
 		prefix: fmt.Sprintf("fgmodel-%d-%d:", modelPrefixSeq.Add(1), seed),
 	}
-	m.lastRenew = m.hwm
+	m.lastRenew, m.lastJanitor = m.hwm, m.hwm
 	defer m.closeAll()
 	if err := m.addGen(p); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
@@ -483,31 +494,41 @@ func (m *modelRun) doStep() {
 	w := g.w
 	switch r := m.rng.IntN(1000); {
 	case r < 420:
-		m.take(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))], m.rng.IntN(6) == 0)
+		m.take(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))], m.rng.IntN(6) == 0 && !modelSkips("slow"))
 	case r < 530:
-		m.refund()
+		if !modelSkips("refund") {
+			m.refund()
+		}
 	case r < 600:
-		m.sweep(gi, m.rng.IntN(modelInstances))
+		if !modelSkips("sweep") {
+			m.sweep(gi, m.rng.IntN(modelInstances))
+		}
 	case r < 800: // a small step: log-uniform in 1µs..W/3
 		m.advance(time.Duration(math.Exp(m.rng.Float64()*math.Log(float64(w/3)))) * time.Microsecond)
 	case r < 820: // a larger one: W/3..3W
 		m.advance(time.Duration(w/3+m.rng.Int64N(3*w)) * time.Microsecond)
 	case r < 900:
-		m.edge(g)
+		if !modelSkips("edge") {
+			m.edge(g)
+		}
 	case r < 940:
-		if m.back > 0 {
+		if m.back > 0 && !modelSkips("back") {
 			d := time.Duration(1+m.rng.Int64N(m.back.Microseconds())) * time.Microsecond
 			m.clock.Advance(-d)
 			m.logf("clock back %v", d)
 		}
 	case r < 960:
-		m.reset(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))])
+		if !modelSkips("reset") {
+			m.reset(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))])
+		}
 	case r < 975:
-		if len(m.gens) == 1 {
+		if len(m.gens) == 1 && !modelSkips("limit") {
 			m.limitChange()
 		}
 	default:
-		m.quiet("quiet point")
+		if !modelSkips("quiet") {
+			m.quiet("quiet point")
+		}
 	}
 	m.renewIfDue()
 }
@@ -541,23 +562,57 @@ func (m *modelRun) edge(g *modelGen) {
 	}
 }
 
-// advance moves the clock forward by d, renewing concurrency slots on Redis
-// as an instance's renewer would: at least every W/3 while it holds any.
+// advance moves the clock forward by d, doing on the way what an
+// instance's goroutines would: the janitor's pass over every tier each
+// quarter of a lease's lifetime (so a lease's units go back within
+// LeaseLifetime and a quarter of its grant, as in production; the
+// schedule's own sweep steps come on top), and the renewal of
+// concurrency slots on Redis at least every W/3 while any are held.
 func (m *modelRun) advance(d time.Duration) {
 	m.logf("advance %v", d)
+	janitor := (LeaseLifetime / 4).Microseconds()
 	for d > 0 {
-		step := d
+		now := m.clock.Now().UnixMicro()
+		if now-m.lastJanitor >= janitor {
+			m.janitor()
+		}
+		step := min(d, time.Duration(m.lastJanitor+janitor-now)*time.Microsecond)
 		if w := m.renewEvery(); w > 0 {
-			next := time.Duration(m.lastRenew+w-m.clock.Now().UnixMicro()) * time.Microsecond
+			next := time.Duration(m.lastRenew+w-now) * time.Microsecond
 			if next <= 0 {
 				m.renew()
 				next = time.Duration(w) * time.Microsecond
 			}
 			step = min(step, next)
 		}
+		step = max(step, time.Microsecond)
 		m.clock.Advance(step)
 		d -= step
 		m.observe()
+	}
+	if m.clock.Now().UnixMicro()-m.lastJanitor >= janitor {
+		m.janitor()
+	}
+}
+
+// janitor runs every tier's janitor pass and waits for its give-backs.
+func (m *modelRun) janitor() {
+	m.lastJanitor = m.clock.Now().UnixMicro()
+	if modelSkips("janitor") {
+		return
+	}
+	for gi, g := range m.gens {
+		for i, tier := range g.tiers {
+			if tier.Len() == 0 {
+				continue // nothing to give back or forget
+			}
+			held := tier.held()
+			tier.sweep(false)
+			tier.givingBack.Wait()
+			if now := tier.held(); now != held {
+				m.logf("gen %d inst %d janitor: held %d, now %d", gi, i, held, now)
+			}
+		}
 	}
 }
 
