@@ -82,7 +82,7 @@ var (
 	modelSeedFlag      = flag.Uint64("model.seed", 0, "TestModel: replay only this schedule seed (0: a fresh seed per run)")
 	modelSchedulesFlag = flag.Int("model.schedules", 0, "TestModel: schedules per case (0: the CI default)")
 	modelStepsFlag     = flag.Int("model.steps", 0, "TestModel: steps per schedule (0: the default)")
-	modelBackFlag      = flag.Duration("model.back", modelDefaultBack, "TestModel: the largest step back of the clock")
+	modelBackFlag      = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
 	modelSkipFlag      = flag.String("model.skip", "", "TestModel: step kinds to leave out, comma-separated, to isolate a failure: "+strings.Join(modelStepKinds, ","))
 )
 
@@ -96,12 +96,36 @@ func modelSkips(kind string) bool {
 
 const (
 	modelInstances        = 3
-	modelDefaultSchedules = 12
+	modelDefaultSchedules = 40
 	modelDefaultSteps     = 100
 	// modelDefaultBack is the largest step back of the shared clock the
-	// schedules take; see the report in TestModel's commit for what holds.
+	// schedules take by default where the limit holds through it.
 	modelDefaultBack = 100 * time.Millisecond
 )
+
+// modelBackFor is the largest step back of the clock a schedule of alg
+// takes: -model.back when given, else modelDefaultBack for concurrency,
+// which holds through steps back, and none for the algorithms that do not,
+// on the key's own timeline (modelKeyState.hwm), after a step back of δ:
+//   - token_bucket: a key whose bucket is full at the time the clock went
+//     back to refills over δ again: up to r × δ more;
+//   - sliding_window_log: once a key's entries have left the log, the next
+//     is logged at the stepped-back time and leaves the window up to δ
+//     early, so a span of W may hold more than L (at most L in any span of
+//     W − δ);
+//   - fixed_window and sliding_window_counter on Redis: a key whose count
+//     is back to 0 is deleted, and with it the window it was in, so a step
+//     back across a boundary counts afresh in the window before: up to L
+//     more (the memory store keeps the window until Sweep forgets the key).
+func modelBackFor(alg Algorithm) time.Duration {
+	if *modelBackFlag >= 0 {
+		return *modelBackFlag
+	}
+	if alg == Concurrency {
+		return modelDefaultBack
+	}
+	return 0
+}
 
 // modelSettings reads the flags and their environment variables.
 func modelSettings(t *testing.T) (schedules int, seed uint64, replay bool) {
@@ -233,6 +257,12 @@ type modelAdmission struct {
 type modelKeyState struct {
 	epoch   int
 	resetAt int64
+	// hwm is the latest clock (µs) at which the store decided anything for
+	// the key in this epoch. Each store keeps a key's time monotone when
+	// the clock steps back (fixedWindowState.roll, the sliding log's entry
+	// order), so an admission counts no earlier than hwm: the limit is
+	// judged on the key's own timeline.
+	hwm int64
 	// extra is how many units more than the bound the current epoch may
 	// admit, and extraUntil the model time before which a span must start
 	// for the allowance to apply (math.MaxInt64 while stale leases remain):
@@ -331,6 +361,8 @@ type modelRun struct {
 	back    time.Duration
 	// lastRenew is the clock (µs) at the last renewal of concurrency slots.
 	lastRenew int64
+	// lastTake is the instance, key and generation of the last take.
+	lastTake modelGrant
 	// lastJanitor is the clock (µs) at the tiers' last janitor pass.
 	lastJanitor int64
 	failure     string
@@ -351,7 +383,7 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 	m := &modelRun{
 		t: t, ctx: context.Background(), c: c, seed: seed, rng: rng,
 		clock: testutil.NewClock(start), start: start.UnixMicro(), hwm: start.UnixMicro(),
-		clients: clients, keys: []string{"alice", "bob"}, stats: stats, back: *modelBackFlag,
+		clients: clients, keys: []string{"alice", "bob"}, stats: stats, back: modelBackFor(c.alg),
 		prefix: fmt.Sprintf("fgmodel-%d-%d:", modelPrefixSeq.Add(1), seed),
 	}
 	m.lastRenew, m.lastJanitor = m.hwm, m.hwm
@@ -494,7 +526,14 @@ func (m *modelRun) doStep() {
 	w := g.w
 	switch r := m.rng.IntN(1000); {
 	case r < 420:
-		m.take(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))], m.rng.IntN(6) == 0 && !modelSkips("slow"))
+		// Half the takes repeat the last one's instance and key, as a
+		// busy key on one instance does: its leases grow and are spent.
+		inst, key := m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))]
+		if m.lastTake.key != "" && m.lastTake.gen == uint64(gi) && m.rng.IntN(2) == 0 {
+			inst, key = m.lastTake.inst, m.lastTake.key
+		}
+		m.lastTake = modelGrant{inst: inst, key: key, gen: uint64(gi)}
+		m.take(gi, inst, key, m.rng.IntN(5) == 0 && !modelSkips("slow"))
 	case r < 530:
 		if !modelSkips("refund") {
 			m.refund()
@@ -607,8 +646,7 @@ func (m *modelRun) janitor() {
 				continue // nothing to give back or forget
 			}
 			held := tier.held()
-			tier.sweep(false)
-			tier.givingBack.Wait()
+			m.sweepTier(g, tier)
 			if now := tier.held(); now != held {
 				m.logf("gen %d inst %d janitor: held %d, now %d", gi, i, held, now)
 			}
@@ -677,7 +715,12 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		m.logf("gen %d inst %d take %s %d%s: denied by %v, remaining %d, retry %v", gi, inst, key, cost, slowNote, d.Source, d.Remaining, d.RetryAfter)
 		return
 	}
-	a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: cost, d: d, epoch: g.keys[key].epoch}
+	ks := g.keys[key]
+	prev := ks.hwm
+	if st.decided != 0 {
+		ks.hwm = max(ks.hwm, st.decided)
+	}
+	a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: cost, d: d, epoch: ks.epoch}
 	m.nextID++
 	switch d.Source {
 	case SourceStore:
@@ -693,6 +736,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		if a.spend == 0 {
 			a.spend = st.decided
 		}
+		a.spend = max(a.spend, prev)
 		a.store = a.spend
 		if d.leaseGen != 0 {
 			g.grants[modelGrant{inst, key, d.leaseGen}] = a.store
@@ -703,10 +747,16 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 			m.fail("gen %d instance %d: spent from lease %d of %s, which the model never saw granted", gi, inst, d.leaseGen, key)
 			return
 		}
-		a.spend, a.store, a.leased = max(m.clock.Now().UnixMicro(), at), at, true
+		a.spend, a.store, a.leased = max(m.clock.Now().UnixMicro(), at, prev), at, true
 	default:
 		m.fail("gen %d instance %d: an admission from %v", gi, inst, d.Source)
 		return
+	}
+	if g.p.Algorithm == FixedWindow && a.spend/g.w != a.store/g.w {
+		// docs/design.md: a fixed window's lease is never spent past the
+		// end of the window it was taken in.
+		m.fail("gen %d instance %d: #%d spent at %s from a lease of the window [%s, %s)",
+			gi, inst, a.id, m.rel(a.spend), m.rel(a.store/g.w*g.w), m.rel((a.store/g.w+1)*g.w))
 	}
 	m.adm = append(m.adm, a)
 	m.logf("gen %d inst %d take %s %d%s: #%d allowed by %v (granted %d, lease %d), remaining %d, at %s (store %s)",
@@ -730,10 +780,16 @@ func (m *modelRun) refund() {
 	g := m.gens[a.gen]
 	var d Decision
 	var err error
+	toStore := true
+	prev := g.keys[a.key].hwm
 	if g.tiers == nil {
 		d, err = g.stores[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
 	} else {
+		toStore = !g.tiers[a.inst].refundsIntoLease(a.key, a.d)
 		d, err = g.tiers[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
+	}
+	if toStore {
+		m.touch(g, a.key)
 	}
 	now := m.observe()
 	if err != nil {
@@ -746,7 +802,7 @@ func (m *modelRun) refund() {
 		// the admission was: it stays counted where it was spent, and the
 		// tokens count as a credit now (see checkBucket).
 		m.adm = append(m.adm, a, &modelAdmission{id: -1 - a.id, gen: a.gen, inst: a.inst, key: a.key, cost: -a.cost,
-			spend: max(m.clock.Now().UnixMicro(), a.spend), store: a.store, epoch: a.epoch, credit: true})
+			spend: max(m.clock.Now().UnixMicro(), a.spend, prev), store: a.store, epoch: a.epoch, credit: true})
 		a.refunded = true
 	}
 	ks := g.keys[a.key]
@@ -770,8 +826,7 @@ func (m *modelRun) sweep(gi, inst int) {
 		return
 	}
 	before := g.tiers[inst].held()
-	g.tiers[inst].sweep(false)
-	g.tiers[inst].givingBack.Wait()
+	m.sweepTier(g, g.tiers[inst])
 	m.logf("gen %d inst %d sweep: held %d, now %d", gi, inst, before, g.tiers[inst].held())
 }
 
@@ -801,6 +856,7 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	}
 	ks.epoch++
 	ks.resetAt = now
+	ks.hwm = 0 // the store forgot the key's time too
 	ks.extra, ks.extraUntil, ks.stale = 0, math.MinInt64, nil
 	for j, tier := range g.tiers {
 		if j == inst {
@@ -827,6 +883,56 @@ func (m *modelRun) reset(gi, inst int, key string) {
 		}
 	}
 	m.logf("gen %d inst %d reset %s: other instances hold %d units", gi, inst, key, ks.extra)
+}
+
+// touch notes that the store of g decides for key now: see
+// modelKeyState.hwm.
+func (m *modelRun) touch(g *modelGen, key string) {
+	ks := g.keys[key]
+	ks.hwm = max(ks.hwm, m.clock.Now().UnixMicro())
+}
+
+// sweepTier runs a janitor pass of tier, waits for its give-backs, and
+// notes the keys whose state they touched.
+func (m *modelRun) sweepTier(g *modelGen, tier *LocalTier) {
+	now := m.clock.Now().UnixMicro()
+	var backs []string
+	for _, key := range m.keys {
+		if units, expires := tier.leaseExpiry(key); units > 0 && now >= expires {
+			backs = append(backs, key)
+		}
+	}
+	tier.sweep(false)
+	tier.givingBack.Wait()
+	for _, key := range backs {
+		m.touch(g, key)
+	}
+}
+
+// leaseExpiry is the unspent units of tier's lease of key and when it
+// expires (µs).
+func (t *LocalTier) leaseExpiry(key string) (units, expires int64) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.keys[key]; k != nil {
+		return k.units, k.expires
+	}
+	return 0, 0
+}
+
+// refundsIntoLease reports whether a refund of taken would go back into
+// tier's lease of key now rather than to the store (as Refund decides).
+func (t *LocalTier) refundsIntoLease(key string, taken Decision) bool {
+	if taken.leaseGen == 0 {
+		return false
+	}
+	now := t.clock.now()
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[key]
+	return k != nil && k.gen == taken.leaseGen && now < k.expires
 }
 
 // lease is the unspent units and the number of the lease tier holds for
@@ -877,8 +983,7 @@ func (m *modelRun) quiet(why string) {
 	m.renewIfDue()
 	for gi, g := range m.gens {
 		for _, tier := range g.tiers {
-			tier.sweep(false)
-			tier.givingBack.Wait()
+			m.sweepTier(g, tier)
 			if h := tier.held(); h != 0 {
 				m.fail("gen %d: a tier still holds %d units after its leases lapsed and a sweep", gi, h)
 				return
@@ -889,6 +994,7 @@ func (m *modelRun) quiet(why string) {
 	now := m.observe()
 	for gi, g := range m.gens {
 		for _, key := range m.keys {
+			m.touch(g, key)
 			d, err := g.stores[0].Leaser.Peek(m.ctx, key)
 			if err != nil {
 				m.fail("gen %d: peek %s: %v", gi, key, err)
