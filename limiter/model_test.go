@@ -32,8 +32,12 @@ import (
 // check.
 //
 // Replay one schedule with -model.seed=N (or FLOODGATE_MODEL_SEED=N) and a
-// -run pattern naming its case; run longer with -model.schedules=N (or
-// FLOODGATE_MODEL_SCHEDULES=N). -model.back bounds the clock's steps back.
+// -run pattern naming its case, as a failure prints them; a whole run with
+// -model.base=N (FLOODGATE_MODEL_BASE); run longer with -model.schedules=N
+// (FLOODGATE_MODEL_SCHEDULES). -model.back bounds the clock's steps back
+// (see modelBackFor) and -model.skip leaves out kinds of step, to isolate
+// a failure. The log ends with a line per case, "model slack ...", and
+// the totals.
 func TestModel(t *testing.T) {
 	schedules, seed, replay := modelSettings(t)
 	var totals modelTotals
@@ -80,6 +84,7 @@ func TestModel(t *testing.T) {
 
 var (
 	modelSeedFlag      = flag.Uint64("model.seed", 0, "TestModel: replay only this schedule seed (0: a fresh seed per run)")
+	modelBaseFlag      = flag.Uint64("model.base", 0, "TestModel: the base seed every case's schedule seeds derive from (0: a fresh one)")
 	modelSchedulesFlag = flag.Int("model.schedules", 0, "TestModel: schedules per case (0: the CI default)")
 	modelStepsFlag     = flag.Int("model.steps", 0, "TestModel: steps per schedule (0: the default)")
 	modelBackFlag      = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
@@ -154,8 +159,18 @@ func modelSettings(t *testing.T) (schedules int, seed uint64, replay bool) {
 	if seed != 0 {
 		return 1, seed, true
 	}
-	seed = rand.Uint64()>>1 | 1
-	t.Logf("model base seed %d", seed)
+	seed = *modelBaseFlag
+	if v := os.Getenv("FLOODGATE_MODEL_BASE"); v != "" && seed == 0 {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("FLOODGATE_MODEL_BASE: %v", err)
+		}
+		seed = n
+	}
+	if seed == 0 {
+		seed = rand.Uint64()>>1 | 1
+	}
+	t.Logf("model base seed %d (rerun every schedule with -model.base=%d)", seed, seed)
 	return schedules, seed, false
 }
 
@@ -416,7 +431,7 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 	stats.mu.Unlock()
 	if first { // the first failure of a case in full; the rest by seed
 		tail := m.log[max(0, len(m.log)-40):]
-		t.Errorf("seed %d (replay: -run 'TestModel/%s' -model.seed=%d): %s\npolicy %s\nlast steps:\n%s",
+		t.Errorf("seed %d (replay: -run '%s' -model.seed=%d): %s\npolicy %s\nlast steps:\n%s",
 			seed, m.caseRun(), seed, m.failure, p, strings.Join(tail, "\n"))
 	} else {
 		t.Errorf("seed %d also fails: %s", seed, m.failure)
@@ -430,7 +445,7 @@ func (m *modelRun) caseRun() string {
 	if m.clients != nil {
 		be = "redis"
 	}
-	return be + "/" + m.c.name()
+	return fmt.Sprintf("^TestModel$/^%s$/^%s$/^lease=%v$", be, m.c.alg, m.c.fraction)
 }
 
 // addGen starts a generation of policy p: new stores and tiers under the
