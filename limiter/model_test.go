@@ -27,9 +27,10 @@ import (
 // unit is stranded. Seeded random schedules drive three instances (three
 // LocalTiers, or three stores for concurrency) over one shared store, a
 // real redis-server or one Memory, on one injected clock, and an exact
-// reference model checks every admission after every step. See
-// modelCheck* for the invariants and modelRun.quiet for the stranded-unit
-// check.
+// reference model checks every admission after every step: see
+// modelRun.checkKey and checkBucket for the limits, modelRun.reset for the
+// allowance after an admin reset, and modelRun.quiet for the check that no
+// unit is stranded.
 //
 // Replay one schedule with -model.seed=N (or FLOODGATE_MODEL_SEED=N) and a
 // -run pattern naming its case, as a failure prints them; a whole run with
@@ -252,11 +253,12 @@ type modelAdmission struct {
 	cost int64
 	d    Decision
 	// spend is when the admission counts (µs): for a decision of the
-	// store, the store's own time of decision (Decision.At, which each
-	// store keeps monotone per key when the clock steps back: see
-	// fixedWindowState.roll and the sliding log's entry order); for a
-	// spend from a lease, the tier's clock, but never before the lease's
-	// grant. The limit is judged on the timeline the store itself keeps.
+	// store, the store's own time of decision (Decision.At; the clock
+	// when the store answered for the bucket scripts, which report none);
+	// for a spend from a lease, the tier's clock, but never before the
+	// lease's grant; and never before the key's time (modelKeyState.hwm).
+	// A slow reply's latency is not the limiter's slack: a decision of the
+	// store counts when it was made, not when the reply arrived.
 	spend int64
 	// store is when the store counted the units: the grant of the lease
 	// they were spent from, or the decision itself.
