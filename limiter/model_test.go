@@ -1,0 +1,1308 @@
+package limiter
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+)
+
+// TestModel is a model-based accuracy test of the promise in README.md
+// ("Two tiers: leases and the denial cache") and docs/design.md ("Exact at
+// the edges"): instances together never admit more than the limit, and no
+// unit is stranded. Seeded random schedules drive three instances (three
+// LocalTiers, or three stores for concurrency) over one shared store, a
+// real redis-server or one Memory, on one injected clock, and an exact
+// reference model checks every admission after every step: see
+// modelRun.checkKey and checkBucket for the limits, modelRun.reset for the
+// allowance after an admin reset, and modelRun.quiet for the check that no
+// unit is stranded.
+//
+// Replay one schedule with -model.seed=N (or FLOODGATE_MODEL_SEED=N) and a
+// -run pattern naming its case, as a failure prints them; a whole run with
+// -model.base=N (FLOODGATE_MODEL_BASE); run longer with -model.schedules=N
+// (FLOODGATE_MODEL_SCHEDULES). -model.back bounds the clock's steps back
+// (see modelBackFor) and -model.skip leaves out kinds of step, to isolate
+// a failure. The log ends with a line per case, "model slack ...", and
+// the totals.
+func TestModel(t *testing.T) {
+	schedules, seed, replay := modelSettings(t)
+	var totals modelTotals
+	t.Cleanup(func() {
+		t.Logf("model totals: %d schedules, %d steps, %d admissions, %d failed schedules, %v",
+			totals.schedules.Load(), totals.steps.Load(), totals.admissions.Load(), totals.failed.Load(), time.Since(totals.start).Round(time.Millisecond))
+	})
+	totals.start = time.Now()
+	backends := []struct {
+		name  string
+		setup func(t *testing.T) []redis.UniversalClient
+	}{
+		{"memory", func(*testing.T) []redis.UniversalClient { return nil }},
+		{"redis", func(t *testing.T) []redis.UniversalClient {
+			clients := instanceClients(t, []string{redistest.Start(t).Addr()}, modelInstances)
+			t.Cleanup(func() { _ = closeClients(clients) })
+			return clients
+		}},
+	}
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			clients := be.setup(t)
+			for _, c := range modelCases() {
+				t.Run(c.name(), func(t *testing.T) {
+					stats := &modelStats{}
+					for i := range schedules {
+						s := seed + uint64(i)
+						if !replay {
+							s = modelSeedFor(be.name, c, i, seed)
+						}
+						ok := runModelSchedule(t, c, clients, s, stats, &totals)
+						totals.schedules.Add(1)
+						if !ok {
+							totals.failed.Add(1)
+						}
+					}
+					t.Logf("model slack %s/%s: max excess %s (allowed %s), %d schedules, %d failed",
+						be.name, c.name(), stats.excessString(), c.allowedSlack(), schedules, stats.failed)
+				})
+			}
+		})
+	}
+}
+
+var (
+	modelSeedFlag      = flag.Uint64("model.seed", 0, "TestModel: replay only this schedule seed (0: a fresh seed per run)")
+	modelBaseFlag      = flag.Uint64("model.base", 0, "TestModel: the base seed every case's schedule seeds derive from (0: a fresh one)")
+	modelSchedulesFlag = flag.Int("model.schedules", 0, "TestModel: schedules per case (0: the CI default)")
+	modelStepsFlag     = flag.Int("model.steps", 0, "TestModel: steps per schedule (0: the default)")
+	modelBackFlag      = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
+	modelSkipFlag      = flag.String("model.skip", "", "TestModel: step kinds to leave out, comma-separated, to isolate a failure: "+strings.Join(modelStepKinds, ","))
+)
+
+// modelStepKinds are the steps -model.skip can leave out.
+var modelStepKinds = []string{"refund", "sweep", "back", "slow", "reset", "limit", "quiet", "edge", "janitor"}
+
+// modelSkips reports whether -model.skip leaves out kind.
+func modelSkips(kind string) bool {
+	return slices.Contains(strings.Split(*modelSkipFlag, ","), kind)
+}
+
+const (
+	modelInstances        = 3
+	modelDefaultSchedules = 40
+	modelDefaultSteps     = 100
+	// modelDefaultBack is the largest step back of the shared clock the
+	// schedules take by default where the limit holds through it.
+	modelDefaultBack = 100 * time.Millisecond
+)
+
+// modelBackFor is the largest step back of the clock a schedule of alg
+// takes: -model.back when given, else modelDefaultBack for concurrency,
+// which holds through steps back, and none for the algorithms that do not,
+// on the key's own timeline (modelKeyState.hwm), after a step back of δ:
+//   - token_bucket: a key whose bucket is full at the time the clock went
+//     back to refills over δ again: up to r × δ more;
+//   - sliding_window_log: once a key's entries have left the log, the next
+//     is logged at the stepped-back time and leaves the window up to δ
+//     early, so a span of W may hold more than L (at most L in any span of
+//     W − δ);
+//   - fixed_window and sliding_window_counter on Redis: a key whose count
+//     is back to 0 is deleted, and with it the window it was in, so a step
+//     back across a boundary counts afresh in the window before: up to L
+//     more (the memory store keeps the window until Sweep forgets the key).
+func modelBackFor(alg Algorithm) time.Duration {
+	if *modelBackFlag >= 0 {
+		return *modelBackFlag
+	}
+	if alg == Concurrency {
+		return modelDefaultBack
+	}
+	return 0
+}
+
+// modelSettings reads the flags and their environment variables.
+func modelSettings(t *testing.T) (schedules int, seed uint64, replay bool) {
+	schedules = *modelSchedulesFlag
+	if v := os.Getenv("FLOODGATE_MODEL_SCHEDULES"); v != "" && schedules == 0 {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("FLOODGATE_MODEL_SCHEDULES: %v", err)
+		}
+		schedules = n
+	}
+	if schedules <= 0 {
+		schedules = modelDefaultSchedules
+		if testing.Short() {
+			schedules = 3
+		}
+	}
+	seed = *modelSeedFlag
+	if v := os.Getenv("FLOODGATE_MODEL_SEED"); v != "" && seed == 0 {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("FLOODGATE_MODEL_SEED: %v", err)
+		}
+		seed = n
+	}
+	if seed != 0 {
+		return 1, seed, true
+	}
+	seed = *modelBaseFlag
+	if v := os.Getenv("FLOODGATE_MODEL_BASE"); v != "" && seed == 0 {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("FLOODGATE_MODEL_BASE: %v", err)
+		}
+		seed = n
+	}
+	if seed == 0 {
+		seed = rand.Uint64()>>1 | 1
+	}
+	t.Logf("model base seed %d (rerun every schedule with -model.base=%d)", seed, seed)
+	return schedules, seed, false
+}
+
+// modelSeedFor is schedule i's seed: distinct per backend and case, so
+// one base seed explores different schedules in each.
+func modelSeedFor(backend string, c modelCase, i int, base uint64) uint64 {
+	h := base
+	for _, b := range []byte(backend + "/" + c.name()) {
+		h = (h ^ uint64(b)) * 1099511628211
+	}
+	return (h+uint64(i)*0x9e3779b97f4a7c15)>>1 | 1
+}
+
+type modelTotals struct {
+	start                                time.Time
+	schedules, steps, admissions, failed atomic.Int64
+}
+
+// modelCase is one algorithm with leases of fraction (0: none).
+type modelCase struct {
+	alg      Algorithm
+	fraction float64
+}
+
+func (c modelCase) name() string {
+	return fmt.Sprintf("%s/lease=%v", c.alg, c.fraction)
+}
+
+// allowedSlack describes the bound the checks allow beyond L (B for the
+// bucket), for the totals line.
+func (c modelCase) allowedSlack() string {
+	if c.alg == TokenBucket && c.fraction > 0 {
+		return "r×1s"
+	}
+	return "0"
+}
+
+func modelCases() []modelCase {
+	var cases []modelCase
+	for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
+		for _, f := range []float64{0, 0.1, 0.5, 1} {
+			cases = append(cases, modelCase{alg, f})
+		}
+	}
+	return append(cases, modelCase{Concurrency, 0})
+}
+
+// modelStats gathers, over a case's schedules, the largest excess of
+// admissions over the limit's own bound (L in a window or span; B + r(b−a)
+// in a bucket's span; L in flight), before any slack or reset allowance.
+type modelStats struct {
+	mu     sync.Mutex
+	excess float64
+	seen   bool
+	failed int
+}
+
+func (s *modelStats) note(excess float64) {
+	s.mu.Lock()
+	if !s.seen || excess > s.excess {
+		s.excess, s.seen = excess, true
+	}
+	s.mu.Unlock()
+}
+
+func (s *modelStats) excessString() string {
+	if !s.seen {
+		return "none observed"
+	}
+	return fmt.Sprintf("%+.3f units", s.excess)
+}
+
+// modelAdmission is one admitted request as the reference sees it.
+type modelAdmission struct {
+	id   int
+	gen  int
+	inst int
+	key  string
+	cost int64
+	d    Decision
+	// spend is when the admission counts (µs): for a decision of the
+	// store, the store's own time of decision (Decision.At; the clock
+	// when the store answered for the bucket scripts, which report none);
+	// for a spend from a lease, the tier's clock, but never before the
+	// lease's grant; and never before the key's time (modelKeyState.hwm).
+	// A slow reply's latency is not the limiter's slack: a decision of the
+	// store counts when it was made, not when the reply arrived.
+	spend int64
+	// store is when the store counted the units: the grant of the lease
+	// they were spent from, or the decision itself.
+	store  int64
+	leased bool // spent from a lease in memory
+	epoch  int  // resets of the key before it
+	// A token bucket's refund keeps its admission, marked refunded, and
+	// adds a credit of its units at the refund's time.
+	refunded, credit bool
+}
+
+// modelKeyState is what the reference keeps per policy generation and key.
+type modelKeyState struct {
+	epoch   int
+	resetAt int64
+	// hwm is the latest clock (µs) at which the store decided anything for
+	// the key in this epoch. Each store keeps a key's time monotone when
+	// the clock steps back (fixedWindowState.roll, the sliding log's entry
+	// order), so an admission counts no earlier than hwm: the limit is
+	// judged on the key's own timeline.
+	hwm int64
+	// extra is how many units more than the bound the current epoch may
+	// admit, and extraUntil the model time before which a span must start
+	// for the allowance to apply (math.MaxInt64 while stale leases remain):
+	// see modelRun.reset.
+	extra      int64
+	extraUntil int64
+	stale      []modelStaleLease
+}
+
+// modelStaleLease is a lease another instance held when the key was reset.
+type modelStaleLease struct {
+	inst int
+	gen  uint64
+}
+
+// modelGen is one policy under one zone name: the instances' tiers (or
+// stores) and the reference's admissions under it. A limit change adds a
+// generation with another policy that runs beside the old one.
+type modelGen struct {
+	p        Policy
+	l, w, b  int64 // events, window (µs), burst
+	quota    int64
+	maxLease int64
+	tiers    []*LocalTier // nil for concurrency
+	stores   []*modelSlowLeaser
+	redis    []*Redis
+	keys     map[string]*modelKeyState
+	// grants maps an instance's lease of a key (its leaseGen) to the model
+	// time its grant was decided.
+	grants map[modelGrant]int64
+}
+
+type modelGrant struct {
+	inst int
+	key  string
+	gen  uint64
+}
+
+// modelSlowLeaser stands between a tier and the shared store. It notes the
+// model time the store decided at, and when a step arms it, advances the
+// shared clock by delay after the store has decided and before the tier
+// hears the answer: a slow reply.
+type modelSlowLeaser struct {
+	Leaser
+	m       *modelRun
+	delay   time.Duration
+	decided int64
+}
+
+func (s *modelSlowLeaser) answered() {
+	s.decided = s.m.clock.Now().UnixMicro()
+	s.m.observe()
+	if s.delay > 0 {
+		s.m.clock.Advance(s.delay)
+		s.delay = 0
+	}
+}
+
+func (s *modelSlowLeaser) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+	d, err := s.Leaser.Take(ctx, key, cost)
+	s.answered()
+	return d, err
+}
+
+func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+	d, err := s.Leaser.TakeUpTo(ctx, key, cost, want)
+	s.answered()
+	return d, err
+}
+
+func (s *modelSlowLeaser) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+	d, err := s.Leaser.Renew(ctx, back, cost, want)
+	s.answered()
+	return d, err
+}
+
+// modelRun is one schedule.
+type modelRun struct {
+	t       *testing.T
+	ctx     context.Context
+	c       modelCase
+	seed    uint64
+	rng     *rand.Rand
+	clock   *testutil.Clock
+	start   int64 // µs
+	hwm     int64 // the latest the clock has shown, µs: model time
+	clients []redis.UniversalClient
+	prefix  string
+	keys    []string
+	gens    []*modelGen
+	adm     []*modelAdmission // live: admitted and not refunded
+	nextID  int
+	step    int
+	log     []string
+	stats   *modelStats
+	back    time.Duration
+	// lastRenew is the clock (µs) at the last renewal of concurrency slots.
+	lastRenew int64
+	// lastTake is the instance, key and generation of the last take.
+	lastTake modelGrant
+	// lastJanitor is the clock (µs) at the tiers' last janitor pass.
+	lastJanitor int64
+	failure     string
+}
+
+var modelPrefixSeq atomic.Int64
+
+// runModelSchedule runs one seeded schedule and reports whether it held.
+func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient, seed uint64, stats *modelStats, totals *modelTotals) bool {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
+	windows := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 30 * time.Second}
+	p := Policy{Algorithm: c.alg, Events: 1 + rng.Int64N(8), Window: windows[rng.IntN(len(windows))]}
+	if c.alg == TokenBucket && rng.IntN(2) == 0 {
+		p.Burst = 1 + rng.Int64N(2*p.Events)
+	}
+	// Somewhere in a window, so boundaries fall anywhere in the schedule.
+	start := time.Unix(1_800_000_000, 0).Add(time.Duration(rng.Int64N(int64(time.Hour))) / time.Microsecond * time.Microsecond)
+	m := &modelRun{
+		t: t, ctx: context.Background(), c: c, seed: seed, rng: rng,
+		clock: testutil.NewClock(start), start: start.UnixMicro(), hwm: start.UnixMicro(),
+		clients: clients, keys: []string{"alice", "bob"}, stats: stats, back: modelBackFor(c.alg),
+		prefix: fmt.Sprintf("fgmodel-%d-%d:", modelPrefixSeq.Add(1), seed),
+	}
+	m.lastRenew, m.lastJanitor = m.hwm, m.hwm
+	defer m.closeAll()
+	if err := m.addGen(p); err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	steps := *modelStepsFlag
+	if steps <= 0 {
+		steps = modelDefaultSteps
+	}
+	for m.step = 1; m.step <= steps && m.failure == ""; m.step++ {
+		m.doStep()
+		if m.failure == "" {
+			m.check()
+		}
+		totals.steps.Add(1)
+	}
+	if m.failure == "" {
+		m.step = steps + 1
+		m.quiet("end of schedule")
+	}
+	totals.admissions.Add(int64(m.nextID))
+	if m.failure == "" {
+		return true
+	}
+	stats.mu.Lock()
+	stats.failed++
+	first := stats.failed == 1
+	stats.mu.Unlock()
+	if first { // the first failure of a case in full; the rest by seed
+		tail := m.log[max(0, len(m.log)-40):]
+		t.Errorf("seed %d (replay: -run '%s' -model.seed=%d): %s\npolicy %s\nlast steps:\n%s",
+			seed, m.caseRun(), seed, m.failure, p, strings.Join(tail, "\n"))
+	} else {
+		t.Errorf("seed %d also fails: %s", seed, m.failure)
+	}
+	return false
+}
+
+// caseRun is the -run pattern of this schedule's case.
+func (m *modelRun) caseRun() string {
+	be := "memory"
+	if m.clients != nil {
+		be = "redis"
+	}
+	return fmt.Sprintf("^TestModel$/^%s$/^%s$/^lease=%v$", be, m.c.alg, m.c.fraction)
+}
+
+// addGen starts a generation of policy p: new stores and tiers under the
+// same zone name and prefix as the first, so a limit change reuses them.
+func (m *modelRun) addGen(p Policy) error {
+	params, err := p.compile()
+	if err != nil {
+		return err
+	}
+	q, _ := p.Quota()
+	g := &modelGen{p: p, l: params.l, w: params.w, b: params.b, quota: q,
+		keys: map[string]*modelKeyState{}, grants: map[modelGrant]int64{}}
+	g.maxLease = int64(math.Ceil(m.c.fraction * float64(q)))
+	for _, k := range m.keys {
+		g.keys[k] = &modelKeyState{extraUntil: math.MinInt64}
+	}
+	var mem *Memory
+	if m.clients == nil {
+		// The Caddy layer keeps one Memory per policy.
+		if mem, err = NewMemory(p, MemoryOptions{Clock: m.clock}); err != nil {
+			return err
+		}
+	}
+	denyFor := time.Duration(0)
+	if m.rng.IntN(2) == 0 {
+		denyFor = time.Second
+	}
+	for i := range modelInstances {
+		var inner Leaser = mem
+		if m.clients != nil {
+			r, err := NewRedis(m.clients[i], p, RedisOptions{Clock: m.clock, Zone: "model", Prefix: m.prefix, Timeout: 5 * time.Second})
+			if err != nil {
+				return err
+			}
+			g.redis = append(g.redis, r)
+			inner = r
+		}
+		s := &modelSlowLeaser{Leaser: inner, m: m}
+		g.stores = append(g.stores, s)
+		if p.Algorithm == Concurrency {
+			continue
+		}
+		tier, err := NewLocalTier(s, p, LocalTierOptions{LeaseFraction: m.c.fraction, DenyFor: denyFor, Clock: m.clock, manualSweep: true})
+		if err != nil {
+			return err
+		}
+		g.tiers = append(g.tiers, tier)
+	}
+	m.gens = append(m.gens, g)
+	m.logf("gen %d: policy %s, deny cache %v", len(m.gens)-1, p, denyFor)
+	return nil
+}
+
+func (m *modelRun) closeAll() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, g := range m.gens {
+		for _, tier := range g.tiers {
+			_ = tier.Close(ctx)
+		}
+	}
+}
+
+// observe notes the clock and returns model time: the latest the clock
+// has shown. Admissions count at their own times (modelAdmission.spend);
+// model time places resets, quiet points and the ends of allowances.
+func (m *modelRun) observe() int64 {
+	m.hwm = max(m.hwm, m.clock.Now().UnixMicro())
+	return m.hwm
+}
+
+func (m *modelRun) rel(us int64) string {
+	return fmt.Sprintf("%+.6fs", float64(us-m.start)/1e6)
+}
+
+func (m *modelRun) logf(format string, args ...any) {
+	now := m.clock.Now().UnixMicro()
+	line := fmt.Sprintf("step %3d clock %s model %s: ", m.step, m.rel(now), m.rel(m.hwm)) + fmt.Sprintf(format, args...)
+	m.log = append(m.log, line)
+}
+
+func (m *modelRun) fail(format string, args ...any) {
+	if m.failure == "" {
+		m.failure = fmt.Sprintf("step %d: ", m.step) + fmt.Sprintf(format, args...)
+		m.logf("FAIL: %s", m.failure)
+	}
+}
+
+// doStep picks and runs one step.
+func (m *modelRun) doStep() {
+	g := m.gens[m.rng.IntN(len(m.gens))]
+	gi := slices.Index(m.gens, g)
+	w := g.w
+	switch r := m.rng.IntN(1000); {
+	case r < 420:
+		// Half the takes repeat the last one's instance and key, as a
+		// busy key on one instance does: its leases grow and are spent.
+		inst, key := m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))]
+		if m.lastTake.key != "" && m.lastTake.gen == uint64(gi) && m.rng.IntN(2) == 0 {
+			inst, key = m.lastTake.inst, m.lastTake.key
+		}
+		m.lastTake = modelGrant{inst: inst, key: key, gen: uint64(gi)}
+		m.take(gi, inst, key, m.rng.IntN(5) == 0 && !modelSkips("slow"))
+	case r < 530:
+		if !modelSkips("refund") {
+			m.refund()
+		}
+	case r < 600:
+		if !modelSkips("sweep") {
+			m.sweep(gi, m.rng.IntN(modelInstances))
+		}
+	case r < 800: // a small step: log-uniform in 1µs..W/3
+		m.advance(time.Duration(math.Exp(m.rng.Float64()*math.Log(float64(w/3)))) * time.Microsecond)
+	case r < 820: // a larger one: W/3..3W
+		m.advance(time.Duration(w/3+m.rng.Int64N(3*w)) * time.Microsecond)
+	case r < 900:
+		if !modelSkips("edge") {
+			m.edge(g)
+		}
+	case r < 940:
+		if m.back > 0 && !modelSkips("back") {
+			d := time.Duration(1+m.rng.Int64N(m.back.Microseconds())) * time.Microsecond
+			m.clock.Advance(-d)
+			m.logf("clock back %v", d)
+		}
+	case r < 960:
+		if !modelSkips("reset") {
+			m.reset(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))])
+		}
+	case r < 975:
+		if len(m.gens) == 1 && !modelSkips("limit") {
+			m.limitChange()
+		}
+	default:
+		if !modelSkips("quiet") {
+			m.quiet("quiet point")
+		}
+	}
+	m.renewIfDue()
+}
+
+// edge moves the clock to just before or after an edge: the next window
+// boundary of g, or the earliest expiry of a lease an instance holds.
+func (m *modelRun) edge(g *modelGen) {
+	now := m.clock.Now().UnixMicro()
+	target := (now/g.w + 1) * g.w
+	what := "window end"
+	if m.rng.IntN(2) == 0 {
+		for _, gen := range m.gens {
+			for _, tier := range gen.tiers {
+				for i := range tier.shards {
+					sh := &tier.shards[i]
+					sh.mu.Lock()
+					for _, k := range sh.keys {
+						if k.units > 0 && k.expires > now && k.expires < target {
+							target, what = k.expires, "lease expiry"
+						}
+					}
+					sh.mu.Unlock()
+				}
+			}
+		}
+	}
+	target += m.rng.Int64N(4001) - 2000 // within 2 ms either side
+	if target > now {
+		m.logf("to just about the %s", what)
+		m.advance(time.Duration(target-now) * time.Microsecond)
+	}
+}
+
+// advance moves the clock forward by d, doing on the way what an
+// instance's goroutines would: the janitor's pass over every tier each
+// quarter of a lease's lifetime (so a lease's units go back within
+// LeaseLifetime and a quarter of its grant, as in production; the
+// schedule's own sweep steps come on top), and the renewal of
+// concurrency slots on Redis at least every W/3 while any are held.
+func (m *modelRun) advance(d time.Duration) {
+	m.logf("advance %v", d)
+	janitor := (LeaseLifetime / 4).Microseconds()
+	for d > 0 {
+		now := m.clock.Now().UnixMicro()
+		if now-m.lastJanitor >= janitor {
+			m.janitor()
+		}
+		step := min(d, time.Duration(m.lastJanitor+janitor-now)*time.Microsecond)
+		if w := m.renewEvery(); w > 0 {
+			next := time.Duration(m.lastRenew+w-now) * time.Microsecond
+			if next <= 0 {
+				m.renew()
+				next = time.Duration(w) * time.Microsecond
+			}
+			step = min(step, next)
+		}
+		step = max(step, time.Microsecond)
+		m.clock.Advance(step)
+		d -= step
+		m.observe()
+	}
+	if m.clock.Now().UnixMicro()-m.lastJanitor >= janitor {
+		m.janitor()
+	}
+}
+
+// janitor runs every tier's janitor pass and waits for its give-backs.
+func (m *modelRun) janitor() {
+	m.lastJanitor = m.clock.Now().UnixMicro()
+	if modelSkips("janitor") {
+		return
+	}
+	for gi, g := range m.gens {
+		for i, tier := range g.tiers {
+			if tier.Len() == 0 {
+				continue // nothing to give back or forget
+			}
+			held := tier.held()
+			m.sweepTier(g, tier)
+			if now := tier.held(); now != held {
+				m.logf("gen %d inst %d janitor: held %d, now %d", gi, i, held, now)
+			}
+		}
+	}
+}
+
+// renewEvery is how often (µs) concurrency slots are renewed: W/3 of the
+// shortest window, or 0 when nothing renews.
+func (m *modelRun) renewEvery() int64 {
+	if m.c.alg != Concurrency || m.clients == nil {
+		return 0
+	}
+	w := int64(math.MaxInt64)
+	for _, g := range m.gens {
+		w = min(w, g.w/3)
+	}
+	return w
+}
+
+func (m *modelRun) renewIfDue() {
+	if w := m.renewEvery(); w > 0 && m.clock.Now().UnixMicro()-m.lastRenew >= w {
+		m.renew()
+	}
+}
+
+// renew renews every instance's slots, one call per store.
+func (m *modelRun) renew() {
+	m.lastRenew = m.clock.Now().UnixMicro()
+	for _, g := range m.gens {
+		for i, r := range g.redis {
+			if err := r.renewSlots(m.ctx); err != nil {
+				m.fail("gen %d instance %d: renewing slots: %v", slices.Index(m.gens, g), i, err)
+			}
+		}
+	}
+}
+
+// take asks instance inst of generation gi for cost units of key.
+func (m *modelRun) take(gi, inst int, key string, slow bool) {
+	g := m.gens[gi]
+	cost := 1 + m.rng.Int64N(min(3, g.quota))
+	st := g.stores[inst]
+	if slow {
+		st.delay = time.Duration(1+m.rng.Int64N(30)) * time.Millisecond
+	}
+	st.decided = 0
+	var d Decision
+	var err error
+	if g.tiers == nil {
+		d, err = st.Take(m.ctx, key, cost)
+	} else {
+		d, err = g.tiers[inst].Take(m.ctx, key, cost)
+	}
+	st.delay = 0
+	m.observe()
+	if err != nil {
+		m.fail("gen %d instance %d: take %s %d: %v", gi, inst, key, cost, err)
+		return
+	}
+	slowNote := ""
+	if slow {
+		slowNote = " (slow reply)"
+	}
+	if !d.Allowed {
+		m.logf("gen %d inst %d take %s %d%s: denied by %v, remaining %d, retry %v", gi, inst, key, cost, slowNote, d.Source, d.Remaining, d.RetryAfter)
+		return
+	}
+	ks := g.keys[key]
+	prev := ks.hwm
+	if st.decided != 0 {
+		ks.hwm = max(ks.hwm, st.decided)
+	}
+	a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: cost, d: d, epoch: ks.epoch}
+	m.nextID++
+	switch d.Source {
+	case SourceStore:
+		if st.decided == 0 {
+			m.fail("gen %d instance %d: a decision of the store that never asked it", gi, inst)
+			return
+		}
+		// At the store's own time of decision (see modelAdmission), not
+		// when the reply arrived: a reply's latency is not the limiter's
+		// slack. The bucket scripts report no time but for a lease; the
+		// clock when the store answered is theirs.
+		a.spend = d.at
+		if a.spend == 0 {
+			a.spend = st.decided
+		}
+		a.spend = max(a.spend, prev)
+		a.store = a.spend
+		if d.leaseGen != 0 {
+			g.grants[modelGrant{inst, key, d.leaseGen}] = a.store
+		}
+	case SourceLease:
+		at, ok := g.grants[modelGrant{inst, key, d.leaseGen}]
+		if !ok {
+			m.fail("gen %d instance %d: spent from lease %d of %s, which the model never saw granted", gi, inst, d.leaseGen, key)
+			return
+		}
+		a.spend, a.store, a.leased = max(m.clock.Now().UnixMicro(), at, prev), at, true
+	default:
+		m.fail("gen %d instance %d: an admission from %v", gi, inst, d.Source)
+		return
+	}
+	if g.p.Algorithm == FixedWindow && a.spend/g.w != a.store/g.w {
+		// docs/design.md: a fixed window's lease is never spent past the
+		// end of the window it was taken in.
+		m.fail("gen %d instance %d: #%d spent at %s from a lease of the window [%s, %s)",
+			gi, inst, a.id, m.rel(a.spend), m.rel(a.store/g.w*g.w), m.rel((a.store/g.w+1)*g.w))
+	}
+	m.adm = append(m.adm, a)
+	m.logf("gen %d inst %d take %s %d%s: #%d allowed by %v (granted %d, lease %d), remaining %d, at %s (store %s)",
+		gi, inst, key, cost, slowNote, a.id, d.Source, d.granted, d.leaseGen, d.Remaining, m.rel(a.spend), m.rel(a.store))
+}
+
+// refund gives back a random earlier admission, which may be long past:
+// its lease may have been renewed, expired or given back since.
+func (m *modelRun) refund() {
+	var open []int
+	for i, a := range m.adm {
+		if !a.refunded && !a.credit {
+			open = append(open, i)
+		}
+	}
+	if len(open) == 0 {
+		return
+	}
+	i := open[m.rng.IntN(len(open))]
+	a := m.adm[i]
+	g := m.gens[a.gen]
+	var d Decision
+	var err error
+	toStore := true
+	prev := g.keys[a.key].hwm
+	if g.tiers == nil {
+		d, err = g.stores[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
+	} else {
+		toStore = !g.tiers[a.inst].refundsIntoLease(a.key, a.d)
+		d, err = g.tiers[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
+	}
+	if toStore {
+		m.touch(g, a.key)
+	}
+	now := m.observe()
+	if err != nil {
+		m.fail("gen %d instance %d: refund of #%d: %v", a.gen, a.inst, a.id, err)
+		return
+	}
+	m.adm = slices.Delete(m.adm, i, i+1)
+	if g.p.Algorithm == TokenBucket {
+		// A bucket's refund puts tokens back when it is made, not when
+		// the admission was: it stays counted where it was spent, and the
+		// tokens count as a credit now (see checkBucket).
+		m.adm = append(m.adm, a, &modelAdmission{id: -1 - a.id, gen: a.gen, inst: a.inst, key: a.key, cost: -a.cost,
+			spend: max(m.clock.Now().UnixMicro(), a.spend, prev), store: a.store, epoch: a.epoch, credit: true})
+		a.refunded = true
+	}
+	ks := g.keys[a.key]
+	// A refund of units counted before the key's reset gives them to the
+	// fresh state, which never counted them; so may one of units spent
+	// from a lease granted before it.
+	if a.epoch < ks.epoch {
+		ks.extra += a.cost
+	}
+	if a.epoch < ks.epoch || a.store < ks.resetAt {
+		ks.extraUntil = max(ks.extraUntil, now+1)
+	}
+	m.logf("gen %d inst %d refund #%d (%s %d, %v at %s): remaining %d", a.gen, a.inst, a.id, a.key, a.cost, a.d.Source, m.rel(a.spend), d.Remaining)
+}
+
+// sweep runs one janitor pass of an instance's tier and waits for its
+// give-backs, so they reach the store at this step's time.
+func (m *modelRun) sweep(gi, inst int) {
+	g := m.gens[gi]
+	if g.tiers == nil {
+		return
+	}
+	before := g.tiers[inst].held()
+	m.sweepTier(g, g.tiers[inst])
+	m.logf("gen %d inst %d sweep: held %d, now %d", gi, inst, before, g.tiers[inst].held())
+}
+
+// reset is an admin reset of key on one instance. Admissions before it no
+// longer count. What other instances hold in leases then was taken from
+// the state being forgotten, and LocalTier.Reset documents that they may
+// still pass: spent after the reset (counted in the forgotten state), or
+// given back into the fresh state, which never counted them. So the
+// epoch may admit up to those units more, at most (instances − 1) ×
+// ⌈f·Q⌉, in windows or spans that start before the last of those leases
+// is spent or given back: in production the janitor gives them back
+// within LeaseLifetime and a quarter; here a sweep step does, whenever it
+// comes.
+func (m *modelRun) reset(gi, inst int, key string) {
+	g := m.gens[gi]
+	ks := g.keys[key]
+	var err error
+	if g.tiers == nil {
+		err = g.stores[inst].Reset(m.ctx, key)
+	} else {
+		err = g.tiers[inst].Reset(m.ctx, key)
+	}
+	now := m.observe()
+	if err != nil {
+		m.fail("gen %d instance %d: reset %s: %v", gi, inst, key, err)
+		return
+	}
+	ks.epoch++
+	ks.resetAt = now
+	ks.hwm = 0 // the store forgot the key's time too
+	ks.extra, ks.extraUntil, ks.stale = 0, math.MinInt64, nil
+	for j, tier := range g.tiers {
+		if j == inst {
+			continue
+		}
+		if units, gen := tier.lease(key); units > 0 {
+			ks.extra += units
+			ks.stale = append(ks.stale, modelStaleLease{j, gen})
+		}
+	}
+	// A lease is at least the cost of the request that took it, and
+	// units refunded into a lease return there, so a lease may hold up to
+	// max(⌈f·Q⌉, the largest cost) units: more than the README's
+	// ⌈f·Q⌉ when a request costs more than that.
+	if limit := int64(modelInstances-1) * max(g.maxLease, min(3, g.quota)); ks.extra > limit {
+		m.fail("gen %d: other instances hold %d units of %s at its reset, more than (instances − 1) × max(⌈f·Q⌉, cost) = %d", gi, ks.extra, key, limit)
+	}
+	if len(ks.stale) > 0 {
+		ks.extraUntil = math.MaxInt64
+	}
+	for k := range g.grants {
+		if k.inst == inst && k.key == key {
+			delete(g.grants, k) // the tier forgot the key: its lease numbers restart
+		}
+	}
+	m.logf("gen %d inst %d reset %s: other instances hold %d units", gi, inst, key, ks.extra)
+}
+
+// touch notes that the store of g decides for key now: see
+// modelKeyState.hwm.
+func (m *modelRun) touch(g *modelGen, key string) {
+	ks := g.keys[key]
+	ks.hwm = max(ks.hwm, m.clock.Now().UnixMicro())
+}
+
+// sweepTier runs a janitor pass of tier, waits for its give-backs, and
+// notes the keys whose state they touched.
+func (m *modelRun) sweepTier(g *modelGen, tier *LocalTier) {
+	now := m.clock.Now().UnixMicro()
+	var backs []string
+	for _, key := range m.keys {
+		if units, expires := tier.leaseExpiry(key); units > 0 && now >= expires {
+			backs = append(backs, key)
+		}
+	}
+	tier.sweep(false)
+	tier.givingBack.Wait()
+	for _, key := range backs {
+		m.touch(g, key)
+	}
+}
+
+// leaseExpiry is the unspent units of tier's lease of key and when it
+// expires (µs).
+func (t *LocalTier) leaseExpiry(key string) (units, expires int64) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.keys[key]; k != nil {
+		return k.units, k.expires
+	}
+	return 0, 0
+}
+
+// refundsIntoLease reports whether a refund of taken would go back into
+// tier's lease of key now rather than to the store (as Refund decides).
+func (t *LocalTier) refundsIntoLease(key string, taken Decision) bool {
+	if taken.leaseGen == 0 {
+		return false
+	}
+	now := t.clock.now()
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	k := sh.keys[key]
+	return k != nil && k.gen == taken.leaseGen && now < k.expires
+}
+
+// lease is the unspent units and the number of the lease tier holds for
+// key.
+func (t *LocalTier) lease(key string) (units int64, gen uint64) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if k := sh.keys[key]; k != nil {
+		return k.units, k.gen
+	}
+	return 0, 0
+}
+
+// limitChange starts a second policy under the same zone name, as a
+// reload that changes the limit does while the old handler still serves
+// requests on old connections.
+func (m *modelRun) limitChange() {
+	old := m.gens[0].p
+	p := old
+	windows := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 30 * time.Second, time.Hour}
+	for p == old {
+		switch m.rng.IntN(3) {
+		case 0:
+			p.Events = 1 + m.rng.Int64N(8)
+		case 1:
+			p.Window = windows[m.rng.IntN(len(windows))]
+		default:
+			p.Events, p.Window = 1+m.rng.Int64N(8), windows[m.rng.IntN(len(windows))]
+		}
+		if p.Burst > 0 {
+			p.Burst = 1 + m.rng.Int64N(2*p.Events)
+		}
+	}
+	if err := m.addGen(p); err != nil {
+		m.fail("limit change to %s: %v", p, err)
+	}
+}
+
+// quiet lets every lease lapse and go back, then compares each store's
+// state with what the reference still counts: a unit stranded in a store
+// (a lost refund, a lease never given back) shows as too little remaining;
+// a unit counted where it was not spent, as too much.
+func (m *modelRun) quiet(why string) {
+	m.logf("%s: leases lapse", why)
+	target := m.observe() + LeaseLifetime.Microseconds() + 1000
+	m.advance(time.Duration(target-m.clock.Now().UnixMicro()) * time.Microsecond)
+	m.renewIfDue()
+	for gi, g := range m.gens {
+		for _, tier := range g.tiers {
+			m.sweepTier(g, tier)
+			if h := tier.held(); h != 0 {
+				m.fail("gen %d: a tier still holds %d units after its leases lapsed and a sweep", gi, h)
+				return
+			}
+		}
+	}
+	m.check() // the stale leases of a reset are gone now
+	now := m.observe()
+	for gi, g := range m.gens {
+		for _, key := range m.keys {
+			m.touch(g, key)
+			d, err := g.stores[0].Leaser.Peek(m.ctx, key)
+			if err != nil {
+				m.fail("gen %d: peek %s: %v", gi, key, err)
+				return
+			}
+			lo, hi, what := m.expectRemaining(g, gi, key, now)
+			ks := g.keys[key]
+			if ks.extra > 0 {
+				hi += ks.extra
+			}
+			m.logf("gen %d %s: store remaining %d, reference %d..%d", gi, key, d.Remaining, lo, hi)
+			if d.Remaining < lo {
+				m.fail("gen %d %s at a quiet point: the store has %d remaining, the reference at least %d (%s): units stranded", gi, key, d.Remaining, lo, what)
+				return
+			}
+			if d.Remaining > hi {
+				m.fail("gen %d %s at a quiet point: the store has %d remaining, the reference at most %d (%s): units counted where they were not spent", gi, key, d.Remaining, hi, what)
+				return
+			}
+		}
+	}
+}
+
+// expectRemaining is the range of Remaining the reference allows the
+// store to report for key at model time now, once every lease is back.
+func (m *modelRun) expectRemaining(g *modelGen, gi int, key string, now int64) (lo, hi int64, what string) {
+	live := m.live(gi, key)
+	switch g.p.Algorithm {
+	case FixedWindow:
+		var n int64
+		for _, a := range live {
+			if a.spend/g.w == now/g.w {
+				n += a.cost
+			}
+		}
+		return max(0, g.l-n), max(0, g.l-n), fmt.Sprintf("%d units spent in this window", n)
+	case SlidingWindowLog:
+		// Certainly counted: units the store counted within the span.
+		// Possibly counted: units spent within it, or from a lease that
+		// lived into it (a lease's units may be logged at any time of its
+		// life).
+		var sure, maybe int64
+		for _, a := range live {
+			end := a.spend
+			if a.leased {
+				end = max(a.spend, a.store+LeaseLifetime.Microseconds())
+			}
+			if min(a.store, a.spend) > now-g.w {
+				sure += a.cost
+			}
+			if end > now-g.w {
+				maybe += a.cost
+			}
+		}
+		return max(0, g.l-maybe), max(0, g.l-sure), fmt.Sprintf("%d..%d units in the span", sure, maybe)
+	case SlidingWindowCounter:
+		var prev, cur int64
+		for _, a := range live {
+			switch a.store / g.w {
+			case now / g.w:
+				cur += a.cost
+			case now/g.w - 1:
+				prev += a.cost
+			}
+		}
+		e := now % g.w
+		r := max(0, (g.l*g.w-prev*(g.w-e)-cur*g.w)/g.w)
+		return r, r, fmt.Sprintf("prev %d, cur %d by when the store counted them", prev, cur)
+	case TokenBucket:
+		// The tokens the store must have at least: the bucket, full at the
+		// key's first take, less what was spent, refilled at r; refunds
+		// and give-backs only add (see modelCheckBucket).
+		b := g.b
+		tokens := b * g.w
+		for _, a := range live {
+			if a.refunded || a.credit {
+				continue
+			}
+			var spent int64
+			for _, x := range live {
+				if x.spend >= a.spend && !x.refunded && !x.credit {
+					spent += x.cost
+				}
+			}
+			tokens = min(tokens, b*g.w+g.l*(now-a.spend)-spent*g.w)
+		}
+		return max(0, tokens/g.w), b, fmt.Sprintf("at least %d tokens", max(0, tokens/g.w))
+	case Concurrency:
+		var n int64
+		for _, a := range live {
+			n += a.cost
+		}
+		return max(0, g.l-n), max(0, g.l-n), fmt.Sprintf("%d units in flight", n)
+	}
+	panic("unknown algorithm")
+}
+
+// live is the reference's admissions of key under generation gi in the
+// key's current epoch, by model time.
+func (m *modelRun) live(gi int, key string) []*modelAdmission {
+	ep := m.gens[gi].keys[key].epoch
+	var live []*modelAdmission
+	for _, a := range m.adm {
+		if a.gen == gi && a.key == key && a.epoch == ep {
+			live = append(live, a)
+		}
+	}
+	slices.SortStableFunc(live, func(x, y *modelAdmission) int {
+		return int(x.spend - y.spend)
+	})
+	return live
+}
+
+// check runs the reference's checks for every generation and key.
+func (m *modelRun) check() {
+	now := m.observe()
+	for gi, g := range m.gens {
+		for _, key := range m.keys {
+			ks := g.keys[key]
+			if len(ks.stale) > 0 {
+				m.settleStale(g, ks, now)
+			}
+			m.checkKey(gi, g, key, ks)
+			if m.failure != "" {
+				return
+			}
+		}
+	}
+}
+
+// settleStale ends a reset's allowance window once no other instance
+// holds a lease it held at the reset.
+func (m *modelRun) settleStale(g *modelGen, ks *modelKeyState, now int64) {
+	key := ""
+	for k, s := range g.keys {
+		if s == ks {
+			key = k
+		}
+	}
+	held := ks.stale[:0]
+	for _, s := range ks.stale {
+		if units, gen := g.tiers[s.inst].lease(key); units > 0 && gen == s.gen {
+			held = append(held, s)
+		}
+	}
+	ks.stale = held
+	if len(held) == 0 {
+		ks.extraUntil = now + 1
+	}
+}
+
+// allowance is the reset allowance for a span starting at start.
+func (ks *modelKeyState) allowance(start int64) int64 {
+	if start < ks.extraUntil {
+		return ks.extra
+	}
+	return 0
+}
+
+func (m *modelRun) checkKey(gi int, g *modelGen, key string, ks *modelKeyState) {
+	live := m.live(gi, key)
+	if len(live) == 0 {
+		return
+	}
+	switch g.p.Algorithm {
+	case FixedWindow, SlidingWindowCounter:
+		// Units spent in any aligned window [kW, (k+1)W): at most L.
+		for i := 0; i < len(live); {
+			win := live[i].spend / g.w
+			var n int64
+			j := i
+			for ; j < len(live) && live[j].spend/g.w == win; j++ {
+				n += live[j].cost
+			}
+			if ks.allowance(win*g.w) == 0 {
+				m.stats.note(float64(n - g.l))
+			}
+			if n > g.l+ks.allowance(win*g.w) {
+				m.fail("gen %d %s: %d units spent in window [%s, %s), limit %d (reset allowance %d): admissions %s",
+					gi, key, n, m.rel(win*g.w), m.rel((win+1)*g.w), g.l, ks.allowance(win*g.w), ids(live[i:j]))
+				return
+			}
+			i = j
+		}
+	case SlidingWindowLog:
+		// Units spent in any span (t−W, t]: at most L. The count is
+		// largest at some admission's time.
+		i := 0
+		var n int64
+		for j, a := range live {
+			n += a.cost
+			for live[i].spend <= a.spend-g.w {
+				n -= live[i].cost
+				i++
+			}
+			// Admissions at the same time as a are all in the span; the
+			// last of them completes the count.
+			if j+1 < len(live) && live[j+1].spend == a.spend {
+				continue
+			}
+			if ks.allowance(a.spend-g.w) == 0 {
+				m.stats.note(float64(n - g.l))
+			}
+			if n > g.l+ks.allowance(a.spend-g.w) {
+				m.fail("gen %d %s: %d units spent in (%s, %s], limit %d (reset allowance %d): admissions %s",
+					gi, key, n, m.rel(a.spend-g.w), m.rel(a.spend), g.l, ks.allowance(a.spend-g.w), ids(live[i:j+1]))
+				return
+			}
+		}
+	case TokenBucket:
+		m.checkBucket(gi, g, key, ks, live)
+	case Concurrency:
+		var n int64
+		for _, a := range live {
+			n += a.cost
+		}
+		if ks.extra == 0 {
+			m.stats.note(float64(n - g.l))
+		}
+		if n > g.l+ks.extra {
+			m.fail("gen %d %s: %d units in flight, limit %d (reset allowance %d): admissions %s", gi, key, n, g.l, ks.extra, ids(live))
+		}
+	}
+}
+
+// checkBucket: units spent in any closed span [a, b], less the refunds
+// made within it, are at most B + r(b−a) + slack, slack = r × LeaseLifetime with leases (their units
+// are taken from the bucket when granted and spent up to a lifetime
+// later), else 0. In integers, multiplied through by W:
+// n×W − L×(b−a) <= B×W + slack×W. The largest left side over spans ending
+// at b comes from the best start a <= b, kept in one pass: over all starts,
+// and over those a reset's allowance does not cover.
+func (m *modelRun) checkBucket(gi int, g *modelGen, key string, ks *modelKeyState, live []*modelAdmission) {
+	var slackW int64
+	if m.c.fraction > 0 {
+		slackW = g.l * LeaseLifetime.Microseconds()
+	}
+	// A start's value is L×a − W×(units spent before a); prefix is W × the
+	// units spent up to and including b.
+	type start struct {
+		v int64
+		i int
+	}
+	var prefix int64
+	all, uncovered := start{math.MinInt64, -1}, start{math.MinInt64, -1}
+	for j, a := range live {
+		if j == 0 || live[j-1].spend != a.spend {
+			v := g.l*a.spend - prefix
+			if v > all.v {
+				all = start{v, j}
+			}
+			if ks.allowance(a.spend) == 0 && v > uncovered.v {
+				uncovered = start{v, j}
+			}
+		}
+		prefix += a.cost * g.w
+		if j+1 < len(live) && live[j+1].spend == a.spend {
+			continue
+		}
+		for _, s := range []start{all, uncovered} {
+			if s.i < 0 {
+				continue
+			}
+			first := live[s.i]
+			lhs := prefix - g.l*a.spend + s.v // n×W − L×(b−a)
+			extra := ks.allowance(first.spend)
+			if extra == 0 {
+				m.stats.note(float64(lhs-g.b*g.w) / float64(g.w))
+			}
+			if lhs > g.b*g.w+slackW+extra*g.w {
+				m.fail("gen %d %s: %.3f units spent in [%s, %s], bound B + r(b−a) = %.3f, slack %.3f (reset allowance %d): admissions %s",
+					gi, key, float64(prefix-(g.l*first.spend-s.v))/float64(g.w), m.rel(first.spend), m.rel(a.spend),
+					float64(g.b*g.w+g.l*(a.spend-first.spend))/float64(g.w), float64(slackW)/float64(g.w), extra, ids(live[s.i:j+1]))
+				return
+			}
+		}
+	}
+}
+
+// ids lists admissions for a failure message.
+func ids(as []*modelAdmission) string {
+	var b strings.Builder
+	for i, a := range as {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		src := "store"
+		if a.leased {
+			src = "lease"
+		}
+		fmt.Fprintf(&b, "#%d inst %d cost %d by %s", a.id, a.inst, a.cost, src)
+	}
+	return b.String()
+}
