@@ -862,9 +862,9 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	ks := g.keys[key]
 	var err error
 	if g.tiers == nil {
-		err = g.stores[inst].Reset(m.ctx, key)
+		_, err = g.stores[inst].Reset(m.ctx, key)
 	} else {
-		err = g.tiers[inst].Reset(m.ctx, key)
+		_, err = g.tiers[inst].Reset(m.ctx, key)
 	}
 	now := m.observe()
 	if err != nil {
