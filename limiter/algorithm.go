@@ -97,6 +97,10 @@ type algorithm struct {
 	// leases is set when every admission holds a lease id of its own
 	// (passed as the take's extra argument), which its refund names.
 	leases bool
+	// logsLeasesAhead is set when the store logs a lease's units a
+	// lifetime ahead of its grant (the sliding log), so a unit must not be
+	// spent from a lease that was not: see LocalTier.Refund.
+	logsLeasesAhead bool
 	// leaseEndsWithWindow is set when a lease must not outlive the aligned
 	// window it was granted in: the counters' units belong to that window,
 	// and spent in the next one they would join that window's own L.
@@ -151,8 +155,9 @@ var algorithmTable = []*algorithm{
 		keySuffix: "swl",
 		// A lease's units are logged at the end of its lifetime (see
 		// slidingLogState.takeUpTo), which the script is told.
-		redisArgs: func(p *params) []any { return []any{p.l, p.w, LeaseLifetime.Microseconds()} },
-		refundArg: refundAt,
+		redisArgs:       func(p *params) []any { return []any{p.l, p.w, LeaseLifetime.Microseconds()} },
+		refundArg:       refundAt,
+		logsLeasesAhead: true,
 	},
 	{
 		name:                SlidingWindowCounter,

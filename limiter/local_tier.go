@@ -73,13 +73,17 @@ type LocalTier struct {
 	quota    int64
 	// window, when set, is the aligned window (µs) a lease must not
 	// outlive: see algorithm.leaseEndsWithWindow.
-	window          int64
+	window int64
+	// logsLeasesAhead: see algorithm.logsLeasesAhead.
+	logsLeasesAhead bool
 	denyFor         int64 // µs
 	maxKeys         int64
 	keys            atomic.Int64
 	clock           memoryClock
 	seed            maphash.Seed
 	shards          [tierShards]tierShard
+	// gens numbers the leases the tier grants (tierKey.gen).
+	gens            atomic.Uint64
 	onGiveBackError func(error)
 
 	closed   atomic.Bool
@@ -103,8 +107,11 @@ type tierKey struct {
 	units   int64
 	expires int64
 	// grant is the store's decision that granted the lease, at grantAt
-	// (µs) on the tier's clock; gen numbers the key's leases, so a refund
-	// finds the lease its units came from.
+	// (µs) on the tier's clock; gen names the lease among every lease
+	// the tier ever granted (from LocalTier.gens, zero before the first),
+	// so a refund finds the lease its units came from and no other: not
+	// the lease of a key forgotten and remembered since, nor one granted
+	// after a reset.
 	grant   Decision
 	grantAt int64
 	gen     uint64
@@ -163,6 +170,7 @@ func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, er
 	if params.alg.leaseEndsWithWindow {
 		t.window = params.w
 	}
+	t.logsLeasesAhead = params.alg.logsLeasesAhead
 	if t.maxKeys <= 0 {
 		t.maxKeys = DefaultMaxKeys
 	}
@@ -322,8 +330,10 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 			k.cacheDenial(d, now, t.denyFor)
 		}
 	default:
-		k.gen++
-		k.grant, k.grantAt = d, sent
+		k.gen = t.gens.Add(1)
+		// The decision's times count on from the answer (the store
+		// decided no later), its lifetime from the send.
+		k.grant, k.grantAt = d, now
 		k.units = d.granted - cost
 		k.expires = sent + life
 		if t.window > 0 && d.at > 0 {
@@ -391,13 +401,16 @@ func (k *tierKey) cachedDenial(now int64) Decision {
 
 // Refund implements Store. Units spent from a lease go back into it while
 // it lasts, so a request another zone refused costs no round trip; else
-// they go back to the store.
+// they go back to the store. A sliding log's lease takes them back only if
+// the store logged it a lifetime ahead: a grant of the request's cost
+// alone is logged at its time, and a unit of it spent again up to a
+// lifetime later would leave the window that much early.
 func (t *LocalTier) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
 	if taken.leaseGen != 0 && !t.closed.Load() {
 		now := t.clock.now()
 		sh := t.shard(key)
 		sh.mu.Lock()
-		if k := sh.keys[key]; k != nil && k.gen == taken.leaseGen && now < k.expires {
+		if k := sh.keys[key]; k != nil && k.gen == taken.leaseGen && now < k.expires && t.spendable(k) {
 			k.units += cost
 			d := t.leaseDecision(k, now)
 			sh.mu.Unlock()
@@ -406,6 +419,12 @@ func (t *LocalTier) Refund(ctx context.Context, key string, cost int64, taken De
 		sh.mu.Unlock()
 	}
 	return t.store.Refund(ctx, key, cost, taken)
+}
+
+// spendable reports whether units refunded into k's lease may be spent
+// again from it (see Refund).
+func (t *LocalTier) spendable(k *tierKey) bool {
+	return !t.logsLeasesAhead || k.grant.admission()-k.grant.at >= LeaseLifetime.Microseconds()
 }
 
 // Peek implements Store: the store's state plus what this instance's

@@ -968,10 +968,20 @@ func (t *LocalTier) lease(key string) (units int64, gen uint64) {
 // reload that changes the limit does while the old handler still serves
 // requests on old connections.
 func (m *modelRun) limitChange() {
-	old := m.gens[0].p
-	p := old
+	// A different limit, not merely a different spelling of one (a burst
+	// of Events is the default burst): the same limit shares its state
+	// by design.
+	known := func(p Policy) bool {
+		for _, g := range m.gens {
+			if g.p.String() == p.String() {
+				return true
+			}
+		}
+		return false
+	}
+	p := m.gens[0].p
 	windows := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 30 * time.Second, time.Hour}
-	for p == old {
+	for known(p) {
 		switch m.rng.IntN(3) {
 		case 0:
 			p.Events = 1 + m.rng.Int64N(8)
@@ -1050,13 +1060,15 @@ func (m *modelRun) expectRemaining(g *modelGen, gi int, key string, now int64) (
 		return max(0, g.l-n), max(0, g.l-n), fmt.Sprintf("%d units spent in this window", n)
 	case SlidingWindowLog:
 		// Certainly counted: units the store counted within the span.
-		// Possibly counted: units spent within it, or from a lease that
-		// lived into it (a lease's units may be logged at any time of its
-		// life).
+		// Possibly counted: units spent within it, or of a lease that
+		// lived into it: a grant of more than its request's cost is logged
+		// a lifetime ahead, the request's own units with the lease's (see
+		// slidingLogState.takeUpTo), so with leases on any admission's
+		// units may stay a lifetime longer.
 		var sure, maybe int64
 		for _, a := range live {
 			end := a.spend
-			if a.leased {
+			if g.maxLease > 0 {
 				end = max(a.spend, a.store+LeaseLifetime.Microseconds())
 			}
 			if min(a.store, a.spend) > now-g.w {
