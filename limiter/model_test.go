@@ -149,25 +149,22 @@ func modelSettings(t *testing.T) (schedules int, seed uint64, replay bool) {
 			schedules = 3
 		}
 	}
-	seed = *modelSeedFlag
-	if v := os.Getenv("FLOODGATE_MODEL_SEED"); v != "" && seed == 0 {
+	// flagOrEnv is the flag's value, or when it is unset the variable's.
+	flagOrEnv := func(flag uint64, env string) uint64 {
+		v := os.Getenv(env)
+		if flag != 0 || v == "" {
+			return flag
+		}
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			t.Fatalf("FLOODGATE_MODEL_SEED: %v", err)
+			t.Fatalf("%s: %v", env, err)
 		}
-		seed = n
+		return n
 	}
-	if seed != 0 {
+	if seed = flagOrEnv(*modelSeedFlag, "FLOODGATE_MODEL_SEED"); seed != 0 {
 		return 1, seed, true
 	}
-	seed = *modelBaseFlag
-	if v := os.Getenv("FLOODGATE_MODEL_BASE"); v != "" && seed == 0 {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOODGATE_MODEL_BASE: %v", err)
-		}
-		seed = n
-	}
+	seed = flagOrEnv(*modelBaseFlag, "FLOODGATE_MODEL_BASE")
 	if seed == 0 {
 		seed = rand.Uint64()>>1 | 1
 	}

@@ -36,26 +36,40 @@ local function members(first, last)
   return m
 end
 
+-- Scores units 1..units of the current lease by when they lapse, adding
+-- them (flag nil) or only moving those still there (flag 'XX').
+local function stamp(units, expiry, flag)
+  for first = 1, units, 1000 do
+    local add = {}
+    for _, m in ipairs(members(first, math.min(units, first + 999))) do
+      add[#add + 1] = expiry
+      add[#add + 1] = m
+    end
+    if flag then
+      redis.call('ZADD', key, flag, unpack(add))
+    else
+      redis.call('ZADD', key, unpack(add))
+    end
+  end
+end
+
+-- The key lives until its latest lapse, unless no unit is left.
+local function expire()
+  if redis.call('ZCARD', key) > 0 then
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIRE', key, ceil((tonumber(last[2]) - now) / 1000) + pad)
+  end
+end
+
 -- Pushes the lapse of every unit of the named leases to now + W, but
 -- adds none back: a lease that lapsed or was released stays gone.
 local function renew()
   local expiry = string.format('%d', now + w)
   for i = 7, #ARGV, 2 do
     lease = ARGV[i]
-    local units = tonumber(ARGV[i + 1])
-    for first = 1, units, 1000 do
-      local add = {}
-      for _, m in ipairs(members(first, math.min(units, first + 999))) do
-        add[#add + 1] = expiry
-        add[#add + 1] = m
-      end
-      redis.call('ZADD', key, 'XX', unpack(add))
-    end
+    stamp(tonumber(ARGV[i + 1]), expiry, 'XX')
   end
-  if redis.call('ZCARD', key) > 0 then
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIRE', key, ceil((tonumber(last[2]) - now) / 1000) + pad)
-  end
+  expire()
 end
 
 if ARGV[6] == 'renew' then
@@ -76,16 +90,7 @@ local inflight = redis.call('ZCARD', key)
 if inflight + cost > l then
   return {0, math.max(0, l - inflight), 0, 0, now}
 end
-local expiry = string.format('%d', now + w)
-for first = 1, cost, 1000 do
-  local add = {}
-  for _, m in ipairs(members(first, math.min(cost, first + 999))) do
-    add[#add + 1] = expiry
-    add[#add + 1] = m
-  end
-  redis.call('ZADD', key, unpack(add))
-end
 -- The newest lease lapses last, unless a stepped clock left a later one.
-local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-redis.call('PEXPIRE', key, ceil((tonumber(last[2]) - now) / 1000) + pad)
+stamp(cost, string.format('%d', now + w))
+expire()
 return {1, l - inflight - cost, 0, 0, now}
