@@ -410,7 +410,7 @@ func (t *LocalTier) Refund(ctx context.Context, key string, cost int64, taken De
 		now := t.clock.now()
 		sh := t.shard(key)
 		sh.mu.Lock()
-		if k := sh.keys[key]; k != nil && k.gen == taken.leaseGen && now < k.expires && t.spendable(k) {
+		if k := sh.keys[key]; t.takesBack(k, taken, now) {
 			k.units += cost
 			d := t.leaseDecision(k, now)
 			sh.mu.Unlock()
@@ -421,9 +421,12 @@ func (t *LocalTier) Refund(ctx context.Context, key string, cost int64, taken De
 	return t.store.Refund(ctx, key, cost, taken)
 }
 
-// spendable reports whether units refunded into k's lease may be spent
-// again from it (see Refund).
-func (t *LocalTier) spendable(k *tierKey) bool {
+// takesBack reports whether a refund of taken goes back into k's lease at
+// now (see Refund); k's shard is locked.
+func (t *LocalTier) takesBack(k *tierKey, taken Decision, now int64) bool {
+	if k == nil || taken.leaseGen == 0 || k.gen != taken.leaseGen || now >= k.expires {
+		return false
+	}
 	return !t.logsLeasesAhead || k.grant.admission()-k.grant.at >= LeaseLifetime.Microseconds()
 }
 
