@@ -230,3 +230,45 @@ func TestRefundAfterLeaseRenewed(t *testing.T) {
 		}
 	}
 }
+
+// TestRefundNeverLandsInALaterLease: a refund goes back into the lease
+// its units came from, or to the store, never into a lease granted after
+// the key was forgotten. Lease numbers once restarted with the key, so a
+// refund of last window's admission topped up this window's lease and
+// five passed in a window of four.
+func TestRefundNeverLandsInALaterLease(t *testing.T) {
+	for name, backend := range edgeBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			p := Policy{Algorithm: FixedWindow, Events: 4, Window: 10 * time.Second}
+			clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
+			tier := edgeTiers(t, backend(t, p, clock), p, clock, 1, 1)[0]
+			old, err := tier.Take(ctx, "k", 1)
+			if err != nil || !old.Allowed {
+				t.Fatalf("take: %+v, %v", old, err)
+			}
+			clock.Advance(12 * time.Second) // the next window; the key idles
+			tier.sweep(false)
+			tier.givingBack.Wait()
+			admitted := 0
+			for i := range 6 {
+				d, err := tier.Take(ctx, "k", 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					admitted++
+				}
+				if i == 0 {
+					// Another zone refused the old request only now.
+					if _, err := tier.Refund(ctx, "k", 1, old); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if admitted != 4 {
+				t.Errorf("%d admitted in a window of 4", admitted)
+			}
+		})
+	}
+}
