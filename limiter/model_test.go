@@ -849,8 +849,16 @@ func (m *modelRun) refund() {
 	if a.epoch < ks.epoch {
 		ks.extra += a.cost
 	}
-	if a.epoch < ks.epoch || a.store < ks.resetAt {
+	// A.store at the reset's very instant may be a grant before it (the
+	// clock did not move between them): taken as before, the lenient side.
+	if a.epoch < ks.epoch || a.store <= ks.resetAt {
 		ks.extraUntil = max(ks.extraUntil, now+1)
+		if !toStore {
+			// Refunded into a lease granted before the reset: its units
+			// may pass until that lease is spent or given back.
+			ks.stale = append(ks.stale, modelStaleLease{a.inst, a.d.leaseGen})
+			ks.extraUntil = math.MaxInt64
+		}
 	}
 	m.logf("gen %d inst %d refund #%d (%s %d, %v at %s): remaining %d", a.gen, a.inst, a.id, a.key, a.cost, a.d.Source, m.rel(a.spend), d.Remaining)
 }
