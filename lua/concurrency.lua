@@ -37,16 +37,18 @@ local function members(first, last)
 end
 
 -- Scores units 1..units of the current lease by when they lapse, adding
--- them (flag nil) or only moving those still there (flag 'XX').
-local function stamp(units, expiry, flag)
+-- them (renewal false) or, for a renewal, only moving those still there
+-- and only later (XX GT): a renewal that waited in a queue behind a newer
+-- one must not pull a lapse back.
+local function stamp(units, expiry, renewal)
   for first = 1, units, 1000 do
     local add = {}
     for _, m in ipairs(members(first, math.min(units, first + 999))) do
       add[#add + 1] = expiry
       add[#add + 1] = m
     end
-    if flag then
-      redis.call('ZADD', key, flag, unpack(add))
+    if renewal then
+      redis.call('ZADD', key, 'XX', 'GT', unpack(add))
     else
       redis.call('ZADD', key, unpack(add))
     end
@@ -62,12 +64,13 @@ local function expire()
 end
 
 -- Pushes the lapse of every unit of the named leases to now + W, but
--- adds none back: a lease that lapsed or was released stays gone.
+-- adds none back: a lease that lapsed or was released stays gone. Needs
+-- Redis 6.2 or later (ZADD GT).
 local function renew()
   local expiry = string.format('%d', now + w)
   for i = 7, #ARGV, 2 do
     lease = ARGV[i]
-    stamp(tonumber(ARGV[i + 1]), expiry, 'XX')
+    stamp(tonumber(ARGV[i + 1]), expiry, true)
   end
   expire()
 end
@@ -91,6 +94,6 @@ if inflight + cost > l then
   return {0, math.max(0, l - inflight), 0, 0, now}
 end
 -- The newest lease lapses last, unless a stepped clock left a later one.
-stamp(cost, string.format('%d', now + w))
+stamp(cost, string.format('%d', now + w), false)
 expire()
 return {1, l - inflight - cost, 0, 0, now}
