@@ -75,8 +75,8 @@ func TestModel(t *testing.T) {
 							totals.failed.Add(1)
 						}
 					}
-					t.Logf("model slack %s/%s: max excess %s (allowed %s), %d schedules, %d failed",
-						be.name, c.name(), stats.excessString(), c.allowedSlack(), schedules, stats.failed)
+					t.Logf("model slack %s/%s: max excess %s (allowed %s); spans a step back covers: %s (allowed %s); %d schedules, %d failed",
+						be.name, c.name(), stats.excessString(), c.allowedSlack(), stats.backString(), c.allowedBack(), schedules, stats.failed)
 				})
 			}
 		})
@@ -105,32 +105,34 @@ const (
 	modelDefaultSchedules = 40
 	modelDefaultSteps     = 100
 	// modelDefaultBack is the largest step back of the shared clock the
-	// schedules take by default where the limit holds through it.
+	// schedules take by default (see modelBackFor).
 	modelDefaultBack = 100 * time.Millisecond
 )
 
 // modelBackFor is the largest step back of the clock a schedule of alg
-// takes: -model.back when given, else modelDefaultBack for concurrency,
-// which holds through steps back, and none for the algorithms that do not,
-// on the key's own timeline (modelKeyState.hwm), after a step back of δ:
-//   - token_bucket: a key whose bucket is full at the time the clock went
-//     back to refills over δ again: up to r × δ more;
-//   - sliding_window_log: once a key's entries have left the log, the next
-//     is logged at the stepped-back time and leaves the window up to δ
-//     early, so a span of W may hold more than L (at most L in any span of
-//     W − δ);
-//   - fixed_window and sliding_window_counter on Redis: a key whose count
-//     is back to 0 is deleted, and with it the window it was in, so a step
-//     back across a boundary counts afresh in the window before: up to L
-//     more (the memory store keeps the window until Sweep forgets the key).
+// takes: -model.back when given, else modelDefaultBack. Steps back come
+// between decisions (the clock itself steps, as NTP may step it), and the
+// reference allows each step back of δ exactly its documented effect on
+// the store (modelRun.stepBack keeps them, modelStepBack says where each
+// applies):
+//   - concurrency: none;
+//   - token_bucket: the bucket refills over those δ again: up to r × δ
+//     more in any span that contains the step (modelRun.backDelta), on top
+//     of the lease slack;
+//   - sliding_window_log: entries logged after the step sit up to δ earlier
+//     than those before it, so a span that contains the step holds at most
+//     L in any W − δ of it; spans entirely before or after it keep W;
+//   - fixed_window and sliding_window_counter: a time before the key's
+//     stored window is decided in that window, no extra; but once the
+//     store has forgotten the key (its count back to 0 by refunds, or
+//     swept as idle) a step back across a window boundary counts the
+//     window it went back into afresh: up to L more in that aligned window,
+//     once per such step (modelKeyState.backs).
 func modelBackFor(alg Algorithm) time.Duration {
 	if *modelBackFlag >= 0 {
 		return *modelBackFlag
 	}
-	if alg == Concurrency {
-		return modelDefaultBack
-	}
-	return 0
+	return modelDefaultBack
 }
 
 // modelSettings reads the flags and their environment variables.
@@ -214,6 +216,20 @@ func (c modelCase) allowedSlack() string {
 	return "0"
 }
 
+// allowedBack describes what the checks allow a step back of δ, for the
+// totals line (see modelBackFor).
+func (c modelCase) allowedBack() string {
+	switch c.alg {
+	case TokenBucket:
+		return "r×δ more"
+	case SlidingWindowLog:
+		return "L in W−δ"
+	case FixedWindow, SlidingWindowCounter:
+		return "L more in the window gone back into, with the key forgotten"
+	}
+	return "0"
+}
+
 func modelCases() []modelCase {
 	var cases []modelCase
 	for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
@@ -227,11 +243,20 @@ func modelCases() []modelCase {
 // modelStats gathers, over a case's schedules, the largest excess of
 // admissions over the limit's own bound (L in a window or span; B + r(b−a)
 // in a bucket's span; L in flight), before any slack or reset allowance.
+//
+// Where a step back's allowance applies (and no reset's), it gathers apart
+// the largest excess, the allowance there, and the largest excess over the
+// allowance (the bucket's includes the lease slack; for the sliding log,
+// whose allowance is a shorter span, it is the units in the span of W
+// outside its last W − δ).
 type modelStats struct {
 	mu     sync.Mutex
 	excess float64
 	seen   bool
 	failed int
+	// with a step back's allowance
+	backExcess, backAllowed, backOver float64
+	backSeen                          bool
 }
 
 func (s *modelStats) note(excess float64) {
@@ -242,11 +267,32 @@ func (s *modelStats) note(excess float64) {
 	s.mu.Unlock()
 }
 
+// noteBack notes the excess of a span a step back's allowance covers.
+func (s *modelStats) noteBack(excess, allowed float64) {
+	s.mu.Lock()
+	if !s.backSeen || excess > s.backExcess {
+		s.backExcess, s.backAllowed = excess, allowed
+	}
+	if !s.backSeen || excess-allowed > s.backOver {
+		s.backOver = excess - allowed
+	}
+	s.backSeen = true
+	s.mu.Unlock()
+}
+
 func (s *modelStats) excessString() string {
 	if !s.seen {
 		return "none observed"
 	}
 	return fmt.Sprintf("%+.3f units", s.excess)
+}
+
+func (s *modelStats) backString() string {
+	if !s.backSeen {
+		return "none observed"
+	}
+	return fmt.Sprintf("max excess %+.3f units (allowance there %.3f), max excess over the allowance %+.3f",
+		s.backExcess, s.backAllowed, s.backOver)
 }
 
 // modelAdmission is one admitted request as the reference sees it.
@@ -267,7 +313,11 @@ type modelAdmission struct {
 	spend int64
 	// store is when the store counted the units: the grant of the lease
 	// they were spent from, or the decision itself.
-	store  int64
+	store int64
+	// raw is the store's own clock when it counted the units (the
+	// decision's, or the lease grant's), before the key's timeline (hwm)
+	// moves it later: a sliding log entry is logged no earlier.
+	raw    int64
 	leased bool // spent from a lease in memory
 	epoch  int  // resets of the key before it
 	// A token bucket's refund keeps its admission, marked refunded, and
@@ -292,6 +342,40 @@ type modelKeyState struct {
 	extra      int64
 	extraUntil int64
 	stale      []modelStaleLease
+	// backs are the window algorithms' step-back allowances in this
+	// epoch: see modelRun.stepBack.
+	backs []modelWindowBack
+}
+
+// modelWindowBack is a step back of the clock across a window boundary
+// while the store held no state for a key (fixed_window and
+// sliding_window_counter): the aligned window win it went back into is
+// counted afresh, so it may hold up to units (L) more.
+type modelWindowBack struct {
+	win   int64 // aligned window index under the generation's W
+	units int64
+	step  int
+}
+
+// backAllowance is the step-back allowance of aligned window win and the
+// steps it comes from.
+func (ks *modelKeyState) backAllowance(win int64) (units int64, steps []int) {
+	for _, b := range ks.backs {
+		if b.win == win {
+			units += b.units
+			steps = append(steps, b.step)
+		}
+	}
+	return units, steps
+}
+
+// modelStepBack is one step back of the shared clock, from from to to
+// (µs), at step step, when model time was top. Admissions before it sit on
+// the key's timeline at or before top, those after it at or after to, so
+// a span of the timeline "contains the step" when it meets [to, top].
+type modelStepBack struct {
+	step             int
+	from, to, top, d int64
 }
 
 // modelStaleLease is a lease another instance held when the key was reset.
@@ -315,6 +399,11 @@ type modelGen struct {
 	// grants maps an instance's lease of a key (its leaseGen) to the model
 	// time its grant was decided.
 	grants map[modelGrant]int64
+	// rawGrants is the same grants' raw store clock (modelAdmission.raw).
+	rawGrants map[modelGrant]int64
+	// refunded is when a refund last went back into a lease: its units
+	// are spent again no earlier, even if the clock stepped back since.
+	refunded map[modelGrant]int64
 }
 
 type modelGrant struct {
@@ -381,6 +470,8 @@ type modelRun struct {
 	log     []string
 	stats   *modelStats
 	back    time.Duration
+	// backs are the clock's steps back so far (see modelBackFor).
+	backs []modelStepBack
 	// lastRenew is the clock (µs) at the last renewal of concurrency slots.
 	lastRenew int64
 	// lastTake is the instance, key and generation of the last take.
@@ -464,7 +555,7 @@ func (m *modelRun) addGen(p Policy) error {
 	}
 	q, _ := p.Quota()
 	g := &modelGen{p: p, l: params.l, w: params.w, b: params.b, quota: q,
-		keys: map[string]*modelKeyState{}, grants: map[modelGrant]int64{}}
+		keys: map[string]*modelKeyState{}, grants: map[modelGrant]int64{}, rawGrants: map[modelGrant]int64{}, refunded: map[modelGrant]int64{}}
 	g.maxLease = int64(math.Ceil(m.c.fraction * float64(q)))
 	for _, k := range m.keys {
 		g.keys[k] = &modelKeyState{extraUntil: math.MinInt64}
@@ -574,9 +665,7 @@ func (m *modelRun) doStep() {
 		}
 	case r < 940:
 		if m.back > 0 && !modelSkips("back") {
-			d := time.Duration(1+m.rng.Int64N(m.back.Microseconds())) * time.Microsecond
-			m.clock.Advance(-d)
-			m.logf("clock back %v", d)
+			m.stepBack(time.Duration(1+m.rng.Int64N(m.back.Microseconds())) * time.Microsecond)
 		}
 	case r < 960:
 		if !modelSkips("reset") {
@@ -621,6 +710,61 @@ func (m *modelRun) edge(g *modelGen) {
 		m.logf("to just about the %s", what)
 		m.advance(time.Duration(target-now) * time.Microsecond)
 	}
+}
+
+// stepBack steps the shared clock back by d between decisions and notes
+// the step (modelRun.backs). For fixed_window and sliding_window_counter it
+// also grants, per generation and key, the one allowance a step back may
+// need: when it goes back across a boundary into a window before the
+// key's stored window (the window of its latest decision, hwm) and nothing
+// live counts for the key in that stored window (all its units refunded,
+// or it had none), the store may have forgotten the key (Redis deletes a
+// count back to 0, the memory store forgets an idle key), and then counts
+// the window it went back into afresh: up to L more there. Its decisions
+// then sit on the stepped-back timeline: the key's time becomes the
+// clock's.
+func (m *modelRun) stepBack(d time.Duration) {
+	from := m.clock.Now().UnixMicro()
+	top := m.observe()
+	m.clock.Advance(-d)
+	to := m.clock.Now().UnixMicro()
+	m.backs = append(m.backs, modelStepBack{step: m.step, from: from, to: to, top: top, d: d.Microseconds()})
+	m.logf("clock back %v (from %s)", d, m.rel(from))
+	if m.c.alg != FixedWindow && m.c.alg != SlidingWindowCounter {
+		return
+	}
+	for gi, g := range m.gens {
+		for _, key := range m.keys {
+			ks := g.keys[key]
+			stored := ks.hwm / g.w
+			if ks.hwm == 0 || to/g.w >= stored {
+				continue // no window stored, or the step stays in or after it
+			}
+			held := false
+			for _, a := range m.live(gi, key) {
+				held = held || a.store/g.w == stored
+			}
+			if held {
+				continue // the store holds the window: it decides in it
+			}
+			ks.backs = append(ks.backs, modelWindowBack{win: to / g.w, units: g.l, step: m.step})
+			ks.hwm = to
+			m.logf("gen %d %s: nothing live in its window [%s, %s): step-back allowance %d in [%s, %s)",
+				gi, key, m.rel(stored*g.w), m.rel((stored+1)*g.w), g.l, m.rel(to/g.w*g.w), m.rel((to/g.w+1)*g.w))
+		}
+	}
+}
+
+// backDelta is the total (µs) of the steps back that a span [a, b] of the
+// key's timeline contains (see modelStepBack), and those steps.
+func (m *modelRun) backDelta(a, b int64) (d int64, steps []int) {
+	for _, s := range m.backs {
+		if s.to <= b && s.top >= a {
+			d += s.d
+			steps = append(steps, s.step)
+		}
+	}
+	return d, steps
 }
 
 // advance moves the clock forward by d, doing on the way what an
@@ -758,10 +902,18 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		if a.spend == 0 {
 			a.spend = st.decided
 		}
-		a.spend = max(a.spend, prev)
+		a.raw = a.spend
+		if g.p.Algorithm != FixedWindow && g.p.Algorithm != SlidingWindowCounter {
+			// A window store's decision time is already in the window
+			// it counted in (a time before its stored window is decided
+			// at that window's start); a key it forgot counts afresh at
+			// the clock (see modelRun.stepBack).
+			a.spend = max(a.spend, prev)
+		}
 		a.store = a.spend
 		if d.leaseGen != 0 {
 			g.grants[modelGrant{inst, key, d.leaseGen}] = a.store
+			g.rawGrants[modelGrant{inst, key, d.leaseGen}] = a.raw
 		}
 	case SourceLease:
 		at, ok := g.grants[modelGrant{inst, key, d.leaseGen}]
@@ -769,7 +921,14 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 			m.fail("gen %d instance %d: spent from lease %d of %s, which the model never saw granted", gi, inst, d.leaseGen, key)
 			return
 		}
-		a.spend, a.store, a.leased = max(m.clock.Now().UnixMicro(), at, prev), at, true
+		lg := modelGrant{inst, key, d.leaseGen}
+		a.spend, a.store, a.raw, a.leased = max(m.clock.Now().UnixMicro(), at, prev, g.refunded[lg]), at, g.rawGrants[lg], true
+		if g.p.Algorithm == FixedWindow || g.p.Algorithm == SlidingWindowCounter {
+			// The store counted a window's lease in the window it was
+			// granted in: after a step back the spend stays there, not at
+			// a later time of the key's.
+			a.spend = max(m.clock.Now().UnixMicro(), at, g.refunded[lg])
+		}
 	default:
 		m.fail("gen %d instance %d: an admission from %v", gi, inst, d.Source)
 		return
@@ -834,12 +993,17 @@ func (m *modelRun) refund() {
 		return
 	}
 	m.adm = slices.Delete(m.adm, i, i+1)
+	credit := max(m.clock.Now().UnixMicro(), a.spend, prev)
+	if !toStore {
+		lg := modelGrant{a.inst, a.key, a.d.leaseGen}
+		g.refunded[lg] = max(g.refunded[lg], credit)
+	}
 	if g.p.Algorithm == TokenBucket {
 		// A bucket's refund puts tokens back when it is made, not when
 		// the admission was: it stays counted where it was spent, and the
 		// tokens count as a credit now (see checkBucket).
 		m.adm = append(m.adm, a, &modelAdmission{id: -1 - a.id, gen: a.gen, inst: a.inst, key: a.key, cost: -a.cost,
-			spend: max(m.clock.Now().UnixMicro(), a.spend, prev), store: a.store, epoch: a.epoch, credit: true})
+			spend: credit, store: a.store, epoch: a.epoch, credit: true})
 		a.refunded = true
 	}
 	ks := g.keys[a.key]
@@ -902,7 +1066,7 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	ks.epoch++
 	ks.resetAt = now
 	ks.hwm = 0 // the store forgot the key's time too
-	ks.extra, ks.extraUntil, ks.stale = 0, math.MinInt64, nil
+	ks.extra, ks.extraUntil, ks.stale, ks.backs = 0, math.MinInt64, nil, nil
 	for j, tier := range g.tiers {
 		if j == inst {
 			continue
@@ -925,6 +1089,8 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	for k := range g.grants {
 		if k.inst == inst && k.key == key {
 			delete(g.grants, k) // the tier forgot the key: its lease numbers restart
+			delete(g.rawGrants, k)
+			delete(g.refunded, k)
 		}
 	}
 	m.logf("gen %d inst %d reset %s: other instances hold %d units", gi, inst, key, ks.extra)
@@ -1095,7 +1261,7 @@ func (m *modelRun) expectRemaining(g *modelGen, gi int, key string, now int64) (
 			if g.maxLease > 0 {
 				end = max(a.spend, a.store+LeaseLifetime.Microseconds())
 			}
-			if min(a.store, a.spend) > now-g.w {
+			if min(a.store, a.spend, a.raw) > now-g.w {
 				sure += a.cost
 			}
 			if end > now-g.w {
@@ -1222,38 +1388,54 @@ func (m *modelRun) checkKey(gi int, g *modelGen, key string, ks *modelKeyState) 
 			for ; j < len(live) && live[j].spend/g.w == win; j++ {
 				n += live[j].cost
 			}
-			if ks.allowance(win*g.w) == 0 {
+			back, steps := ks.backAllowance(win)
+			switch {
+			case ks.allowance(win*g.w) > 0:
+			case back == 0:
 				m.stats.note(float64(n - g.l))
+			default:
+				m.stats.noteBack(float64(n-g.l), float64(back))
 			}
-			if n > g.l+ks.allowance(win*g.w) {
-				m.fail("gen %d %s: %d units spent in window [%s, %s), limit %d (reset allowance %d): admissions %s",
-					gi, key, n, m.rel(win*g.w), m.rel((win+1)*g.w), g.l, ks.allowance(win*g.w), ids(live[i:j]))
+			if n > g.l+ks.allowance(win*g.w)+back {
+				m.fail("gen %d %s: %d units spent in window [%s, %s), limit %d (reset allowance %d, step-back allowance %d of steps %v): admissions %s",
+					gi, key, n, m.rel(win*g.w), m.rel((win+1)*g.w), g.l, ks.allowance(win*g.w), back, steps, ids(live[i:j]))
 				return
 			}
 			i = j
 		}
 	case SlidingWindowLog:
-		// Units spent in any span (t−W, t]: at most L. The count is
-		// largest at some admission's time.
-		i := 0
-		var n int64
+		// Units spent in any span (t−W, t]: at most L; in one that
+		// contains steps back of δ in all (modelRun.backDelta), at most L
+		// in (t−(W−δ), t]. The count is largest at some admission's time.
 		for j, a := range live {
-			n += a.cost
-			for live[i].spend <= a.spend-g.w {
-				n -= live[i].cost
-				i++
-			}
 			// Admissions at the same time as a are all in the span; the
 			// last of them completes the count.
 			if j+1 < len(live) && live[j+1].spend == a.spend {
 				continue
 			}
-			if ks.allowance(a.spend-g.w) == 0 {
-				m.stats.note(float64(n - g.l))
+			delta, steps := m.backDelta(a.spend-g.w+1, a.spend)
+			w := max(0, g.w-delta)
+			var n, nw int64
+			first := j + 1
+			for i := j; i >= 0 && live[i].spend > a.spend-g.w; i-- {
+				nw += live[i].cost
+				if live[i].spend > a.spend-w {
+					n += live[i].cost
+					first = i
+				}
 			}
-			if n > g.l+ks.allowance(a.spend-g.w) {
-				m.fail("gen %d %s: %d units spent in (%s, %s], limit %d (reset allowance %d): admissions %s",
-					gi, key, n, m.rel(a.spend-g.w), m.rel(a.spend), g.l, ks.allowance(a.spend-g.w), ids(live[i:j+1]))
+			reset := ks.allowance(a.spend - w)
+			switch {
+			case reset > 0:
+			case delta == 0:
+				m.stats.note(float64(n - g.l))
+			default:
+				m.stats.noteBack(float64(nw-g.l), float64(nw-n))
+			}
+			if n > g.l+reset {
+				m.fail("gen %d %s: %d units spent in (%s, %s], limit %d in W − δ = %v after steps back of δ = %v (steps %v) (reset allowance %d): admissions %s",
+					gi, key, n, m.rel(a.spend-w), m.rel(a.spend), g.l, time.Duration(w)*time.Microsecond,
+					time.Duration(delta)*time.Microsecond, steps, reset, ids(live[first:j+1]))
 				return
 			}
 		}
@@ -1274,12 +1456,15 @@ func (m *modelRun) checkKey(gi int, g *modelGen, key string, ks *modelKeyState) 
 }
 
 // checkBucket: units spent in any closed span [a, b], less the refunds
-// made within it, are at most B + r(b−a) + slack, slack = r × LeaseLifetime with leases (their units
-// are taken from the bucket when granted and spent up to a lifetime
-// later), else 0. In integers, multiplied through by W:
-// n×W − L×(b−a) <= B×W + slack×W. The largest left side over spans ending
-// at b comes from the best start a <= b, kept in one pass: over all starts,
-// and over those a reset's allowance does not cover.
+// made within it, are at most B + r(b−a) + slack, slack = r ×
+// modelBucketRefundDelay (a refund credits what the bucket refilled since
+// its take again), plus r × LeaseLifetime with leases (their units are
+// taken from the bucket when granted and spent up to a lifetime later),
+// plus r × δ for the steps back of
+// δ in all that the span contains (modelRun.backDelta): the bucket refills
+// over them again. In integers, multiplied through by W:
+// n×W − L×(b−a) <= B×W + slack×W + L×δ. Every start a and end b at an
+// admission's time is checked: the allowances depend on both.
 func (m *modelRun) checkBucket(gi int, g *modelGen, key string, ks *modelKeyState, live []*modelAdmission) {
 	// A refund up to modelBucketRefundDelay after its take credits what
 	// the bucket refilled meanwhile again: r × that delay.
@@ -1287,42 +1472,35 @@ func (m *modelRun) checkBucket(gi int, g *modelGen, key string, ks *modelKeyStat
 	if m.c.fraction > 0 {
 		slackW += g.l * LeaseLifetime.Microseconds()
 	}
-	// A start's value is L×a − W×(units spent before a); prefix is W × the
-	// units spent up to and including b.
-	type start struct {
-		v int64
-		i int
+	// prefix[k] is W × the units of live[:k].
+	prefix := make([]int64, len(live)+1)
+	for k, a := range live {
+		prefix[k+1] = prefix[k] + a.cost*g.w
 	}
-	var prefix int64
-	all, uncovered := start{math.MinInt64, -1}, start{math.MinInt64, -1}
-	for j, a := range live {
-		if j == 0 || live[j-1].spend != a.spend {
-			v := g.l*a.spend - prefix
-			if v > all.v {
-				all = start{v, j}
-			}
-			if ks.allowance(a.spend) == 0 && v > uncovered.v {
-				uncovered = start{v, j}
-			}
+	for j, b := range live {
+		if j+1 < len(live) && live[j+1].spend == b.spend {
+			continue // the last admission at b's time completes the span
 		}
-		prefix += a.cost * g.w
-		if j+1 < len(live) && live[j+1].spend == a.spend {
-			continue
-		}
-		for _, s := range []start{all, uncovered} {
-			if s.i < 0 {
-				continue
+		for i, a := range live[:j+1] {
+			if i > 0 && live[i-1].spend == a.spend {
+				continue // the first admission at a's time opens the span
 			}
-			first := live[s.i]
-			lhs := prefix - g.l*a.spend + s.v // n×W − L×(b−a)
-			extra := ks.allowance(first.spend)
-			if extra == 0 {
+			lhs := prefix[j+1] - prefix[i] - g.l*(b.spend-a.spend) // n×W − L×(b−a)
+			extra := ks.allowance(a.spend)
+			delta, steps := m.backDelta(a.spend, b.spend)
+			switch {
+			case extra > 0:
+			case delta == 0:
 				m.stats.note(float64(lhs-g.b*g.w) / float64(g.w))
+			default:
+				// The lease slack counts in the allowance here.
+				m.stats.noteBack(float64(lhs-g.b*g.w)/float64(g.w), float64(g.l*delta+slackW)/float64(g.w))
 			}
-			if lhs > g.b*g.w+slackW+extra*g.w {
-				m.fail("gen %d %s: %.3f units spent in [%s, %s], bound B + r(b−a) = %.3f, slack %.3f (reset allowance %d): admissions %s",
-					gi, key, float64(prefix-(g.l*first.spend-s.v))/float64(g.w), m.rel(first.spend), m.rel(a.spend),
-					float64(g.b*g.w+g.l*(a.spend-first.spend))/float64(g.w), float64(slackW)/float64(g.w), extra, ids(live[s.i:j+1]))
+			if lhs > g.b*g.w+slackW+extra*g.w+g.l*delta {
+				m.fail("gen %d %s: %.3f units spent in [%s, %s], bound B + r(b−a) = %.3f, slack %.3f (reset allowance %d, step-back allowance r×δ = %.3f for δ = %v of steps %v): admissions %s",
+					gi, key, float64(prefix[j+1]-prefix[i])/float64(g.w), m.rel(a.spend), m.rel(b.spend),
+					float64(g.b*g.w+g.l*(b.spend-a.spend))/float64(g.w), float64(slackW)/float64(g.w), extra,
+					float64(g.l*delta)/float64(g.w), time.Duration(delta)*time.Microsecond, steps, ids(live[i:j+1]))
 				return
 			}
 		}
