@@ -69,7 +69,12 @@ func (s *fixedWindowState) status(p *params, now int64) Decision {
 	return d
 }
 
+// idle keeps an emptied window while the clock is behind it: forgotten,
+// the earlier window would be counted afresh, as the script keeps it too.
 func (s *fixedWindowState) idle(p *params, now int64) bool {
+	if windowIndex(p, now) < s.win {
+		return false
+	}
 	s.roll(p, now)
 	return s.count == 0
 }

@@ -100,7 +100,12 @@ func (s *slidingCounterState) status(p *params, now int64) Decision {
 	return d
 }
 
+// idle keeps the state while the clock is behind its window (see
+// fixedWindowState.idle).
 func (s *slidingCounterState) idle(p *params, now int64) bool {
+	if windowIndex(p, now) < s.win {
+		return false
+	}
 	s.roll(p, now)
 	return s.prev == 0 && s.cur == 0
 }

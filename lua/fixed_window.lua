@@ -14,7 +14,7 @@
 -- A lease (ARGV[5], want >= cost) takes what the window has left, up to
 -- want, when it has at least cost, and its reply adds the units granted.
 
-local win, count = index(now), 0
+local win, count, behind = index(now), 0, false
 local v = redis.call('GET', KEYS[1])
 if v then
   local sep = string.find(v, ':', 1, true)
@@ -26,7 +26,7 @@ if v then
       -- window's start, as fixedWindowState.roll does: going back to the
       -- older window would restart its count and readmit a full quota.
       if stored > win then
-        win, now = stored, stored * w
+        win, now, behind = stored, stored * w, true
       end
       count = tonumber(string.sub(v, sep + 1))
     end
@@ -34,8 +34,11 @@ if v then
 end
 local left = (win + 1) * w - now
 
+-- An emptied window is deleted, unless the clock is behind it: deleted
+-- then, the next decision would count the earlier window afresh, though
+-- that window may have been full.
 local function save()
-  if count <= 0 then
+  if count <= 0 and not behind then
     redis.call('DEL', KEYS[1])
     return
   end

@@ -17,7 +17,7 @@
 -- want, when cost fits, and its reply adds the units granted.
 
 -- Roll the stored counts forward to the window now falls in.
-local win, prev, cur = index(now), 0, 0
+local win, prev, cur, behind = index(now), 0, 0, false
 local v = redis.call('GET', KEYS[1])
 if v then
   local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
@@ -27,7 +27,7 @@ if v then
       -- A clock behind the stored window decides at that window's start,
       -- as slidingCounterState.roll does, rather than drop both counts.
       if a > win then
-        win, now = a, a * w
+        win, now, behind = a, a * w, true
       end
       prev, cur = tonumber(p), tonumber(c)
     elseif a + 1 == win then
@@ -52,7 +52,9 @@ local function save()
   local left
   if cur > 0 then
     left = (win + 2) * w - now
-  elseif prev > 0 then
+  elseif prev > 0 or behind then
+    -- Emptied while the clock is behind the stored window, it is kept:
+    -- deleted, the earlier window would be counted afresh.
     left = (win + 1) * w - now
   else
     redis.call('DEL', KEYS[1])
