@@ -336,7 +336,8 @@ type modelKeyState struct {
 	// the key in this epoch. Each store keeps a key's time monotone when
 	// the clock steps back (fixedWindowState.roll, the sliding log's entry
 	// order), so an admission counts no earlier than hwm: the limit is
-	// judged on the key's own timeline.
+	// judged on the key's own timeline. A token bucket's refund credit
+	// moves it too (see modelRun.refund).
 	hwm int64
 	// extra is how many units more than the bound the current epoch may
 	// admit, and extraUntil the model time before which a span must start
@@ -1036,6 +1037,15 @@ func (m *modelRun) refund() {
 		m.adm = append(m.adm, a, &modelAdmission{id: -1 - a.id, gen: a.gen, inst: a.inst, key: a.key, cost: -a.cost,
 			spend: credit, store: a.store, epoch: a.epoch, credit: true})
 		a.refunded = true
+		// The credit sits on the key's timeline at its time, so what
+		// the store decides after it counts no earlier, even when the
+		// clock has stepped back since. A refund into a lease reaches the
+		// store only with the lease's give-back or renewal: a renewal
+		// after a step back takes its units back at the stepped-back
+		// clock, and, placed there, its take would sit before the credit
+		// of units it returned in the same call (a span with the take
+		// and not the credit counts those units twice).
+		g.keys[a.key].hwm = max(g.keys[a.key].hwm, credit)
 	}
 	ks := g.keys[a.key]
 	// A refund of units counted before the key's reset gives them to the
