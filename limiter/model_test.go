@@ -26,8 +26,11 @@ import (
 // the edges"): instances together never admit more than the limit, and no
 // unit is stranded. Seeded random schedules drive three instances (three
 // LocalTiers, or three stores for concurrency) over one shared store, a
-// real redis-server or one Memory, on one injected clock, and an exact
-// reference model checks every admission after every step: see
+// real redis-server or one Memory, on one injected clock that steps back
+// at times (the store's: Redis's TIME can step; the tiers read it through
+// modelTierClock, which never goes back, as the process's monotonic clock
+// they read in production), and an exact reference model checks every
+// admission after every step: see
 // modelRun.checkKey and checkBucket for the limits, modelRun.reset for the
 // allowance after an admin reset, and modelRun.quiet for the check that no
 // unit is stranded.
@@ -333,7 +336,8 @@ type modelKeyState struct {
 	// the key in this epoch. Each store keeps a key's time monotone when
 	// the clock steps back (fixedWindowState.roll, the sliding log's entry
 	// order), so an admission counts no earlier than hwm: the limit is
-	// judged on the key's own timeline.
+	// judged on the key's own timeline. A token bucket's refund credit
+	// moves it too (see modelRun.refund).
 	hwm int64
 	// extra is how many units more than the bound the current epoch may
 	// admit, and extraUntil the model time before which a span must start
@@ -476,12 +480,35 @@ type modelRun struct {
 	lastRenew int64
 	// lastTake is the instance, key and generation of the last take.
 	lastTake modelGrant
-	// lastJanitor is the clock (µs) at the tiers' last janitor pass.
+	// lastJanitor is the tiers' clock (µs) at their last janitor pass.
 	lastJanitor int64
-	failure     string
+	// ahead is how far (ns) the tiers' clock is ahead of clock: the sum
+	// of its steps back (see modelTierClock).
+	ahead   atomic.Int64
+	failure string
 }
 
 var modelPrefixSeq atomic.Int64
+
+// modelTierClock is the clock the tiers read: the shared clock plus every
+// step back it has taken, so it runs with the shared clock and never goes
+// back. In production a LocalTier reads the process's monotonic clock and
+// only the store's clock (Redis's TIME) can step back; a tier on the
+// stepping clock would take a lease it granted before a step back for
+// unexpired again (the shared clock back inside its window or lifetime)
+// and take refunds into it and spend it after its window had ended on
+// the key's timeline, which no process does. Times a tier reports (a
+// lease's expiry) are on this clock: modelRun.tierNow converts.
+type modelTierClock struct{ m *modelRun }
+
+func (c modelTierClock) Now() time.Time {
+	return c.m.clock.Now().Add(time.Duration(c.m.ahead.Load()))
+}
+
+// tierNow is the tiers' clock (µs): see modelTierClock.
+func (m *modelRun) tierNow() int64 {
+	return modelTierClock{m}.Now().UnixMicro()
+}
 
 // runModelSchedule runs one seeded schedule and reports whether it held.
 func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient, seed uint64, stats *modelStats, totals *modelTotals) bool {
@@ -586,7 +613,7 @@ func (m *modelRun) addGen(p Policy) error {
 		if p.Algorithm == Concurrency {
 			continue
 		}
-		tier, err := NewLocalTier(s, p, LocalTierOptions{LeaseFraction: m.c.fraction, DenyFor: denyFor, Clock: m.clock, manualSweep: true})
+		tier, err := NewLocalTier(s, p, LocalTierOptions{LeaseFraction: m.c.fraction, DenyFor: denyFor, Clock: modelTierClock{m}, manualSweep: true})
 		if err != nil {
 			return err
 		}
@@ -684,9 +711,11 @@ func (m *modelRun) doStep() {
 }
 
 // edge moves the clock to just before or after an edge: the next window
-// boundary of g, or the earliest expiry of a lease an instance holds.
+// boundary of g, or the earliest expiry of a lease an instance holds
+// (on the tiers' clock, ahead of the shared one: see modelTierClock).
 func (m *modelRun) edge(g *modelGen) {
 	now := m.clock.Now().UnixMicro()
+	ahead := m.tierNow() - now
 	target := (now/g.w + 1) * g.w
 	what := "window end"
 	if m.rng.IntN(2) == 0 {
@@ -696,8 +725,8 @@ func (m *modelRun) edge(g *modelGen) {
 					sh := &tier.shards[i]
 					sh.mu.Lock()
 					for _, k := range sh.keys {
-						if k.units > 0 && k.expires > now && k.expires < target {
-							target, what = k.expires, "lease expiry"
+						if exp := k.expires - ahead; k.units > 0 && exp > now && exp < target {
+							target, what = exp, "lease expiry"
 						}
 					}
 					sh.mu.Unlock()
@@ -727,6 +756,7 @@ func (m *modelRun) stepBack(d time.Duration) {
 	from := m.clock.Now().UnixMicro()
 	top := m.observe()
 	m.clock.Advance(-d)
+	m.ahead.Add(int64(d)) // the tiers' clock does not step (modelTierClock)
 	to := m.clock.Now().UnixMicro()
 	m.backs = append(m.backs, modelStepBack{step: m.step, from: from, to: to, top: top, d: d.Microseconds()})
 	m.logf("clock back %v (from %s)", d, m.rel(from))
@@ -772,16 +802,18 @@ func (m *modelRun) backDelta(a, b int64) (d int64, steps []int) {
 // quarter of a lease's lifetime (so a lease's units go back within
 // LeaseLifetime and a quarter of its grant, as in production; the
 // schedule's own sweep steps come on top), and the renewal of
-// concurrency slots on Redis at least every W/3 while any are held.
+// concurrency slots on Redis at least every W/3 while any are held. The
+// janitor's ticks are timed on the tiers' clock (a ticker of the process),
+// which a step back of the shared clock does not delay.
 func (m *modelRun) advance(d time.Duration) {
 	m.logf("advance %v", d)
 	janitor := (LeaseLifetime / 4).Microseconds()
 	for d > 0 {
 		now := m.clock.Now().UnixMicro()
-		if now-m.lastJanitor >= janitor {
+		if m.tierNow()-m.lastJanitor >= janitor {
 			m.janitor()
 		}
-		step := min(d, time.Duration(m.lastJanitor+janitor-now)*time.Microsecond)
+		step := min(d, time.Duration(m.lastJanitor+janitor-m.tierNow())*time.Microsecond)
 		if w := m.renewEvery(); w > 0 {
 			next := time.Duration(m.lastRenew+w-now) * time.Microsecond
 			if next <= 0 {
@@ -795,14 +827,14 @@ func (m *modelRun) advance(d time.Duration) {
 		d -= step
 		m.observe()
 	}
-	if m.clock.Now().UnixMicro()-m.lastJanitor >= janitor {
+	if m.tierNow()-m.lastJanitor >= janitor {
 		m.janitor()
 	}
 }
 
 // janitor runs every tier's janitor pass and waits for its give-backs.
 func (m *modelRun) janitor() {
-	m.lastJanitor = m.clock.Now().UnixMicro()
+	m.lastJanitor = m.tierNow()
 	if modelSkips("janitor") {
 		return
 	}
@@ -1005,6 +1037,15 @@ func (m *modelRun) refund() {
 		m.adm = append(m.adm, a, &modelAdmission{id: -1 - a.id, gen: a.gen, inst: a.inst, key: a.key, cost: -a.cost,
 			spend: credit, store: a.store, epoch: a.epoch, credit: true})
 		a.refunded = true
+		// The credit sits on the key's timeline at its time, so what
+		// the store decides after it counts no earlier, even when the
+		// clock has stepped back since. A refund into a lease reaches the
+		// store only with the lease's give-back or renewal: a renewal
+		// after a step back takes its units back at the stepped-back
+		// clock, and, placed there, its take would sit before the credit
+		// of units it returned in the same call (a span with the take
+		// and not the credit counts those units twice).
+		g.keys[a.key].hwm = max(g.keys[a.key].hwm, credit)
 	}
 	ks := g.keys[a.key]
 	// A refund of units counted before the key's reset gives them to the
@@ -1106,7 +1147,7 @@ func (m *modelRun) touch(g *modelGen, key string) {
 // sweepTier runs a janitor pass of tier, waits for its give-backs, and
 // notes the keys whose state they touched.
 func (m *modelRun) sweepTier(g *modelGen, tier *LocalTier) {
-	now := m.clock.Now().UnixMicro()
+	now := m.tierNow() // leases expire on the tiers' clock
 	var backs []string
 	for _, key := range m.keys {
 		if units, expires := tier.leaseExpiry(key); units > 0 && now >= expires {
