@@ -1112,7 +1112,7 @@ func (m *modelRun) reset(gi, inst int, key string) {
 		if j == inst {
 			continue
 		}
-		if units, gen := tier.lease(key); units > 0 {
+		if units, gen, _ := tier.lease(key); units > 0 {
 			ks.extra += units
 			ks.stale = append(ks.stale, modelStaleLease{j, gen})
 		}
@@ -1150,7 +1150,7 @@ func (m *modelRun) sweepTier(g *modelGen, tier *LocalTier) {
 	now := m.tierNow() // leases expire on the tiers' clock
 	var backs []string
 	for _, key := range m.keys {
-		if units, expires := tier.leaseExpiry(key); units > 0 && now >= expires {
+		if units, _, expires := tier.lease(key); units > 0 && now >= expires {
 			backs = append(backs, key)
 		}
 	}
@@ -1159,18 +1159,6 @@ func (m *modelRun) sweepTier(g *modelGen, tier *LocalTier) {
 	for _, key := range backs {
 		m.touch(g, key)
 	}
-}
-
-// leaseExpiry is the unspent units of tier's lease of key and when it
-// expires (µs).
-func (t *LocalTier) leaseExpiry(key string) (units, expires int64) {
-	sh := t.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if k := sh.keys[key]; k != nil {
-		return k.units, k.expires
-	}
-	return 0, 0
 }
 
 // refundsIntoLease reports whether a refund of taken would go back into
@@ -1183,16 +1171,16 @@ func (t *LocalTier) refundsIntoLease(key string, taken Decision) bool {
 	return t.takesBack(sh.keys[key], taken, now)
 }
 
-// lease is the unspent units and the number of the lease tier holds for
-// key.
-func (t *LocalTier) lease(key string) (units int64, gen uint64) {
+// lease is the unspent units, the number and the expiry (µs) of the
+// lease tier holds for key.
+func (t *LocalTier) lease(key string) (units int64, gen uint64, expires int64) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if k := sh.keys[key]; k != nil {
-		return k.units, k.gen
+		return k.units, k.gen, k.expires
 	}
-	return 0, 0
+	return 0, 0, 0
 }
 
 // limitChange starts a second policy under the same zone name, as a
@@ -1396,7 +1384,7 @@ func (m *modelRun) settleStale(g *modelGen, ks *modelKeyState, now int64) {
 	}
 	held := ks.stale[:0]
 	for _, s := range ks.stale {
-		if units, gen := g.tiers[s.inst].lease(key); units > 0 && gen == s.gen {
+		if units, gen, _ := g.tiers[s.inst].lease(key); units > 0 && gen == s.gen {
 			held = append(held, s)
 		}
 	}
