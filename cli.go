@@ -2,10 +2,11 @@ package ratelimit
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -107,43 +108,74 @@ type adminClient struct {
 }
 
 // call sends method to the admin API at uri and returns the answer's body.
-// An error answer is reported by the message the API gave.
+// An error answer is reported by the message and status the API gave.
 func (c *adminClient) call(method, uri string) ([]byte, error) {
-	resp, err := caddycmd.AdminAPIRequest(c.addr, method, uri, nil, nil)
+	resp, err := c.send(method, uri)
 	if err != nil {
-		if msg, ok := apiMessage(err); ok {
-			return nil, msg
-		}
 		return nil, fmt.Errorf("asking the admin API at %s: %w", c.addr, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
 		return nil, fmt.Errorf("reading the answer of %s %s: %w", method, uri, err)
+	}
+	if resp.StatusCode >= 400 {
+		return nil, answerError(resp.StatusCode, body)
 	}
 	return body, nil
 }
 
-// apiMessage turns AdminAPIRequest's error for an error answer, which ends
-// with the body the API sent ("caddy responded with error: HTTP 404:
-// {"error":"..."}"), into that body's message and status. ok is false for
-// any other error (the admin endpoint unreachable, say).
-func apiMessage(err error) (msg error, ok bool) {
-	text := err.Error()
-	i := strings.Index(text, "{")
-	if i < 0 {
-		return nil, false
+// maxAnswer bounds what the CLI reads of one answer; a top list of 1000
+// keys is far smaller.
+const maxAnswer = 8 << 20
+
+// send makes one request of the admin API. It is caddycmd.AdminAPIRequest
+// without its error text: that function folds an error answer into a
+// string, and the CLI wants the status and body apart. Like it, send dials
+// the admin address's own network (tcp or a unix socket) and names a
+// loopback origin, which the admin endpoint requires.
+func (c *adminClient) send(method, uri string) (*http.Response, error) {
+	addr, err := caddy.ParseNetworkAddress(c.addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin address %q: %w", c.addr, err)
 	}
-	var body struct {
-		Error string `json:"error"`
+	if addr.PortRangeSize() > 1 {
+		return nil, fmt.Errorf("admin address %q is a port range, not one address", c.addr)
 	}
-	if json.Unmarshal([]byte(text[i:]), &body) != nil || body.Error == "" {
-		return nil, false
+	dial := addr.JoinHostPort(0)
+	base, origin := "http://"+dial, "http://"+dial
+	if addr.IsUnixNetwork() {
+		// A socket's path may carry its permission bits: "path|0220". The
+		// host of the URL is then a stand-in, and no origin is named.
+		dial, _, _ = strings.Cut(addr.Host, "|")
+		base, origin = "http://127.0.0.1", ""
 	}
-	if _, status, found := strings.Cut(strings.TrimSpace(text[:i]), "HTTP "); found {
-		return fmt.Errorf("%s (HTTP %s)", body.Error, strings.TrimSuffix(status, ":")), true
+	req, err := http.NewRequest(method, base+uri, nil)
+	if err != nil {
+		return nil, fmt.Errorf("making the request: %w", err)
 	}
-	return errors.New(body.Error), true
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	client := http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, addr.Network, dial)
+		},
+		DisableKeepAlives: true,
+	}}
+	return client.Do(req)
+}
+
+// answerError is an error answer of the admin API as the CLI shows it: the
+// message of the caddy.APIError the API wrote, and the status. A body that
+// is not such an error (a proxy's page, say) is shown as it is.
+func answerError(status int, body []byte) error {
+	var apiErr caddy.APIError
+	if json.Unmarshal(body, &apiErr) == nil && apiErr.Message != "" {
+		return fmt.Errorf("%s (HTTP %d)", apiErr.Message, status)
+	}
+	return fmt.Errorf("the admin API answered HTTP %d: %s", status, bytes.TrimSpace(body))
 }
 
 // zonePath is the admin API path of a zone, its name escaped as one path

@@ -1,8 +1,17 @@
 package ratelimit
 
 import (
-	"errors"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // TestCLISeconds: windows and waits read as Go durations without trailing
@@ -18,20 +27,60 @@ func TestCLISeconds(t *testing.T) {
 	}
 }
 
-// TestCLIAPIMessage: an error answer of the admin API is shown by its
-// message and status; other errors are not taken for one.
-func TestCLIAPIMessage(t *testing.T) {
-	msg, ok := apiMessage(errors.New(`caddy responded with error: HTTP 404: {"error":"no zone \"x\" in the running config"}` + "\n"))
-	if !ok || msg.Error() != `no zone "x" in the running config (HTTP 404)` {
-		t.Errorf("API error: %v, %v", msg, ok)
-	}
-	for _, text := range []string{
-		`performing request: dial tcp 127.0.0.1:1: connect: connection refused`,
-		`caddy responded with error: HTTP 502: {"status":"bad gateway"}`,
-		`caddy responded with error: HTTP 500: {not json`,
-	} {
-		if msg, ok := apiMessage(errors.New(text)); ok {
-			t.Errorf("%q taken for an API error: %v", text, msg)
+// TestCLIAnswers: the CLI reads an error answer of the admin API as Caddy
+// writes it (a caddy.APIError as JSON) and shows its message and status;
+// another body is shown as it is; a success is returned whole. It asks over
+// TCP, naming the origin the admin endpoint checks, and over a unix socket
+// given with permission bits.
+func TestCLIAnswers(t *testing.T) {
+	mux := http.NewServeMux()
+	var origins []string
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		origins = append(origins, r.Header.Get("Origin"))
+		switch r.URL.Path {
+		case "/missing":
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(caddy.APIError{HTTPStatus: http.StatusNotFound, Message: `no zone "x" in the running config`})
+		case "/proxy":
+			w.WriteHeader(http.StatusBadGateway)
+			_, _ = io.WriteString(w, "bad gateway\n")
+		default:
+			_, _ = io.WriteString(w, `{"ok":true}`)
 		}
+	})
+	tcp := httptest.NewServer(mux)
+	defer tcp.Close()
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix := httptest.NewUnstartedServer(mux)
+	unix.Listener = ln
+	unix.Start()
+	defer unix.Close()
+
+	tcpAddr := strings.TrimPrefix(tcp.URL, "http://")
+	for _, addr := range []string{tcpAddr, "unix/" + sock + "|0220"} {
+		api := &adminClient{addr: addr}
+		_, err := api.call(http.MethodGet, "/missing")
+		if err == nil || err.Error() != `no zone "x" in the running config (HTTP 404)` {
+			t.Errorf("%s: API error: %v", addr, err)
+		}
+		_, err = api.call(http.MethodGet, "/proxy")
+		if err == nil || err.Error() != "the admin API answered HTTP 502: bad gateway" {
+			t.Errorf("%s: other error: %v", addr, err)
+		}
+		body, err := api.call(http.MethodGet, "/zones")
+		if err != nil || string(body) != `{"ok":true}` {
+			t.Errorf("%s: answer %q, %v", addr, body, err)
+		}
+	}
+	want := []string{"http://" + tcpAddr, "http://" + tcpAddr, "http://" + tcpAddr, "", "", ""}
+	if !slices.Equal(origins, want) {
+		t.Errorf("origins %q, want %q", origins, want)
+	}
+	if _, err := (&adminClient{addr: "localhost:1-2"}).call(http.MethodGet, "/"); err == nil {
+		t.Error("a port range was taken for an admin address")
 	}
 }
