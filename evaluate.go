@@ -377,8 +377,9 @@ func refusal(err error) error {
 	}
 }
 
-// denyTrace is deny's location in caddyhttp.Error's Trace format,
-// "<package>.<function> (<file>:<line>)", found on first use.
+// denyTrace is deny's location in caddyhttp.Error's Trace format, found
+// on first use. TestRefusalMatchesCaddyError pins the format and the ID
+// alphabet to caddyhttp.Error's own.
 func denyTrace() string {
 	denyTraceOnce.Do(func() {
 		f := runtime.FuncForPC(reflect.ValueOf((*Handler).deny).Pointer())
@@ -386,9 +387,15 @@ func denyTrace() string {
 			return
 		}
 		file, line := f.FileLine(f.Entry())
-		denyTraceText = fmt.Sprintf("%s (%s:%d)", path.Base(f.Name()), path.Base(file), line)
+		denyTraceText = formatTrace(f.Name(), file, line)
 	})
 	return denyTraceText
+}
+
+// formatTrace writes a code location as caddyhttp.Error's Trace does:
+// "<package>.<function> (<file>:<line>)".
+func formatTrace(function, file string, line int) string {
+	return fmt.Sprintf("%s (%s:%d)", path.Base(function), path.Base(file), line)
 }
 
 var (
