@@ -17,12 +17,13 @@ type fixedWindowState struct {
 
 // roll starts a new count when now has left the stored window, and returns
 // the time to decide at. A now before the stored window is taken as that
-// window's start: concurrent requests read the clock before they take the
-// shard's lock, so one that read it just before a boundary can arrive after
-// one that read it just after. Going back to the older window would restart
-// its count, and the next request would restart the newer one's: each flip
-// admitted up to L more. A clock stepped back is treated the same way, as
-// the sliding log does; the memory store's default clock never steps back.
+// window's start. Both stores read the clock inside the key's critical
+// section (the shard's lock, the script), so this happens only when the
+// clock steps back: an injected clock, or Redis's TIME after a failover to
+// a master whose clock is behind. Going back to the older window would
+// restart its count, and the next request would restart the newer one's:
+// each flip admitted up to L more. The sliding log treats a clock stepped
+// back the same way; the memory store's default clock never steps back.
 func (s *fixedWindowState) roll(p *params, now int64) int64 {
 	switch idx := windowIndex(p, now); {
 	case idx > s.win:

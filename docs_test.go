@@ -1,0 +1,299 @@
+package ratelimit
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestDesignNamesExist keeps docs/design.md honest: every Go identifier it
+// writes in backticks (a name such as `mustScripts`, a member such as
+// `Store.Refund`, a call such as `admission()`, a qualified name of one of
+// this module's packages such as `limiter.NearCache`) must be declared in
+// the module's code, tests included. Operator words (`local_quota`), Redis
+// commands (`TIME`), paths and other packages' names (`time.Now`) are not
+// checked; a lower-case word (`burst`, `now`) passes if the code declares
+// it or writes it in a string or a Lua script, since it may be either.
+func TestDesignNamesExist(t *testing.T) {
+	text, err := os.ReadFile("docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := readCodeNames(t, ".")
+	for _, span := range designSpans(string(text)) {
+		if why := code.missing(span); why != "" {
+			t.Errorf("docs/design.md names `%s`: %s", span, why)
+		}
+	}
+}
+
+// codeNames is what the module's Go and Lua code declares and writes.
+type codeNames struct {
+	packages map[string]bool            // this module's package names
+	declared map[string]bool            // every declared name: funcs, types, fields, methods, consts, vars
+	members  map[string]map[string]bool // type name -> its fields and methods
+	words    map[string]bool            // local names, words in string literals, Lua identifiers
+	imports  map[string]bool            // names the code imports other packages by
+}
+
+var wordRE = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
+
+func readCodeNames(t *testing.T, root string) codeNames {
+	t.Helper()
+	c := codeNames{map[string]bool{}, map[string]bool{}, map[string]map[string]bool{}, map[string]bool{}, map[string]bool{}}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != root {
+			return filepath.SkipDir
+		}
+		switch filepath.Ext(path) {
+		case ".lua":
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			c.addWords(string(b))
+		case ".go":
+			f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+			if err != nil {
+				return err
+			}
+			c.addFile(f)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c codeNames) addWords(s string) {
+	for _, w := range wordRE.FindAllString(s, -1) {
+		c.words[w] = true
+	}
+}
+
+func (c codeNames) member(typ, name string) {
+	if c.members[typ] == nil {
+		c.members[typ] = map[string]bool{}
+	}
+	c.members[typ][name] = true
+	c.declared[name] = true
+}
+
+func (c codeNames) addFile(f *ast.File) {
+	c.packages[f.Name.Name] = true
+	for _, imp := range f.Imports {
+		// The name a package is imported by: its alias, else its path's
+		// last element, without a major version (caddy/v2) or "go-"
+		// (go-redis/v9 is package redis).
+		elems := strings.Split(strings.Trim(imp.Path.Value, `"`), "/")
+		name := elems[len(elems)-1]
+		if len(elems) > 1 && regexp.MustCompile(`^v[0-9]+$`).MatchString(name) {
+			name = elems[len(elems)-2]
+		}
+		name = strings.TrimPrefix(name, "go-")
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		c.imports[name] = true
+	}
+	for _, decl := range f.Decls {
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			c.declared[d.Name.Name] = true
+			if d.Recv != nil && len(d.Recv.List) == 1 {
+				c.member(receiverType(d.Recv.List[0].Type), d.Name.Name)
+			}
+		case *ast.GenDecl:
+			for _, spec := range d.Specs {
+				switch s := spec.(type) {
+				case *ast.TypeSpec:
+					c.declared[s.Name.Name] = true
+					c.addMembers(s.Name.Name, s.Type)
+				case *ast.ValueSpec:
+					for _, n := range s.Names {
+						c.declared[n.Name] = true
+					}
+				}
+			}
+		}
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.Ident:
+			c.words[n.Name] = true
+		case *ast.BasicLit:
+			if n.Kind == token.STRING {
+				c.addWords(n.Value)
+			}
+		case *ast.Field:
+			// fields of anonymous structs and parameters
+			for _, name := range n.Names {
+				c.words[name.Name] = true
+			}
+		}
+		return true
+	})
+}
+
+// addMembers records the fields of a struct type and the methods of an
+// interface type.
+func (c codeNames) addMembers(typ string, expr ast.Expr) {
+	var fields *ast.FieldList
+	switch e := expr.(type) {
+	case *ast.StructType:
+		fields = e.Fields
+	case *ast.InterfaceType:
+		fields = e.Methods
+	default:
+		return
+	}
+	for _, f := range fields.List {
+		for _, n := range f.Names {
+			c.member(typ, n.Name)
+		}
+		if len(f.Names) == 0 { // an embedded type is a field by its name
+			c.member(typ, receiverType(f.Type))
+		}
+	}
+}
+
+// receiverType is the name of the type of a receiver or embedded field:
+// T, *T, T[P], pkg.T.
+func receiverType(e ast.Expr) string {
+	switch e := e.(type) {
+	case *ast.StarExpr:
+		return receiverType(e.X)
+	case *ast.IndexExpr:
+		return receiverType(e.X)
+	case *ast.IndexListExpr:
+		return receiverType(e.X)
+	case *ast.SelectorExpr:
+		return e.Sel.Name
+	case *ast.Ident:
+		return e.Name
+	}
+	return ""
+}
+
+var (
+	spanRE  = regexp.MustCompile("`([^`\n]+)`")
+	fenceRE = regexp.MustCompile("(?ms)^```.*?^```")
+	// identRE is a name or a chain of them, maybe a method expression's
+	// (*T) and a call's empty parentheses.
+	identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.(\(\*[A-Za-z_][A-Za-z0-9_]*\)|[A-Za-z_][A-Za-z0-9_]*))*(\(\))?$`)
+	fileRE  = regexp.MustCompile(`\.(go|lua|json|sh|md|txt)$`)
+	capsRE  = regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+	lowerRE = regexp.MustCompile(`^[a-z][a-z0-9]*(\(\))?$`)
+)
+
+// designSpans are the backticked spans of a Markdown text outside fenced
+// blocks that have the shape of a Go name.
+func designSpans(text string) []string {
+	text = fenceRE.ReplaceAllString(text, "")
+	var out []string
+	for _, m := range spanRE.FindAllStringSubmatch(text, -1) {
+		s := m[1]
+		if identRE.MatchString(s) && !fileRE.MatchString(s) && !capsRE.MatchString(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// missing says why span names nothing in the code, or "" if it does.
+func (c codeNames) missing(span string) string {
+	span = strings.TrimSuffix(span, "()")
+	if !strings.Contains(span, ".") {
+		switch {
+		case c.declared[span]:
+			return ""
+		case strings.Contains(span, "_") && strings.ToLower(span) == span:
+			return "" // an operator word such as local_quota
+		case lowerRE.MatchString(span) && c.words[span]:
+			return ""
+		}
+		return "no such name is declared"
+	}
+	parts := strings.Split(strings.NewReplacer("(*", "", ")", "").Replace(span), ".")
+	if c.imports[parts[0]] && !c.packages[parts[0]] || strings.Contains(span, "_") {
+		return "" // another package's name (time.Now) or a module ID (http.handlers.rate_limit)
+	}
+	if c.packages[parts[0]] && !c.declared[parts[0]] {
+		parts = parts[1:] // limiter.X: X must be declared
+		if !c.declared[parts[0]] {
+			return "no such name is declared"
+		}
+	}
+	for i := 1; i < len(parts); i++ {
+		prev, name := parts[i-1], parts[i]
+		if ms, isType := c.members[prev]; isType {
+			if !ms[name] {
+				return prev + " has no field or method " + name
+			}
+		} else if !c.declared[name] {
+			return "no field or method " + name + " is declared"
+		}
+	}
+	return ""
+}
+
+// TestDesignLayoutComplete keeps the layout tree of docs/design.md whole:
+// every source file of the root package, limiter and lua is listed, and
+// every file the tree names exists.
+func TestDesignLayoutComplete(t *testing.T) {
+	text, err := os.ReadFile("docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(string(text), "## Package layout")
+	tree := fenceRE.FindString(after)
+	if tree == "" {
+		t.Fatal(`docs/design.md has no tree under "## Package layout"`)
+	}
+	listed := map[string]bool{}
+	for _, f := range regexp.MustCompile(`[A-Za-z0-9_]+\.(go|lua)\b`).FindAllString(tree, -1) {
+		listed[f] = true
+	}
+	exists := map[string]bool{}
+	for _, dir := range []string{".", "limiter", "lua"} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if e.IsDir() || strings.HasSuffix(name, "_test.go") || (filepath.Ext(name) != ".go" && filepath.Ext(name) != ".lua") {
+				continue
+			}
+			exists[name] = true
+			if !listed[name] {
+				t.Errorf("%s is missing from the layout in docs/design.md", filepath.Join(dir, name))
+			}
+		}
+	}
+	for name := range listed {
+		if exists[name] || strings.HasPrefix(name, "_") { // *_test.go
+			continue
+		}
+		found := false
+		for _, pattern := range []string{"", "*/", "*/*/", "*/*/*/"} {
+			m, _ := filepath.Glob(pattern + name)
+			found = found || len(m) > 0
+		}
+		if !found {
+			t.Errorf("docs/design.md's layout lists %s, which no longer exists", name)
+		}
+	}
+}
