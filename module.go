@@ -101,7 +101,7 @@ type Handler struct {
 	redis    pooledRedis
 	redisKey string
 	// clock is the handler's time source, and its memory stores' and
-	// local tiers' when it creates them; nil is the system clock. Set it
+	// near caches' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
 	clock limiter.Clock
 	// events emits rate_limit_exceeded on each refusal.
@@ -187,8 +187,8 @@ type Zone struct {
 	// request. A lease holds at most this fraction of the quota (0 to 1;
 	// default 0, off) and lives at most a second, after which its unspent
 	// units go back to Redis. Instances together never admit more than
-	// the limit; see the README's "Two tiers". Only for store redis with
-	// token_bucket, fixed_window, sliding_window_log or
+	// the limit; see the README's "The near cache". Only for store redis
+	// with token_bucket, fixed_window, sliding_window_log or
 	// sliding_window_counter.
 	LocalQuota float64 `json:"local_quota,omitempty"`
 

@@ -54,7 +54,7 @@ type Traits struct {
 	// DefaultWindow stands for a Window the configuration leaves out;
 	// zero means the window is required.
 	DefaultWindow time.Duration
-	// Leases is set when a LocalTier may take units of the limit ahead of
+	// Leases is set when a NearCache may take units of the limit ahead of
 	// requests (Leaser): the admissions of a window or a bucket, not
 	// requests held or in flight.
 	Leases bool
@@ -99,7 +99,7 @@ type algorithm struct {
 	leases bool
 	// logsLeasesAhead is set when the store logs a lease's units a
 	// lifetime ahead of its grant (the sliding log), so a unit must not be
-	// spent from a lease that was not: see LocalTier.Refund.
+	// spent from a lease that was not: see NearCache.Refund.
 	logsLeasesAhead bool
 	// leaseEndsWithWindow is set when a lease must not outlive the aligned
 	// window it was granted in: the counters' units belong to that window,

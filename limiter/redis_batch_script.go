@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// A LocalTier gives units back to Redis in bulk: leases lapse by the
+// A NearCache gives units back to Redis in bulk: leases lapse by the
 // thousand on a busy instance, and one script call per lease would cost
 // Redis as much as the decisions the leases saved. The batch script
 // (lua.Batch) runs any number of one algorithm's operations in one atomic
