@@ -132,9 +132,9 @@ type Zone struct {
 	// in flight).
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the period the quota applies to. For concurrency it is
-	// the lease that bounds how long a crashed instance's requests hold
-	// their slots in Redis (default 1m).
+	// Window is the period the quota applies to. For concurrency it
+	// bounds how long a crashed instance's requests hold their slots in
+	// Redis, as a slot lapses a window after its last renewal (default 1m).
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is the capacity of a token or leaky bucket. Default: max_events.

@@ -31,8 +31,8 @@ type Decision struct {
 	// Refund names it (admission), so a give-back reaches the window or
 	// log entry its units were counted in, however long after.
 	mark int64
-	// lease names the concurrency slot a Redis decision took.
-	lease string
+	// slot names the concurrency slot a Redis decision took.
+	slot string
 	// leaseGen numbers the NearCache lease a decision was spent from, so
 	// a refund goes back into that lease; zero for any other decision.
 	leaseGen uint64

@@ -69,7 +69,7 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 			errs = append(errs, err)
 		}
 	}
-	if r.reloadSlots != nil {
+	if r.reloadHashSlots != nil {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for _, rf := range refunds {
