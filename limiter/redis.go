@@ -77,8 +77,8 @@ type Redis struct {
 	// batchScript runs several decisions in one call (see lua.Batch).
 	batchScript *redis.Script
 	args        []any // the policy's script arguments
-	// batch lets concurrent decisions share round trips.
-	batch batcher
+	// pipeline lets concurrent decisions share round trips.
+	pipeline pipeliner
 	// breaker answers at once while Redis keeps failing.
 	breaker *Breaker
 	// reloadHashSlots, for a Cluster client, asks it to read the hash
@@ -181,10 +181,10 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	src := params.alg.scripts.one
 	r.script, r.src = redis.NewScript(src), src
 	r.batchScript = redis.NewScript(params.alg.scripts.batch)
-	r.batch.runOne = func(c *scriptCall) {
+	r.pipeline.runOne = func(c *scriptCall) {
 		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
 	}
-	r.batch.runMany = func(calls []*scriptCall) { pipelineScripts(r.client, r.script, r.src, calls) }
+	r.pipeline.runMany = func(calls []*scriptCall) { pipelineScripts(r.client, r.script, r.src, calls) }
 	return r, nil
 }
 
@@ -343,7 +343,7 @@ func (r *Redis) refundArg(taken Decision) any {
 }
 
 // run calls the script for key under the store's timeout, in a round trip
-// shared with concurrent decisions when there are any (see batcher), and
+// shared with concurrent decisions when there are any (see pipeliner), and
 // reads its reply; while Redis keeps failing it answers ErrStoreUnavailable
 // at once instead (see Breaker). A positive cost takes, a negative one
 // gives back.
@@ -374,7 +374,7 @@ func (r *Redis) runCall(c *scriptCall) ([]int64, error) {
 	if r.breaker.open() {
 		return nil, ErrStoreUnavailable
 	}
-	reply, err := r.batch.do(c)
+	reply, err := r.pipeline.do(c)
 	return reply, r.outcome(err)
 }
 

@@ -28,8 +28,8 @@ const redisGiveBackTimeout = time.Second
 
 // redisMaxGiveBacks bounds the give-backs of one script call, so that it
 // holds Redis, which runs one script at a time, about as long as a
-// pipeline of decisions does (see redisMaxBatch).
-const redisMaxGiveBacks = redisMaxBatch
+// pipeline of decisions does (see redisMaxPipeline).
+const redisMaxGiveBacks = redisMaxPipeline
 
 // Renew implements Leaser with one call of the batch script: the refund,
 // then the lease.

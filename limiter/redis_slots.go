@@ -129,7 +129,8 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 		mu.Unlock()
 	}
 	if r.reloadHashSlots != nil {
-		// A Cluster: one script per key, pipelined by the batcher.
+		// A Cluster: one script per key, pipelined as concurrent decisions
+		// are.
 		var wg sync.WaitGroup
 		for key, slots := range byKey {
 			wg.Go(func() {

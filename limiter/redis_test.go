@@ -621,15 +621,15 @@ func TestRedisAccuracy(t *testing.T) {
 }
 
 // checkPipelined fails t unless some of the stores' decisions shared round
-// trips: the accuracy above must hold for batched scripts too.
+// trips: the accuracy above must hold for pipelined scripts too.
 func checkPipelined(t *testing.T, stores []*Redis) {
 	t.Helper()
 	var n int64
 	for _, st := range stores {
-		n += st.batch.pipelined.Load()
+		n += st.pipeline.pipelined.Load()
 	}
 	if n == 0 {
-		t.Error("no decision was sent in a pipeline: the concurrent requests did not exercise batching")
+		t.Error("no decision was sent in a pipeline: the concurrent requests did not exercise pipelining")
 	} else {
 		t.Logf("%d decisions sent in pipelines", n)
 	}
