@@ -213,8 +213,8 @@ type keyReset struct {
 }
 
 // resetKey forgets a key in the zone's store and its `fail local`
-// fallback; reset is true only if either held state for it (a local
-// tier's lease or cached refusal counts).
+// fallback; reset is true only if either held state for it (a lease or
+// cached refusal of the near cache counts).
 func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
 	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyReset, error) {
 		existed := false

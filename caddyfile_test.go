@@ -158,9 +158,9 @@ func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 	})
 }
 
-// TestCaddyfileLocalTierErrors: local_quota and deny_cache are refused,
+// TestCaddyfileNearCacheErrors: local_quota and deny_cache are refused,
 // with the zone and the line, where they cannot apply.
-func TestCaddyfileLocalTierErrors(t *testing.T) {
+func TestCaddyfileNearCacheErrors(t *testing.T) {
 	redis := "\n redis {\n  addresses 127.0.0.1:6379\n }\n}"
 	runParseErrorCases(t, []parseErrorCase{
 		{"local_quota on memory", "rate_limit {\n zone a {\n  rate 5/s\n  local_quota 0.1\n }\n}", []string{`"a"`, "local_quota", "store redis", ":2"}},

@@ -23,7 +23,8 @@ const (
 	// downloads holding a concurrency slot, so a handler that never goes
 	// idle cannot keep a replaced client and its connections forever.
 	// Past it their decisions, and the release of their slots, apply the
-	// zone's fail mode (a slot then lapses with its lease).
+	// zone's fail mode (a slot then lapses a window after its last
+	// renewal).
 	releaseMax = time.Minute
 	// releasePoll is how often the in-flight count is checked once the
 	// grace has passed.

@@ -21,11 +21,11 @@ import (
 // Each request gets a replacer of its own, as in Caddy: the handler maps
 // {jwt.*} on the request's replacer, and reusing one replacer would answer
 // every later lookup from the first request's memo without touching the
-// verifier's cache. Requests are therefore built in batches with the timer
-// stopped; only ServeHTTP is timed.
+// verifier's cache. Requests are therefore built benchPrepared at a time
+// with the timer stopped; only ServeHTTP is timed.
 
-// benchBatch is how many requests are prepared per stop of the timer.
-const benchBatch = 1024
+// benchPrepared is how many requests are prepared per stop of the timer.
+const benchPrepared = 1024
 
 // benchJWTHandler provisions a handler with the jwt block jwtConf and one
 // zone keyed by the verified sub, limited far above what a benchmark sends
@@ -92,21 +92,21 @@ func BenchmarkHandlerJWTCached(b *testing.B) {
 }
 
 // benchServeFresh times h serving copies of bases in turn, each with a
-// fresh replacer as Caddy gives every request, prepared in batches with
-// the timer stopped.
+// fresh replacer as Caddy gives every request, prepared benchPrepared at
+// a time with the timer stopped.
 func benchServeFresh(b *testing.B, h *Handler, bases []*http.Request) {
-	reqs := make([]*http.Request, benchBatch)
+	reqs := make([]*http.Request, benchPrepared)
 	benchRequests(reqs, bases)
 	w := httptest.NewRecorder()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		if i%benchBatch == 0 && i > 0 {
+		if i%benchPrepared == 0 && i > 0 {
 			b.StopTimer()
 			benchRequests(reqs, bases)
 			b.StartTimer()
 		}
-		benchServe(b, h, w, reqs[i%benchBatch])
+		benchServe(b, h, w, reqs[i%benchPrepared])
 	}
 }
 
@@ -132,12 +132,12 @@ func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			h := benchJWTHandler(b, "bench_jwt_first_"+tc.name, tc.jwtConf)
 			now := time.Now()
-			tokens := make([]string, benchBatch)
+			tokens := make([]string, benchPrepared)
 			for i := range tokens {
 				tokens[i] = jwttest.Sign(b, tc.method, tc.key, "", jwttest.ClaimsAt(now, jwt.MapClaims{"sub": fmt.Sprintf("user-%d", i), "jti": i}))
 			}
 			bases := benchJWTBases(tokens)
-			reqs := make([]*http.Request, benchBatch)
+			reqs := make([]*http.Request, benchPrepared)
 			benchRequests(reqs, bases)
 			benchCheckVerified(b, h, reqs[0])
 			w := httptest.NewRecorder()
@@ -145,7 +145,7 @@ func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
-				if i%benchBatch == 0 {
+				if i%benchPrepared == 0 {
 					b.StopTimer()
 					verified += h.jwt.Verifications()
 					benchRenewVerifier(b, h)
@@ -154,7 +154,7 @@ func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-				benchServe(b, h, w, reqs[i%benchBatch])
+				benchServe(b, h, w, reqs[i%benchPrepared])
 			}
 			b.StopTimer()
 			if misses := verified + h.jwt.Verifications(); misses < int64(b.N) {

@@ -15,7 +15,7 @@ import (
 type zoneMetrics struct {
 	allowed, denied, dryRunDenied, storeFailures prometheus.Counter
 	// fromLease and fromDenyCache count a redis zone's decisions made in
-	// memory by its local tier.
+	// memory by its near cache.
 	fromLease, fromDenyCache prometheus.Counter
 	// decisionSeconds times each decision of the zone, a Redis round trip
 	// included.

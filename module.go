@@ -101,7 +101,7 @@ type Handler struct {
 	redis    pooledRedis
 	redisKey string
 	// clock is the handler's time source, and its memory stores' and
-	// local tiers' when it creates them; nil is the system clock. Set it
+	// near caches' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
 	clock limiter.Clock
 	// events emits rate_limit_exceeded on each refusal.
@@ -132,9 +132,9 @@ type Zone struct {
 	// in flight).
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the period the quota applies to. For concurrency it is
-	// the lease that bounds how long a crashed instance's requests hold
-	// their slots in Redis (default 1m).
+	// Window is the period the quota applies to. For concurrency it
+	// bounds how long a crashed instance's requests hold their slots in
+	// Redis, as a slot lapses a window after its last renewal (default 1m).
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is the capacity of a token or leaky bucket. Default: max_events.
@@ -187,8 +187,8 @@ type Zone struct {
 	// request. A lease holds at most this fraction of the quota (0 to 1;
 	// default 0, off) and lives at most a second, after which its unspent
 	// units go back to Redis. Instances together never admit more than
-	// the limit; see the README's "Two tiers". Only for store redis with
-	// token_bucket, fixed_window, sliding_window_log or
+	// the limit; see the README's "The near cache". Only for store redis
+	// with token_bucket, fixed_window, sliding_window_log or
 	// sliding_window_counter.
 	LocalQuota float64 `json:"local_quota,omitempty"`
 

@@ -77,8 +77,8 @@ func redisConfigFix(err error) string {
 }
 
 // clusterNodeFix is the fix for a standalone client pointed at a Cluster
-// node, which answers MOVED for the keys of every other node's slots.
-const clusterNodeFix = "the redis block's single address is a Redis Cluster node: a standalone client gets MOVED for the keys of other nodes' slots; list several of the Cluster's nodes in addresses, so Floodgate uses a Cluster client"
+// node, which answers MOVED for the keys of every other node's hash slots.
+const clusterNodeFix = "the redis block's single address is a Redis Cluster node: a standalone client gets MOVED for the keys of other nodes' hash slots; list several of the Cluster's nodes in addresses, so Floodgate uses a Cluster client"
 
 // checkNotClusterNode logs clusterNodeFix when the handler's client is a
 // standalone one (one address, or a url) and its server has Cluster mode

@@ -19,9 +19,8 @@ const (
 	sourceMissingKey = "missing_key"
 )
 
-// sourceOf names where d was made: the zone's memory store, Redis, a
-// lease or the denial cache of its local tier, or its `fail local`
-// fallback.
+// sourceOf names where d was made: the zone's memory store, Redis, its
+// near cache (a lease or the denial cache), or its `fail local` fallback.
 func sourceOf(l *limit, store limiter.Store, d limiter.Decision) string {
 	switch {
 	case l.local != nil && store == l.local:

@@ -81,11 +81,11 @@ type limit struct {
 	remote bool
 	// poolKeys name the memory stores this limit holds in memoryStores.
 	poolKeys []string
-	// redis is the limit's Redis store, behind tier when there is one.
+	// redis is the limit's Redis store, behind near when there is one.
 	redis *limiter.Redis
-	// tier is the redis store's local tier (leases, denial cache), which
+	// near is the redis store's near cache (leases, denial cache), which
 	// release closes so its leases go back to Redis.
-	tier *limiter.LocalTier
+	near *limiter.NearCache
 }
 
 // policy builds the limiter policy the zone describes.
@@ -163,7 +163,7 @@ func (z *Zone) validate(name string) error {
 	default:
 		return fmt.Errorf("unknown fail mode %q (want open, closed or local)", z.Fail)
 	}
-	if err := z.validateLocalTier(traits); err != nil {
+	if err := z.validateNearCache(traits); err != nil {
 		return err
 	}
 	if err := z.validateTier(p); err != nil {
@@ -189,9 +189,9 @@ func (z *Zone) validate(name string) error {
 	return nil
 }
 
-// validateLocalTier checks local_quota and deny_cache, which only a redis
-// zone's store can use.
-func (z *Zone) validateLocalTier(traits limiter.Traits) error {
+// validateNearCache checks local_quota and deny_cache, which only a redis
+// zone's near cache can use.
+func (z *Zone) validateNearCache(traits limiter.Traits) error {
 	if z.LocalQuota != 0 {
 		if err := localQuotaBound.check(z.LocalQuota); err != nil {
 			return err
@@ -237,9 +237,9 @@ const hotKeysCapacity = 128
 // client cannot choose keys that collide.
 var hotSeed = maphash.MakeSeed()
 
-// tierCloseTimeout bounds how long releasing a zone waits for its leases
+// nearCloseTimeout bounds how long releasing a zone waits for its leases
 // to go back to Redis.
-const tierCloseTimeout = 2 * time.Second
+const nearCloseTimeout = 2 * time.Second
 
 // defaultDenyCache is how long a redis zone repeats a refusal by default:
 // a flood from one key then costs Redis one script a second. A refusal is
@@ -395,7 +395,7 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 	l.store, l.redis, l.remote = rs, rs, true
 	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
 		logger := h.logger.With(zap.String("zone", name))
-		tier, err := limiter.NewLocalTier(rs, p, limiter.LocalTierOptions{
+		near, err := limiter.NewNearCache(rs, p, limiter.NearCacheOptions{
 			LeaseFraction: cfg.LocalQuota,
 			DenyFor:       deny,
 			MaxKeys:       h.MaxKeys,
@@ -405,9 +405,9 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 			},
 		})
 		if err != nil {
-			return limit{}, fmt.Errorf("local tier: %w", err)
+			return limit{}, fmt.Errorf("near cache: %w", err)
 		}
-		l.store, l.tier = tier, tier
+		l.store, l.near = near, near
 	}
 	if cfg.Fail == failLocal {
 		mem, key, err := loadMemoryStore(state+"\x00local", p, h.MaxKeys, h.clock)
@@ -429,15 +429,15 @@ func (z *zone) limits() []*limit {
 }
 
 // release gives back what provisionZone acquired: leases go back to Redis
-// (within tierCloseTimeout), memory stores to their pool. The zone still
+// (within nearCloseTimeout), memory stores to their pool. The zone still
 // decides afterwards, as Caddy may route requests on old connections to a
 // handler after its Cleanup.
 func (z *zone) release() {
-	ctx, cancel := context.WithTimeout(context.Background(), tierCloseTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), nearCloseTimeout)
 	defer cancel()
 	for _, l := range z.limits() {
-		if l.tier != nil {
-			_ = l.tier.Close(ctx)
+		if l.near != nil {
+			_ = l.near.Close(ctx)
 		}
 		for _, key := range l.poolKeys {
 			releaseMemoryStore(key)
@@ -483,14 +483,14 @@ func (z *zone) storeUp() bool {
 }
 
 // keysHeld is how many keys the zone's memory stores hold (its own limit's
-// and its tiers'), or its local tiers' for a redis zone.
+// and its tiers'), or its near caches' for a redis zone.
 func (z *zone) keysHeld() int {
 	n := 0
 	for _, l := range z.limits() {
 		switch s := l.store.(type) {
 		case *limiter.Memory:
 			n += s.Len()
-		case *limiter.LocalTier:
+		case *limiter.NearCache:
 			n += s.Len()
 		}
 	}

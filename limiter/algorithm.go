@@ -54,7 +54,7 @@ type Traits struct {
 	// DefaultWindow stands for a Window the configuration leaves out;
 	// zero means the window is required.
 	DefaultWindow time.Duration
-	// Leases is set when a LocalTier may take units of the limit ahead of
+	// Leases is set when a NearCache may take units of the limit ahead of
 	// requests (Leaser): the admissions of a window or a bucket, not
 	// requests held or in flight.
 	Leases bool
@@ -94,12 +94,12 @@ type algorithm struct {
 	// refundArg is the argument a refund sends after the policy's, to
 	// say which admission it gives back; nil sends none.
 	refundArg func(taken Decision) any
-	// leases is set when every admission holds a lease id of its own
+	// holdsSlots is set when every admission holds a slot id of its own
 	// (passed as the take's extra argument), which its refund names.
-	leases bool
+	holdsSlots bool
 	// logsLeasesAhead is set when the store logs a lease's units a
 	// lifetime ahead of its grant (the sliding log), so a unit must not be
-	// spent from a lease that was not: see LocalTier.Refund.
+	// spent from a lease that was not: see NearCache.Refund.
 	logsLeasesAhead bool
 	// leaseEndsWithWindow is set when a lease must not outlive the aligned
 	// window it was granted in: the counters' units belong to that window,
@@ -176,14 +176,14 @@ var algorithmTable = []*algorithm{
 		},
 	},
 	{
-		name:      Concurrency,
-		Traits:    Traits{ReleasesOnFinish: true, DefaultWindow: time.Minute, QuotaUnit: "concurrent-requests"},
-		newTables: func() memoryTables { return newShardSet[concurrencyState]() },
-		scripts:   mustScripts("concurrency.lua"),
-		keySuffix: "cc",
-		redisArgs: windowArgs,
-		refundArg: func(taken Decision) any { return taken.lease },
-		leases:    true,
+		name:       Concurrency,
+		Traits:     Traits{ReleasesOnFinish: true, DefaultWindow: time.Minute, QuotaUnit: "concurrent-requests"},
+		newTables:  func() memoryTables { return newShardSet[concurrencyState]() },
+		scripts:    mustScripts("concurrency.lua"),
+		keySuffix:  "cc",
+		redisArgs:  windowArgs,
+		refundArg:  func(taken Decision) any { return taken.slot },
+		holdsSlots: true,
 	},
 }
 

@@ -19,8 +19,8 @@ func TestAlgorithmTable(t *testing.T) {
 			t.Errorf("%s and %s share the Redis key suffix %q", alg.name, other, alg.keySuffix)
 		}
 		suffixes[alg.keySuffix] = alg.name
-		if alg.leases && alg.refundArg == nil {
-			t.Errorf("%s: admissions hold leases but a refund names none", alg.name)
+		if alg.holdsSlots && alg.refundArg == nil {
+			t.Errorf("%s: admissions hold slots but a refund names none", alg.name)
 		}
 	}
 	if !slices.Equal(names, Algorithms) {

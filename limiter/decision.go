@@ -9,7 +9,7 @@ type Decision struct {
 	// Allowed is true when the request's units were taken.
 	Allowed bool
 	// Source says where the decision was made: by the store, or by a
-	// LocalTier from memory without asking it. (Beside Allowed, so the
+	// NearCache from memory without asking it. (Beside Allowed, so the
 	// two bytes share one word: a Decision is copied on every request.)
 	Source Source
 	// Remaining is how many unit requests would pass right now, never negative.
@@ -31,9 +31,9 @@ type Decision struct {
 	// Refund names it (admission), so a give-back reaches the window or
 	// log entry its units were counted in, however long after.
 	mark int64
-	// lease names the concurrency slot a Redis decision took.
-	lease string
-	// leaseGen numbers the LocalTier lease a decision was spent from, so
+	// slot names the concurrency slot a Redis decision took.
+	slot string
+	// leaseGen numbers the NearCache lease a decision was spent from, so
 	// a refund goes back into that lease; zero for any other decision.
 	leaseGen uint64
 	// granted is how many units an admission took: its cost, or for a
@@ -49,9 +49,9 @@ type Source uint8
 const (
 	// SourceStore: the store decided (for Redis, a round trip).
 	SourceStore Source = iota
-	// SourceLease: a LocalTier spent units of a lease in memory.
+	// SourceLease: a NearCache spent units of a lease in memory.
 	SourceLease
-	// SourceDenyCache: a LocalTier repeated a refusal of the store.
+	// SourceDenyCache: a NearCache repeated a refusal of the store.
 	SourceDenyCache
 )
 

@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// BenchmarkLocalTierLease is the path of a hot key's request spent from
+// BenchmarkNearCacheLease is the path of a hot key's request spent from
 // its lease in memory, what a leased Redis zone costs per request between
 // round trips (here over a memory store standing in for Redis).
-func BenchmarkLocalTierLease(b *testing.B) {
+func BenchmarkNearCacheLease(b *testing.B) {
 	ctx := context.Background()
 	for _, alg := range []Algorithm{TokenBucket, FixedWindow} {
 		b.Run(string(alg), func(b *testing.B) {
@@ -19,13 +19,13 @@ func BenchmarkLocalTierLease(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			tier, err := NewLocalTier(store, p, LocalTierOptions{LeaseFraction: 0.1})
+			cache, err := NewNearCache(store, p, NearCacheOptions{LeaseFraction: 0.1})
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.Cleanup(func() { _ = tier.Close(ctx) })
+			b.Cleanup(func() { _ = cache.Close(ctx) })
 			for b.Loop() {
-				if d, err := tier.Take(ctx, "hot", 1); err != nil || !d.Allowed {
+				if d, err := cache.Take(ctx, "hot", 1); err != nil || !d.Allowed {
 					b.Fatalf("%+v %v", d, err)
 				}
 			}

@@ -19,7 +19,7 @@ import (
 
 // edgeBackends are the shared stores the edge tests run over: one memory
 // store, and Redis when redis-server is on the PATH. Each returns a fresh
-// Leaser for p on clock, shared by every tier the test builds.
+// Leaser for p on clock, shared by every cache the test builds.
 func edgeBackends(t *testing.T) map[string]func(t *testing.T, p Policy, clock Clock) Leaser {
 	backends := map[string]func(t *testing.T, p Policy, clock Clock) Leaser{
 		"memory": func(t *testing.T, p Policy, clock Clock) Leaser {
@@ -42,39 +42,39 @@ func edgeBackends(t *testing.T) map[string]func(t *testing.T, p Policy, clock Cl
 	return backends
 }
 
-// edgeTiers puts n LocalTiers (n instances) in front of store, sweeping
+// edgeCaches puts n NearCaches (n instances) in front of store, sweeping
 // only when the test says.
-func edgeTiers(t *testing.T, store Leaser, p Policy, clock Clock, n int, fraction float64) []*LocalTier {
+func edgeCaches(t *testing.T, store Leaser, p Policy, clock Clock, n int, fraction float64) []*NearCache {
 	t.Helper()
-	tiers := make([]*LocalTier, n)
-	for i := range tiers {
-		tier, err := NewLocalTier(store, p, LocalTierOptions{LeaseFraction: fraction, Clock: clock, manualSweep: true})
+	caches := make([]*NearCache, n)
+	for i := range caches {
+		cache, err := NewNearCache(store, p, NearCacheOptions{LeaseFraction: fraction, Clock: clock, manualSweep: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = tier.Close(context.Background()) })
-		tiers[i] = tier
+		t.Cleanup(func() { _ = cache.Close(context.Background()) })
+		caches[i] = cache
 	}
-	return tiers
+	return caches
 }
 
 // driveBursts sends bursts of unit requests, as clients do: each step
 // moves the clock on by up to maxGap, then one instance (at random) sends
 // up to maxBurst requests at once, and now and then an instance sweeps.
 // It returns the admissions, each at the time it was answered.
-func driveBursts(t *testing.T, tiers []*LocalTier, clock *testutil.Clock, seed uint64, steps int, maxGap time.Duration, maxBurst int) []admission {
+func driveBursts(t *testing.T, caches []*NearCache, clock *testutil.Clock, seed uint64, steps int, maxGap time.Duration, maxBurst int) []admission {
 	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 17))
 	var adm []admission
 	for range steps {
 		clock.Advance(time.Duration(rng.Int64N(int64(maxGap))))
-		tier := tiers[rng.IntN(len(tiers))]
+		cache := caches[rng.IntN(len(caches))]
 		if rng.IntN(4) == 0 {
-			tier.sweep(false)
+			cache.sweep(false)
 		}
 		for range 1 + rng.IntN(maxBurst) {
-			d, err := tier.Take(ctx, "k", 1)
+			d, err := cache.Take(ctx, "k", 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,8 +126,8 @@ func TestLeasedSlidingLogSpansHoldTheLimit(t *testing.T) {
 			p := Policy{Algorithm: SlidingWindowLog, Events: 100, Window: time.Minute}
 			for seed := range uint64(5) {
 				clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
-				tiers := edgeTiers(t, backend(t, p, clock), p, clock, 3, 0.5)
-				adm := driveBursts(t, tiers, clock, seed, 600, 800*time.Millisecond, 30)
+				caches := edgeCaches(t, backend(t, p, clock), p, clock, 3, 0.5)
+				adm := driveBursts(t, caches, clock, seed, 600, 800*time.Millisecond, 30)
 				if most := mostInSpan(adm, p.Window.Microseconds()); most > p.Events {
 					t.Errorf("seed %d: %d admitted in one 60s span, limit %d", seed, most, p.Events)
 				}
@@ -136,7 +136,7 @@ func TestLeasedSlidingLogSpansHoldTheLimit(t *testing.T) {
 	}
 }
 
-// slowReplies is a shared store whose answers reach the tier a while
+// slowReplies is a shared store whose answers reach the cache a while
 // after the store decided, as a reply crossing the network does.
 type slowReplies struct {
 	Leaser
@@ -168,8 +168,8 @@ func TestLeaseEndsAtItsWindowDespiteSlowReplies(t *testing.T) {
 				for seed := range uint64(5) {
 					clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
 					store := slowReplies{Leaser: backend(t, p, clock), clock: clock, delay: 3 * time.Millisecond}
-					tiers := edgeTiers(t, store, p, clock, 3, 1)
-					adm := driveBursts(t, tiers, clock, seed, 600, 40*time.Millisecond, 30)
+					caches := edgeCaches(t, store, p, clock, 3, 1)
+					adm := driveBursts(t, caches, clock, seed, 600, 40*time.Millisecond, 30)
 					if most := mostInWindow(adm, p.Window.Microseconds()); most > p.Events {
 						t.Errorf("seed %d: %d admitted in one window, limit %d", seed, most, p.Events)
 					}
@@ -192,11 +192,11 @@ func TestRefundAfterLeaseRenewed(t *testing.T) {
 				p := Policy{Algorithm: alg, Events: 10, Window: time.Hour}
 				clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
 				store := backend(t, p, clock)
-				tier := edgeTiers(t, store, p, clock, 1, 1)[0]
+				cache := edgeCaches(t, store, p, clock, 1, 1)[0]
 				take := func() Decision {
 					t.Helper()
 					clock.Advance(10 * time.Millisecond)
-					d, err := tier.Take(ctx, "k", 1)
+					d, err := cache.Take(ctx, "k", 1)
 					if err != nil || !d.Allowed {
 						t.Fatalf("take: %+v, %v", d, err)
 					}
@@ -210,13 +210,13 @@ func TestRefundAfterLeaseRenewed(t *testing.T) {
 					t.Fatalf("source %v, want lease", spent.Source)
 				}
 				clock.Advance(10 * time.Millisecond)
-				if _, err := tier.Refund(ctx, "k", 1, spent); err != nil {
+				if _, err := cache.Refund(ctx, "k", 1, spent); err != nil {
 					t.Fatal(err)
 				}
 				// Let the lease lapse and go back, then look at the store.
 				clock.Advance(LeaseLifetime)
-				tier.sweep(false)
-				tier.givingBack.Wait()
+				cache.sweep(false)
+				cache.givingBack.Wait()
 				d, err := store.Peek(ctx, "k")
 				if err != nil {
 					t.Fatal(err)
@@ -242,17 +242,17 @@ func TestRefundNeverLandsInALaterLease(t *testing.T) {
 			ctx := context.Background()
 			p := Policy{Algorithm: FixedWindow, Events: 4, Window: 10 * time.Second}
 			clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
-			tier := edgeTiers(t, backend(t, p, clock), p, clock, 1, 1)[0]
-			old, err := tier.Take(ctx, "k", 1)
+			cache := edgeCaches(t, backend(t, p, clock), p, clock, 1, 1)[0]
+			old, err := cache.Take(ctx, "k", 1)
 			if err != nil || !old.Allowed {
 				t.Fatalf("take: %+v, %v", old, err)
 			}
 			clock.Advance(12 * time.Second) // the next window; the key idles
-			tier.sweep(false)
-			tier.givingBack.Wait()
+			cache.sweep(false)
+			cache.givingBack.Wait()
 			admitted := 0
 			for i := range 6 {
-				d, err := tier.Take(ctx, "k", 1)
+				d, err := cache.Take(ctx, "k", 1)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -261,7 +261,7 @@ func TestRefundNeverLandsInALaterLease(t *testing.T) {
 				}
 				if i == 0 {
 					// Another zone refused the old request only now.
-					if _, err := tier.Refund(ctx, "k", 1, old); err != nil {
+					if _, err := cache.Refund(ctx, "k", 1, old); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -22,13 +22,13 @@ import (
 )
 
 // TestModel is a model-based accuracy test of the promise in README.md
-// ("Two tiers: leases and the denial cache") and docs/design.md ("Exact at
+// ("The near cache: leases and the denial cache") and docs/design.md ("Exact at
 // the edges"): instances together never admit more than the limit, and no
 // unit is stranded. Seeded random schedules drive three instances (three
-// LocalTiers, or three stores for concurrency) over one shared store, a
+// NearCaches, or three stores for concurrency) over one shared store, a
 // real redis-server or one Memory, on one injected clock that steps back
-// at times (the store's: Redis's TIME can step; the tiers read it through
-// modelTierClock, which never goes back, as the process's monotonic clock
+// at times (the store's: Redis's TIME can step; the caches read it through
+// modelCacheClock, which never goes back, as the process's monotonic clock
 // they read in production), and an exact reference model checks every
 // admission after every step: see
 // modelRun.checkKey and checkBucket for the limits, modelRun.reset for the
@@ -309,7 +309,7 @@ type modelAdmission struct {
 	// spend is when the admission counts (µs): for a decision of the
 	// store, the store's own time of decision (Decision.At; the clock
 	// when the store answered for the bucket scripts, which report none);
-	// for a spend from a lease, the tier's clock, but never before the
+	// for a spend from a lease, the cache's clock, but never before the
 	// lease's grant; and never before the key's time (modelKeyState.hwm).
 	// A slow reply's latency is not the limiter's slack: a decision of the
 	// store counts when it was made, not when the reply arrived.
@@ -388,7 +388,7 @@ type modelStaleLease struct {
 	gen  uint64
 }
 
-// modelGen is one policy under one zone name: the instances' tiers (or
+// modelGen is one policy under one zone name: the instances' caches (or
 // stores) and the reference's admissions under it. A limit change adds a
 // generation with another policy that runs beside the old one.
 type modelGen struct {
@@ -396,7 +396,7 @@ type modelGen struct {
 	l, w, b  int64 // events, window (µs), burst
 	quota    int64
 	maxLease int64
-	tiers    []*LocalTier // nil for concurrency
+	caches   []*NearCache // nil for concurrency
 	stores   []*modelSlowLeaser
 	redis    []*Redis
 	keys     map[string]*modelKeyState
@@ -416,9 +416,9 @@ type modelGrant struct {
 	gen  uint64
 }
 
-// modelSlowLeaser stands between a tier and the shared store. It notes the
+// modelSlowLeaser stands between a cache and the shared store. It notes the
 // model time the store decided at, and when a step arms it, advances the
-// shared clock by delay after the store has decided and before the tier
+// shared clock by delay after the store has decided and before the cache
 // hears the answer: a slow reply.
 type modelSlowLeaser struct {
 	Leaser
@@ -480,34 +480,34 @@ type modelRun struct {
 	lastRenew int64
 	// lastTake is the instance, key and generation of the last take.
 	lastTake modelGrant
-	// lastJanitor is the tiers' clock (µs) at their last janitor pass.
+	// lastJanitor is the caches' clock (µs) at their last janitor pass.
 	lastJanitor int64
-	// ahead is how far (ns) the tiers' clock is ahead of clock: the sum
-	// of its steps back (see modelTierClock).
+	// ahead is how far (ns) the caches' clock is ahead of clock: the sum
+	// of its steps back (see modelCacheClock).
 	ahead   atomic.Int64
 	failure string
 }
 
 var modelPrefixSeq atomic.Int64
 
-// modelTierClock is the clock the tiers read: the shared clock plus every
+// modelCacheClock is the clock the caches read: the shared clock plus every
 // step back it has taken, so it runs with the shared clock and never goes
-// back. In production a LocalTier reads the process's monotonic clock and
-// only the store's clock (Redis's TIME) can step back; a tier on the
+// back. In production a NearCache reads the process's monotonic clock and
+// only the store's clock (Redis's TIME) can step back; a cache on the
 // stepping clock would take a lease it granted before a step back for
 // unexpired again (the shared clock back inside its window or lifetime)
 // and take refunds into it and spend it after its window had ended on
-// the key's timeline, which no process does. Times a tier reports (a
-// lease's expiry) are on this clock: modelRun.tierNow converts.
-type modelTierClock struct{ m *modelRun }
+// the key's timeline, which no process does. Times a cache reports (a
+// lease's expiry) are on this clock: modelRun.cacheNow converts.
+type modelCacheClock struct{ m *modelRun }
 
-func (c modelTierClock) Now() time.Time {
+func (c modelCacheClock) Now() time.Time {
 	return c.m.clock.Now().Add(time.Duration(c.m.ahead.Load()))
 }
 
-// tierNow is the tiers' clock (µs): see modelTierClock.
-func (m *modelRun) tierNow() int64 {
-	return modelTierClock{m}.Now().UnixMicro()
+// cacheNow is the caches' clock (µs): see modelCacheClock.
+func (m *modelRun) cacheNow() int64 {
+	return modelCacheClock{m}.Now().UnixMicro()
 }
 
 // runModelSchedule runs one seeded schedule and reports whether it held.
@@ -573,7 +573,7 @@ func (m *modelRun) caseRun() string {
 	return fmt.Sprintf("^TestModel$/^%s$/^%s$/^lease=%v$", be, m.c.alg, m.c.fraction)
 }
 
-// addGen starts a generation of policy p: new stores and tiers under the
+// addGen starts a generation of policy p: new stores and caches under the
 // same zone name and prefix as the first, so a limit change reuses them.
 func (m *modelRun) addGen(p Policy) error {
 	params, err := p.compile()
@@ -613,11 +613,11 @@ func (m *modelRun) addGen(p Policy) error {
 		if p.Algorithm == Concurrency {
 			continue
 		}
-		tier, err := NewLocalTier(s, p, LocalTierOptions{LeaseFraction: m.c.fraction, DenyFor: denyFor, Clock: modelTierClock{m}, manualSweep: true})
+		cache, err := NewNearCache(s, p, NearCacheOptions{LeaseFraction: m.c.fraction, DenyFor: denyFor, Clock: modelCacheClock{m}, manualSweep: true})
 		if err != nil {
 			return err
 		}
-		g.tiers = append(g.tiers, tier)
+		g.caches = append(g.caches, cache)
 	}
 	m.gens = append(m.gens, g)
 	m.logf("gen %d: policy %s, deny cache %v", len(m.gens)-1, p, denyFor)
@@ -628,8 +628,8 @@ func (m *modelRun) closeAll() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, g := range m.gens {
-		for _, tier := range g.tiers {
-			_ = tier.Close(ctx)
+		for _, cache := range g.caches {
+			_ = cache.Close(ctx)
 		}
 	}
 }
@@ -712,17 +712,17 @@ func (m *modelRun) doStep() {
 
 // edge moves the clock to just before or after an edge: the next window
 // boundary of g, or the earliest expiry of a lease an instance holds
-// (on the tiers' clock, ahead of the shared one: see modelTierClock).
+// (on the caches' clock, ahead of the shared one: see modelCacheClock).
 func (m *modelRun) edge(g *modelGen) {
 	now := m.clock.Now().UnixMicro()
-	ahead := m.tierNow() - now
+	ahead := m.cacheNow() - now
 	target := (now/g.w + 1) * g.w
 	what := "window end"
 	if m.rng.IntN(2) == 0 {
 		for _, gen := range m.gens {
-			for _, tier := range gen.tiers {
-				for i := range tier.shards {
-					sh := &tier.shards[i]
+			for _, cache := range gen.caches {
+				for i := range cache.shards {
+					sh := &cache.shards[i]
 					sh.mu.Lock()
 					for _, k := range sh.keys {
 						if exp := k.expires - ahead; k.units > 0 && exp > now && exp < target {
@@ -756,7 +756,7 @@ func (m *modelRun) stepBack(d time.Duration) {
 	from := m.clock.Now().UnixMicro()
 	top := m.observe()
 	m.clock.Advance(-d)
-	m.ahead.Add(int64(d)) // the tiers' clock does not step (modelTierClock)
+	m.ahead.Add(int64(d)) // the caches' clock does not step (modelCacheClock)
 	to := m.clock.Now().UnixMicro()
 	m.backs = append(m.backs, modelStepBack{step: m.step, from: from, to: to, top: top, d: d.Microseconds()})
 	m.logf("clock back %v (from %s)", d, m.rel(from))
@@ -798,22 +798,22 @@ func (m *modelRun) backDelta(a, b int64) (d int64, steps []int) {
 }
 
 // advance moves the clock forward by d, doing on the way what an
-// instance's goroutines would: the janitor's pass over every tier each
+// instance's goroutines would: the janitor's pass over every cache each
 // quarter of a lease's lifetime (so a lease's units go back within
 // LeaseLifetime and a quarter of its grant, as in production; the
 // schedule's own sweep steps come on top), and the renewal of
 // concurrency slots on Redis at least every W/3 while any are held. The
-// janitor's ticks are timed on the tiers' clock (a ticker of the process),
+// janitor's ticks are timed on the caches' clock (a ticker of the process),
 // which a step back of the shared clock does not delay.
 func (m *modelRun) advance(d time.Duration) {
 	m.logf("advance %v", d)
 	janitor := (LeaseLifetime / 4).Microseconds()
 	for d > 0 {
 		now := m.clock.Now().UnixMicro()
-		if m.tierNow()-m.lastJanitor >= janitor {
+		if m.cacheNow()-m.lastJanitor >= janitor {
 			m.janitor()
 		}
-		step := min(d, time.Duration(m.lastJanitor+janitor-m.tierNow())*time.Microsecond)
+		step := min(d, time.Duration(m.lastJanitor+janitor-m.cacheNow())*time.Microsecond)
 		if w := m.renewEvery(); w > 0 {
 			next := time.Duration(m.lastRenew+w-now) * time.Microsecond
 			if next <= 0 {
@@ -827,25 +827,25 @@ func (m *modelRun) advance(d time.Duration) {
 		d -= step
 		m.observe()
 	}
-	if m.tierNow()-m.lastJanitor >= janitor {
+	if m.cacheNow()-m.lastJanitor >= janitor {
 		m.janitor()
 	}
 }
 
-// janitor runs every tier's janitor pass and waits for its give-backs.
+// janitor runs every cache's janitor pass and waits for its give-backs.
 func (m *modelRun) janitor() {
-	m.lastJanitor = m.tierNow()
+	m.lastJanitor = m.cacheNow()
 	if modelSkips("janitor") {
 		return
 	}
 	for gi, g := range m.gens {
-		for i, tier := range g.tiers {
-			if tier.Len() == 0 {
+		for i, cache := range g.caches {
+			if cache.Len() == 0 {
 				continue // nothing to give back or forget
 			}
-			held := tier.held()
-			m.sweepTier(g, tier)
-			if now := tier.held(); now != held {
+			held := cache.held()
+			m.sweepCache(g, cache)
+			if now := cache.held(); now != held {
 				m.logf("gen %d inst %d janitor: held %d, now %d", gi, i, held, now)
 			}
 		}
@@ -894,10 +894,10 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	st.decided = 0
 	var d Decision
 	var err error
-	if g.tiers == nil {
+	if g.caches == nil {
 		d, err = st.Take(m.ctx, key, cost)
 	} else {
-		d, err = g.tiers[inst].Take(m.ctx, key, cost)
+		d, err = g.caches[inst].Take(m.ctx, key, cost)
 	}
 	st.delay = 0
 	m.observe()
@@ -1010,11 +1010,11 @@ func (m *modelRun) refund() {
 	var err error
 	toStore := true
 	prev := g.keys[a.key].hwm
-	if g.tiers == nil {
+	if g.caches == nil {
 		d, err = g.stores[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
 	} else {
-		toStore = !g.tiers[a.inst].refundsIntoLease(a.key, a.d)
-		d, err = g.tiers[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
+		toStore = !g.caches[a.inst].refundsIntoLease(a.key, a.d)
+		d, err = g.caches[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
 	}
 	if toStore {
 		m.touch(g, a.key)
@@ -1068,21 +1068,21 @@ func (m *modelRun) refund() {
 	m.logf("gen %d inst %d refund #%d (%s %d, %v at %s): remaining %d", a.gen, a.inst, a.id, a.key, a.cost, a.d.Source, m.rel(a.spend), d.Remaining)
 }
 
-// sweep runs one janitor pass of an instance's tier and waits for its
+// sweep runs one janitor pass of an instance's cache and waits for its
 // give-backs, so they reach the store at this step's time.
 func (m *modelRun) sweep(gi, inst int) {
 	g := m.gens[gi]
-	if g.tiers == nil {
+	if g.caches == nil {
 		return
 	}
-	before := g.tiers[inst].held()
-	m.sweepTier(g, g.tiers[inst])
-	m.logf("gen %d inst %d sweep: held %d, now %d", gi, inst, before, g.tiers[inst].held())
+	before := g.caches[inst].held()
+	m.sweepCache(g, g.caches[inst])
+	m.logf("gen %d inst %d sweep: held %d, now %d", gi, inst, before, g.caches[inst].held())
 }
 
 // reset is an admin reset of key on one instance. Admissions before it no
 // longer count. What other instances hold in leases then was taken from
-// the state being forgotten, and LocalTier.Reset documents that they may
+// the state being forgotten, and NearCache.Reset documents that they may
 // still pass: spent after the reset (counted in the forgotten state), or
 // given back into the fresh state, which never counted them. So the
 // epoch may admit up to those units more, at most (instances − 1) ×
@@ -1094,10 +1094,10 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	g := m.gens[gi]
 	ks := g.keys[key]
 	var err error
-	if g.tiers == nil {
+	if g.caches == nil {
 		_, err = g.stores[inst].Reset(m.ctx, key)
 	} else {
-		_, err = g.tiers[inst].Reset(m.ctx, key)
+		_, err = g.caches[inst].Reset(m.ctx, key)
 	}
 	now := m.observe()
 	if err != nil {
@@ -1108,11 +1108,11 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	ks.resetAt = now
 	ks.hwm = 0 // the store forgot the key's time too
 	ks.extra, ks.extraUntil, ks.stale, ks.backs = 0, math.MinInt64, nil, nil
-	for j, tier := range g.tiers {
+	for j, cache := range g.caches {
 		if j == inst {
 			continue
 		}
-		if units, gen, _ := tier.lease(key); units > 0 {
+		if units, gen, _ := cache.lease(key); units > 0 {
 			ks.extra += units
 			ks.stale = append(ks.stale, modelStaleLease{j, gen})
 		}
@@ -1129,7 +1129,7 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	}
 	for k := range g.grants {
 		if k.inst == inst && k.key == key {
-			delete(g.grants, k) // the tier forgot the key: its lease numbers restart
+			delete(g.grants, k) // the cache forgot the key: its lease numbers restart
 			delete(g.rawGrants, k)
 			delete(g.refunded, k)
 		}
@@ -1144,37 +1144,37 @@ func (m *modelRun) touch(g *modelGen, key string) {
 	ks.hwm = max(ks.hwm, m.clock.Now().UnixMicro())
 }
 
-// sweepTier runs a janitor pass of tier, waits for its give-backs, and
+// sweepCache runs a janitor pass of cache, waits for its give-backs, and
 // notes the keys whose state they touched.
-func (m *modelRun) sweepTier(g *modelGen, tier *LocalTier) {
-	now := m.tierNow() // leases expire on the tiers' clock
+func (m *modelRun) sweepCache(g *modelGen, cache *NearCache) {
+	now := m.cacheNow() // leases expire on the caches' clock
 	var backs []string
 	for _, key := range m.keys {
-		if units, _, expires := tier.lease(key); units > 0 && now >= expires {
+		if units, _, expires := cache.lease(key); units > 0 && now >= expires {
 			backs = append(backs, key)
 		}
 	}
-	tier.sweep(false)
-	tier.givingBack.Wait()
+	cache.sweep(false)
+	cache.givingBack.Wait()
 	for _, key := range backs {
 		m.touch(g, key)
 	}
 }
 
 // refundsIntoLease reports whether a refund of taken would go back into
-// tier's lease of key now rather than to the store (as Refund decides).
-func (t *LocalTier) refundsIntoLease(key string, taken Decision) bool {
-	now := t.clock.now()
-	sh := t.shard(key)
+// c's lease of key now rather than to the store (as Refund decides).
+func (c *NearCache) refundsIntoLease(key string, taken Decision) bool {
+	now := c.clock.now()
+	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return t.takesBack(sh.keys[key], taken, now)
+	return c.takesBack(sh.keys[key], taken, now)
 }
 
 // lease is the unspent units, the number and the expiry (µs) of the
-// lease tier holds for key.
-func (t *LocalTier) lease(key string) (units int64, gen uint64, expires int64) {
-	sh := t.shard(key)
+// lease c holds for key.
+func (c *NearCache) lease(key string) (units int64, gen uint64, expires int64) {
+	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if k := sh.keys[key]; k != nil {
@@ -1228,10 +1228,10 @@ func (m *modelRun) quiet(why string) {
 	m.advance(time.Duration(target-m.clock.Now().UnixMicro()) * time.Microsecond)
 	m.renewIfDue()
 	for gi, g := range m.gens {
-		for _, tier := range g.tiers {
-			m.sweepTier(g, tier)
-			if h := tier.held(); h != 0 {
-				m.fail("gen %d: a tier still holds %d units after its leases lapsed and a sweep", gi, h)
+		for _, cache := range g.caches {
+			m.sweepCache(g, cache)
+			if h := cache.held(); h != 0 {
+				m.fail("gen %d: a cache still holds %d units after its leases lapsed and a sweep", gi, h)
 				return
 			}
 		}
@@ -1384,7 +1384,7 @@ func (m *modelRun) settleStale(g *modelGen, ks *modelKeyState, now int64) {
 	}
 	held := ks.stale[:0]
 	for _, s := range ks.stale {
-		if units, gen, _ := g.tiers[s.inst].lease(key); units > 0 && gen == s.gen {
+		if units, gen, _ := g.caches[s.inst].lease(key); units > 0 && gen == s.gen {
 			held = append(held, s)
 		}
 	}

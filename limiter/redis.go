@@ -77,26 +77,26 @@ type Redis struct {
 	// batchScript runs several decisions in one call (see lua.Batch).
 	batchScript *redis.Script
 	args        []any // the policy's script arguments
-	// batch lets concurrent decisions share round trips.
-	batch batcher
+	// pipeline lets concurrent decisions share round trips.
+	pipeline pipeliner
 	// breaker answers at once while Redis keeps failing.
 	breaker *Breaker
-	// reloadSlots, for a Cluster client, asks it to read the slot map
-	// again (in the background, at most every 200ms): go-redis otherwise
-	// rereads it only on MOVED or READONLY replies or once a minute, so
-	// after a master dies its slots would go on failing for up to a
-	// minute after a replica has taken them over.
-	reloadSlots func()
-	zone        string
-	keyHead     string // prefix, zone and the opening of the hash tag
-	keyTail     string // the closing of the hash tag and the policy (policyTag)
-	timeout     time.Duration
+	// reloadHashSlots, for a Cluster client, asks it to read the hash
+	// slot map again (in the background, at most every 200ms): go-redis
+	// otherwise rereads it only on MOVED or READONLY replies or once a
+	// minute, so after a master dies its hash slots would go on failing
+	// for up to a minute after a replica has taken them over.
+	reloadHashSlots func()
+	zone            string
+	keyHead         string // prefix, zone and the opening of the hash tag
+	keyTail         string // the closing of the hash tag and the policy (policyTag)
+	timeout         time.Duration
 	// deadlines bound each decision by timeout without a timer each.
 	deadlines *deadlines
 	clock     Clock
 
-	leaseID  string // this store's random part of every lease id
-	leaseSeq atomic.Uint64
+	slotID  string // this store's random part of every slot id
+	slotSeq atomic.Uint64
 	// slots are the concurrency slots this store holds, which it renews
 	// while their requests run; onRenewError hears of a renewal that
 	// failed.
@@ -159,7 +159,7 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	}
 	r.deadlines = newDeadlines(r.timeout)
 	if cc, ok := client.(*redis.ClusterClient); ok {
-		r.reloadSlots = func() { cc.ReloadState(context.Background()) }
+		r.reloadHashSlots = func() { cc.ReloadState(context.Background()) }
 	}
 	r.breaker = opts.Breaker
 	if r.breaker == nil {
@@ -172,19 +172,19 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	r.keyHead = escapeKeyPart(prefix) + StateID(opts.Zone, opts.Tier) + ":{"
 
 	r.args = params.alg.redisArgs(&params)
-	if params.alg.leases {
+	if params.alg.holdsSlots {
 		var id [8]byte
 		_, _ = rand.Read(id[:]) // never fails: crypto/rand aborts the program instead
-		r.leaseID = hex.EncodeToString(id[:]) + "."
+		r.slotID = hex.EncodeToString(id[:]) + "."
 	}
 	r.keyTail = "}:" + params.policyTag()
 	src := params.alg.scripts.one
 	r.script, r.src = redis.NewScript(src), src
 	r.batchScript = redis.NewScript(params.alg.scripts.batch)
-	r.batch.runOne = func(c *scriptCall) {
+	r.pipeline.runOne = func(c *scriptCall) {
 		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
 	}
-	r.batch.runMany = func(calls []*scriptCall) { pipelineScripts(r.client, r.script, r.src, calls) }
+	r.pipeline.runMany = func(calls []*scriptCall) { pipelineScripts(r.client, r.script, r.src, calls) }
 	return r, nil
 }
 
@@ -243,22 +243,22 @@ func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, err
 	if err := r.checkCost(cost); err != nil {
 		return Decision{}, err
 	}
-	var lease string
-	if r.p.alg.leases {
-		lease = r.leaseID + strconv.FormatUint(r.leaseSeq.Add(1), 36)
+	var slot string
+	if r.p.alg.holdsSlots {
+		slot = r.slotID + strconv.FormatUint(r.slotSeq.Add(1), 36)
 	}
 	redisKey := r.Key(key)
-	d, err := r.runKey(ctx, redisKey, cost, lease)
+	d, err := r.runKey(ctx, redisKey, cost, slot)
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: take: %w", r.zone, err)
 	}
 	if d.Allowed {
-		d.lease = lease
+		d.slot = slot
 		if r.p.alg.Leases {
 			d.granted = cost
 		}
-		if lease != "" {
-			r.hold(lease, redisKey, cost)
+		if slot != "" {
+			r.hold(slot, redisKey, cost)
 		}
 	}
 	return d, nil
@@ -309,13 +309,13 @@ func (r *Redis) Reset(ctx context.Context, key string) (bool, error) {
 }
 
 // Refund implements Store: it gives back what taken consumed, or releases
-// its concurrency lease, in one script run.
+// its concurrency slot, in one script run.
 func (r *Redis) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
 	if err := r.checkCost(cost); err != nil {
 		return Decision{}, err
 	}
-	if taken.lease != "" {
-		r.release(taken.lease)
+	if taken.slot != "" {
+		r.release(taken.slot)
 	}
 	d, err := r.run(ctx, key, -cost, r.refundArg(taken))
 	if err != nil {
@@ -343,7 +343,7 @@ func (r *Redis) refundArg(taken Decision) any {
 }
 
 // run calls the script for key under the store's timeout, in a round trip
-// shared with concurrent decisions when there are any (see batcher), and
+// shared with concurrent decisions when there are any (see pipeliner), and
 // reads its reply; while Redis keeps failing it answers ErrStoreUnavailable
 // at once instead (see Breaker). A positive cost takes, a negative one
 // gives back.
@@ -374,20 +374,20 @@ func (r *Redis) runCall(c *scriptCall) ([]int64, error) {
 	if r.breaker.open() {
 		return nil, ErrStoreUnavailable
 	}
-	reply, err := r.batch.do(c)
+	reply, err := r.pipeline.do(c)
 	return reply, r.outcome(err)
 }
 
 // outcome tells the breaker how a call to Redis went and, when it failed,
-// asks a Cluster client for the slot map again if the failure may mean it
+// asks a Cluster client for the hash slot map again if the failure may mean it
 // moved, and marks a timeout as ErrStoreTimeout.
 func (r *Redis) outcome(err error) error {
 	r.breaker.record(err)
 	if err == nil {
 		return nil
 	}
-	if r.reloadSlots != nil && storeWide(err) && !errors.Is(err, context.Canceled) {
-		r.reloadSlots()
+	if r.reloadHashSlots != nil && storeWide(err) && !errors.Is(err, context.Canceled) {
+		r.reloadHashSlots()
 	}
 	if isTimeout(err) {
 		return fmt.Errorf("%w: %w", ErrStoreTimeout, err)

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// A LocalTier gives units back to Redis in bulk: leases lapse by the
+// A NearCache gives units back to Redis in bulk: leases lapse by the
 // thousand on a busy instance, and one script call per lease would cost
 // Redis as much as the decisions the leases saved. The batch script
 // (lua.Batch) runs any number of one algorithm's operations in one atomic
@@ -28,8 +28,8 @@ const redisGiveBackTimeout = time.Second
 
 // redisMaxGiveBacks bounds the give-backs of one script call, so that it
 // holds Redis, which runs one script at a time, about as long as a
-// pipeline of decisions does (see redisMaxBatch).
-const redisMaxGiveBacks = redisMaxBatch
+// pipeline of decisions does (see redisMaxPipeline).
+const redisMaxGiveBacks = redisMaxPipeline
 
 // Renew implements Leaser with one call of the batch script: the refund,
 // then the lease.
@@ -69,7 +69,7 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 			errs = append(errs, err)
 		}
 	}
-	if r.reloadSlots != nil {
+	if r.reloadHashSlots != nil {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for _, rf := range refunds {

@@ -123,7 +123,7 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		opts.TLSConfig.InsecureSkipVerify = true
 	}
 	opts.ContextTimeoutEnabled = true
-	// The store's pipelines hold at most redisMaxBatch scripts, about 13 KiB
+	// The store's pipelines hold at most redisMaxPipeline scripts, about 13 KiB
 	// out and 3 KiB back: go-redis's 128 KiB pipeline buffers would only
 	// hold memory.
 	opts.PipelineReadBufferSize = 32 << 10

@@ -14,8 +14,8 @@ import (
 // remembers the slots it holds and renews them all, every W/3, until
 // their requests finish. Renewal costs Redis a call per instance per
 // period, for up to redisMaxRenewals slots on 64 keys each, not one per request
-// (on a Cluster, where every key has a slot of its own, one script per
-// key, pipelined). A slot whose instance stopped renewing (it died, or
+// (on a Cluster, where every key has a hash slot of its own, one script
+// per key, pipelined). A slot whose instance stopped renewing (it died, or
 // Redis was unreachable for W) lapses as before.
 
 // redisMaxRenewals bounds the slots one renewal call names, and
@@ -29,7 +29,7 @@ const redisMaxRenewals = 1000
 const minRenewEvery = time.Millisecond
 
 // heldSlot is a concurrency slot this store took and has not released:
-// its lease id and units on the Redis key redisKey.
+// its units on the Redis key redisKey (the table holds it by its id).
 type heldSlot struct {
 	redisKey string
 	units    int64
@@ -42,20 +42,20 @@ type heldSlot struct {
 // its requests in flight hold.
 type slotTable struct {
 	mu   sync.Mutex
-	held map[string]heldSlot // by lease id
+	held map[string]heldSlot // by slot id
 	// stop, while the renewer runs, is closed to stop it.
 	stop chan struct{}
 }
 
-// hold remembers the slot lease, and starts the renewer if it is not
+// hold remembers the slot named id, and starts the renewer if it is not
 // running.
-func (r *Redis) hold(lease, redisKey string, units int64) {
+func (r *Redis) hold(id, redisKey string, units int64) {
 	s := &r.slots
 	s.mu.Lock()
 	if s.held == nil {
 		s.held = make(map[string]heldSlot)
 	}
-	s.held[lease] = heldSlot{redisKey: redisKey, units: units}
+	s.held[id] = heldSlot{redisKey: redisKey, units: units}
 	var stop chan struct{}
 	if s.stop == nil {
 		stop = make(chan struct{})
@@ -67,13 +67,13 @@ func (r *Redis) hold(lease, redisKey string, units int64) {
 	}
 }
 
-// release forgets the slot lease, before its release is sent: a release
-// that fails leaves the slot to lapse, never renewed again. The last
-// slot's release stops the renewer.
-func (r *Redis) release(lease string) {
+// release forgets the slot named id, before its release is sent: a
+// release that fails leaves the slot to lapse, never renewed again. The
+// last slot's release stops the renewer.
+func (r *Redis) release(id string) {
 	s := &r.slots
 	s.mu.Lock()
-	delete(s.held, lease)
+	delete(s.held, id)
 	if len(s.held) == 0 && s.stop != nil {
 		close(s.stop)
 		s.stop = nil
@@ -110,8 +110,8 @@ func (r *Redis) renewLoop(stop <-chan struct{}) {
 func (r *Redis) renewSlots(ctx context.Context) error {
 	byKey := make(map[string][]any)
 	r.slots.mu.Lock()
-	for lease, s := range r.slots.held {
-		byKey[s.redisKey] = append(byKey[s.redisKey], lease, s.units)
+	for id, s := range r.slots.held {
+		byKey[s.redisKey] = append(byKey[s.redisKey], id, s.units)
 	}
 	r.slots.mu.Unlock()
 	if len(byKey) == 0 {
@@ -128,14 +128,15 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 		}
 		mu.Unlock()
 	}
-	if r.reloadSlots != nil {
-		// A Cluster: one script per key, pipelined by the batcher.
+	if r.reloadHashSlots != nil {
+		// A Cluster: one script per key, pipelined as concurrent decisions
+		// are.
 		var wg sync.WaitGroup
-		for key, leases := range byKey {
+		for key, slots := range byKey {
 			wg.Go(func() {
 				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
 				defer cancel()
-				if _, err := r.runCall(r.renewCall(cctx, key, leases)); err != nil {
+				if _, err := r.runCall(r.renewCall(cctx, key, slots)); err != nil {
 					fail(err)
 				}
 			})
@@ -152,12 +153,12 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 			}
 			calls, named = calls[:0], 0
 		}
-		for key, leases := range byKey {
-			for len(leases) > 0 {
-				n := min(len(leases), 2*(redisMaxRenewals-named))
-				calls = append(calls, r.renewCall(ctx, key, leases[:n]))
+		for key, slots := range byKey {
+			for len(slots) > 0 {
+				n := min(len(slots), 2*(redisMaxRenewals-named))
+				calls = append(calls, r.renewCall(ctx, key, slots[:n]))
 				named += n / 2
-				leases = leases[n:]
+				slots = slots[n:]
 				if named == redisMaxRenewals || len(calls) == redisMaxGiveBacks {
 					flush()
 				}
@@ -173,12 +174,12 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 	return nil
 }
 
-// renewCall is the script call that renews leases (id, units, id, units,
+// renewCall is the script call that renews slots (id, units, id, units,
 // ...) on redisKey: concurrency.lua's "renew" operation.
-func (r *Redis) renewCall(ctx context.Context, redisKey string, leases []any) *scriptCall {
+func (r *Redis) renewCall(ctx context.Context, redisKey string, slots []any) *scriptCall {
 	c := r.callOn(ctx, redisKey, 0, "")
 	c.args = append(c.args, "renew")
-	c.args = append(c.args, leases...)
+	c.args = append(c.args, slots...)
 	return c
 }
 

@@ -112,7 +112,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 		FixedWindow:          window,
 		SlidingWindowLog:     window,
 		SlidingWindowCounter: 2 * window, // the end of the next window
-		Concurrency:          window,     // the lease
+		Concurrency:          window,     // an unrenewed slot's life
 	}
 	for alg, p := range redisPolicies(5, window) {
 		r := newTestRedis(t, client, p, RedisOptions{Zone: "ttl", Timeout: time.Second})
@@ -429,14 +429,14 @@ func TestRedisSentinel(t *testing.T) {
 	}
 }
 
-func TestRedisConcurrencyLeases(t *testing.T) {
+func TestRedisConcurrencySlots(t *testing.T) {
 	s := redistest.Start(t)
 	client := s.Client(t)
 	ctx := context.Background()
-	const lease = 300 * time.Millisecond
-	r := newTestRedis(t, client, Policy{Algorithm: Concurrency, Events: 2, Window: lease}, RedisOptions{Zone: "lease", Timeout: time.Second})
+	const window = 300 * time.Millisecond
+	r := newTestRedis(t, client, Policy{Algorithm: Concurrency, Events: 2, Window: window}, RedisOptions{Zone: "slots", Timeout: time.Second})
 
-	// Released leases free their units at once.
+	// Released slots free their units at once.
 	d, err := r.Take(ctx, "released", 2)
 	if err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("take 2: %+v %v", d, err)
@@ -445,7 +445,7 @@ func TestRedisConcurrencyLeases(t *testing.T) {
 		t.Fatalf("return: %+v %v", d, err)
 	}
 
-	// Leases never released nor renewed (a crashed instance) lapse after
+	// Slots never released nor renewed (a crashed instance) lapse after
 	// the window.
 	start := time.Now()
 	for range 2 {
@@ -453,14 +453,14 @@ func TestRedisConcurrencyLeases(t *testing.T) {
 		if err != nil || !d.Allowed {
 			t.Fatalf("take: %+v %v", d, err)
 		}
-		r.release(d.lease) // the instance dies: nobody renews the slot
+		r.release(d.slot) // the instance dies: nobody renews the slot
 	}
 	if d, err := r.Take(ctx, "crashed", 1); err != nil || d.Allowed {
 		t.Fatalf("third take while two are in flight: %+v %v", d, err)
 	}
-	time.Sleep(time.Until(start.Add(lease + 50*time.Millisecond)))
+	time.Sleep(time.Until(start.Add(window + 50*time.Millisecond)))
 	if d, err := r.Take(ctx, "crashed", 1); err != nil || !d.Allowed || d.Remaining != 1 {
-		t.Fatalf("take after the leases lapsed: %+v %v", d, err)
+		t.Fatalf("take after the slots lapsed: %+v %v", d, err)
 	}
 }
 
@@ -603,7 +603,7 @@ func TestRedisAccuracy(t *testing.T) {
 			t.Fatalf("%d failed, at most %d in flight (limit %d), %d allowed", failed.Load(), most.Load(), limit, allowed.Load())
 		}
 		checkPipelined(t, stores)
-		// Every lease came back.
+		// Every slot came back.
 		d, err := stores[0].Take(ctx, "hot", 1)
 		if err != nil || d.Remaining != limit-1 {
 			t.Fatalf("after all returned: %+v %v", d, err)
@@ -621,15 +621,15 @@ func TestRedisAccuracy(t *testing.T) {
 }
 
 // checkPipelined fails t unless some of the stores' decisions shared round
-// trips: the accuracy above must hold for batched scripts too.
+// trips: the accuracy above must hold for pipelined scripts too.
 func checkPipelined(t *testing.T, stores []*Redis) {
 	t.Helper()
 	var n int64
 	for _, st := range stores {
-		n += st.batch.pipelined.Load()
+		n += st.pipeline.pipelined.Load()
 	}
 	if n == 0 {
-		t.Error("no decision was sent in a pipeline: the concurrent requests did not exercise batching")
+		t.Error("no decision was sent in a pipeline: the concurrent requests did not exercise pipelining")
 	} else {
 		t.Logf("%d decisions sent in pipelines", n)
 	}
@@ -708,7 +708,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			var costs []int64
 			// Half the steps keep the time, the others advance it by about
 			// the time one unit takes to come back, so quotas run out and
-			// refill; concurrency leases must not lapse, which memory lacks.
+			// refill; concurrency slots must not lapse, which memory lacks.
 			span := 2*p.Window.Microseconds()/p.Events + 2
 			if p.Algorithm == Concurrency {
 				span = 1000

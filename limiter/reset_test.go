@@ -9,7 +9,7 @@ import (
 )
 
 // TestResetForgetsOneKey: Reset starts one key afresh in both stores and in
-// a local tier, and leaves every other key, and the same key of another
+// a near cache, and leaves every other key, and the same key of another
 // zone, as they were.
 func TestResetForgetsOneKey(t *testing.T) {
 	ctx := context.Background()
@@ -26,13 +26,13 @@ func TestResetForgetsOneKey(t *testing.T) {
 		"redis": func(zone string) Store {
 			return newTestRedis(t, client, p, RedisOptions{Zone: zone, Timeout: 5 * time.Second})
 		},
-		"local tier": func(zone string) Store {
-			tier, err := NewLocalTier(newTestRedis(t, client, p, RedisOptions{Zone: zone, Timeout: 5 * time.Second}), p, LocalTierOptions{LeaseFraction: 1, DenyFor: time.Second})
+		"near cache": func(zone string) Store {
+			cache, err := NewNearCache(newTestRedis(t, client, p, RedisOptions{Zone: zone, Timeout: 5 * time.Second}), p, NearCacheOptions{LeaseFraction: 1, DenyFor: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = tier.Close(ctx) })
-			return tier
+			t.Cleanup(func() { _ = cache.Close(ctx) })
+			return cache
 		},
 	}
 	for name, open := range stores {

@@ -9,7 +9,7 @@ import "strings"
 // what is one limit. The characters that would open or close a Redis
 // Cluster hash tag, the tier separator and the escape character itself are
 // escaped, so no zone or tier name can collide with another's or move a key
-// to another slot.
+// to another hash slot.
 func StateID(zone, tier string) string {
 	id := escapeKeyPart(zone)
 	if tier != "" {

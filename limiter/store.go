@@ -30,7 +30,7 @@ type Store interface {
 }
 
 // Leaser is a shared store that can grant several units in one decision,
-// so a LocalTier in front of it can spend them without asking again. The
+// so a NearCache in front of it can spend them without asking again. The
 // algorithms whose Traits say Leases implement it.
 type Leaser interface {
 	Store

@@ -5,7 +5,7 @@
 -- KEYS and ARGV are the parameters of one operation, its return statements
 -- return from decide, and every file reads as it does alone.
 --
--- A LocalTier uses batches to give back many leases in one call and to give
+-- A NearCache uses batches to give back many leases in one call and to give
 -- back a lapsed lease's units in the call that takes the next one
 -- (limiter/redis_batch_script.go).
 

@@ -24,13 +24,13 @@ local key = KEYS[1]
 
 now = math.max(now, 0)
 
--- Drop the entries that left the window, in batches from the oldest.
+-- Drop the entries that left the window, 64 at a time from the oldest.
 local cutoff, drop = now - w, 0
 while true do
-  local batch = redis.call('LRANGE', key, drop, drop + 63)
+  local chunk = redis.call('LRANGE', key, drop, drop + 63)
   local k = 0
-  for i = 1, #batch do
-    if tonumber(batch[i]) > cutoff then
+  for i = 1, #chunk do
+    if tonumber(chunk[i]) > cutoff then
       break
     end
     k = i

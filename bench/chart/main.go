@@ -4,7 +4,7 @@
 // and with leases, and the refusing sites, with a line at 1.0.
 //
 //	SUMMARY=/tmp/http.tsv bench/http.sh 8 4
-//	cd bench && go run ./chart -in /tmp/http.tsv -out ../docs/tiers-chart.svg
+//	cd bench && go run ./chart -in /tmp/http.tsv -out ../docs/near-cache-chart.svg
 //
 // -column picks the figure: rps_ratio_rounds (default: requests/s, the
 // median of the per-round ratios to plain), rps_ratio (ratio of the
@@ -51,7 +51,7 @@ func main() {
 	in := flag.String("in", "", "the TSV bench/http.sh wrote (SUMMARY); stdin when empty")
 	out := flag.String("out", "", "the SVG to write; stdout when empty")
 	column := flag.String("column", "rps_ratio_rounds", "the summary column to draw")
-	title := flag.String("title", "Floodgate: two local tiers in front of Redis, through Caddy", "the chart's title")
+	title := flag.String("title", "Floodgate: a near cache in front of Redis, through Caddy", "the chart's title")
 	note := flag.String("note", "", "a line under the title, such as the command and the machine")
 	flag.Parse()
 	if err := run(*in, *out, *column, *title, *note); err != nil {

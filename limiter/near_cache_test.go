@@ -47,29 +47,29 @@ func closeClients(clients []redis.UniversalClient) error {
 	return first
 }
 
-// instanceTiers puts, on each client, a Redis store for zone behind a
-// LocalTier with leases of up to fraction of the quota and a 1 s denial
-// cache, as that many instances of one zone would have; the tiers are
+// instanceCaches puts, on each client, a Redis store for zone behind a
+// NearCache with leases of up to fraction of the quota and a 1 s denial
+// cache, as that many instances of one zone would have; the caches are
 // closed when tb ends. The stores' timeout is generous: these tests count,
 // and a loaded machine must not turn decisions into failures.
-func instanceTiers(tb testing.TB, clients []redis.UniversalClient, p Policy, zone string, fraction float64) ([]*LocalTier, []*Redis) {
+func instanceCaches(tb testing.TB, clients []redis.UniversalClient, p Policy, zone string, fraction float64) ([]*NearCache, []*Redis) {
 	tb.Helper()
-	tiers, stores := make([]*LocalTier, len(clients)), make([]*Redis, len(clients))
+	caches, stores := make([]*NearCache, len(clients)), make([]*Redis, len(clients))
 	for i, c := range clients {
 		stores[i] = newTestRedis(tb, c, p, RedisOptions{Zone: zone, Timeout: 5 * time.Second})
-		tier, err := NewLocalTier(stores[i], p, LocalTierOptions{LeaseFraction: fraction, DenyFor: time.Second})
+		cache, err := NewNearCache(stores[i], p, NearCacheOptions{LeaseFraction: fraction, DenyFor: time.Second})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		tb.Cleanup(func() { _ = tier.Close(context.Background()) })
-		tiers[i] = tier
+		tb.Cleanup(func() { _ = cache.Close(context.Background()) })
+		caches[i] = cache
 	}
-	return tiers, stores
+	return caches, stores
 }
 
-// newTestTier puts a LocalTier in front of a memory store that stands for
+// newTestCache puts a NearCache in front of a memory store that stands for
 // the shared one, both on clock, and closes it when the test ends.
-func newTestTier(t *testing.T, p Policy, clock *testutil.Clock, opts LocalTierOptions) (*LocalTier, *countingLeaser) {
+func newTestCache(t *testing.T, p Policy, clock *testutil.Clock, opts NearCacheOptions) (*NearCache, *countingLeaser) {
 	t.Helper()
 	shared, err := NewMemory(p, MemoryOptions{Clock: clock})
 	if err != nil {
@@ -77,15 +77,15 @@ func newTestTier(t *testing.T, p Policy, clock *testutil.Clock, opts LocalTierOp
 	}
 	store := &countingLeaser{Memory: shared}
 	opts.Clock = clock
-	tier, err := NewLocalTier(store, p, opts)
+	cache, err := NewNearCache(store, p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = tier.Close(context.Background()) })
-	return tier, store
+	t.Cleanup(func() { _ = cache.Close(context.Background()) })
+	return cache, store
 }
 
-// countingLeaser is a memory store that counts the calls a tier makes and
+// countingLeaser is a memory store that counts the calls a cache makes and
 // records the size of each lease it asks for.
 type countingLeaser struct {
 	*Memory
@@ -140,9 +140,9 @@ func TestLeaseSizing(t *testing.T) {
 	ctx := context.Background()
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 	p := Policy{Algorithm: FixedWindow, Events: 1000, Window: time.Hour}
-	tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 0.05}) // at most 50
+	cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 0.05}) // at most 50
 	for i := range 200 {
-		d, err := tier.Take(ctx, "k", 1)
+		d, err := cache.Take(ctx, "k", 1)
 		if err != nil || !d.Allowed {
 			t.Fatalf("take %d: %+v, %v", i, d, err)
 		}
@@ -158,7 +158,7 @@ func TestLeaseSizing(t *testing.T) {
 	}
 	// Not leased for a while: the next lease starts at the cost again.
 	clock.Advance(3 * LeaseLifetime)
-	if _, err := tier.Take(ctx, "k", 3); err != nil {
+	if _, err := cache.Take(ctx, "k", 3); err != nil {
 		t.Fatal(err)
 	}
 	if got := store.leaseSizes(); got[len(got)-1] != 3 {
@@ -176,10 +176,10 @@ func TestLeaseExpiry(t *testing.T) {
 			p := Policy{Algorithm: alg, Events: 100, Window: time.Hour}
 			// Half a second before a window boundary.
 			clock := testutil.NewClock(time.Unix(0, 0).Add(500 * time.Hour).Add(-LeaseLifetime / 2))
-			tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 0.2})
+			cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 0.2})
 			take := func() Decision {
 				t.Helper()
-				d, err := tier.Take(ctx, "k", 1)
+				d, err := cache.Take(ctx, "k", 1)
 				if err != nil || !d.Allowed {
 					t.Fatalf("take: %+v, %v", d, err)
 				}
@@ -205,15 +205,15 @@ func TestLeaseExpiry(t *testing.T) {
 				t.Fatalf("just before expiry: source %v, want lease", d.Source)
 			}
 			clock.Advance(time.Microsecond)
-			tier.sweep(false)
-			tier.givingBack.Wait()
+			cache.sweep(false)
+			cache.givingBack.Wait()
 			if got := store.refunded.Load(); got != 1 {
 				t.Fatalf("gave back %d units at expiry, want the 1 unspent", got)
 			}
 			if d := take(); d.Source != SourceStore {
 				t.Fatalf("after expiry: source %v, want store", d.Source)
 			}
-			if err := tier.Close(ctx); err != nil {
+			if err := cache.Close(ctx); err != nil {
 				t.Fatal(err)
 			}
 			// Every admitted unit, and only those, is taken in the store.
@@ -235,13 +235,13 @@ func TestLeaseRenewal(t *testing.T) {
 	ctx := context.Background()
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 	p := Policy{Algorithm: FixedWindow, Events: 100, Window: time.Hour}
-	tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 0.1})
+	cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 0.1})
 	for range 2 { // leases of 1 and 2: 1 left in the last
-		if d, err := tier.Take(ctx, "k", 1); err != nil || !d.Allowed {
+		if d, err := cache.Take(ctx, "k", 1); err != nil || !d.Allowed {
 			t.Fatalf("take: %+v, %v", d, err)
 		}
 	}
-	d, err := tier.Take(ctx, "k", 5)
+	d, err := cache.Take(ctx, "k", 5)
 	if err != nil || !d.Allowed || d.Source != SourceStore {
 		t.Fatalf("take of 5: %+v, %v", d, err)
 	}
@@ -265,12 +265,12 @@ func TestLeaseRefund(t *testing.T) {
 	ctx := context.Background()
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 	p := Policy{Algorithm: SlidingWindowLog, Events: 10, Window: time.Minute}
-	tier, store := newTestTier(t, p, clock, LocalTierOptions{LeaseFraction: 1})
+	cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 1})
 	var last Decision
 	for range 4 { // leases of 1, 2 and 4: 3 left in the last
-		last, _ = tier.Take(ctx, "k", 1)
+		last, _ = cache.Take(ctx, "k", 1)
 	}
-	d, err := tier.Refund(ctx, "k", 1, last)
+	d, err := cache.Refund(ctx, "k", 1, last)
 	if err != nil || store.refunds.Load() != 0 {
 		t.Fatalf("refund into the lease: %v, %d calls to the store", err, store.refunds.Load())
 	}
@@ -278,9 +278,9 @@ func TestLeaseRefund(t *testing.T) {
 		t.Fatalf("remaining after the refund %d, want %d", d.Remaining, 10-7+4)
 	}
 	clock.Advance(LeaseLifetime)
-	tier.sweep(false)
-	tier.givingBack.Wait()
-	if _, err := tier.Refund(ctx, "k", 1, last); err != nil {
+	cache.sweep(false)
+	cache.givingBack.Wait()
+	if _, err := cache.Refund(ctx, "k", 1, last); err != nil {
 		t.Fatal(err)
 	}
 	if got := store.refunded.Load(); got != 5 {
@@ -311,17 +311,17 @@ func TestDenyCache(t *testing.T) {
 			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 			// One token per 3 s: a refusal's Retry-After is under 3 s.
 			p := Policy{Algorithm: TokenBucket, Events: 2, Window: 6 * time.Second}
-			tier, store := newTestTier(t, p, clock, LocalTierOptions{DenyFor: c.denyFor, LeaseFraction: c.lease})
+			cache, store := newTestCache(t, p, clock, NearCacheOptions{DenyFor: c.denyFor, LeaseFraction: c.lease})
 			for range 2 {
-				tier.Take(ctx, "k", 1)
+				cache.Take(ctx, "k", 1)
 			}
-			first, _ := tier.Take(ctx, "k", 1)
+			first, _ := cache.Take(ctx, "k", 1)
 			if first.Allowed || first.Source != SourceStore || first.RetryAfter != 3*time.Second {
 				t.Fatalf("first refusal %+v", first)
 			}
 			calls := store.takes.Load() + int64(len(store.leaseSizes()))
 			clock.Advance(c.until - time.Millisecond)
-			d, _ := tier.Take(ctx, "k", 1)
+			d, _ := cache.Take(ctx, "k", 1)
 			if d.Allowed || d.Source != SourceDenyCache {
 				t.Fatalf("within the cache: %+v", d)
 			}
@@ -335,7 +335,7 @@ func TestDenyCache(t *testing.T) {
 				t.Fatalf("the store was asked %d more times", got-calls)
 			}
 			clock.Advance(time.Millisecond)
-			d, _ = tier.Take(ctx, "k", 1)
+			d, _ = cache.Take(ctx, "k", 1)
 			if d.Source != SourceStore {
 				t.Fatalf("after the cache: %+v, want a decision of the store", d)
 			}
@@ -343,10 +343,10 @@ func TestDenyCache(t *testing.T) {
 	}
 }
 
-// TestLocalTiersNeverOverAdmit races three tiers (three instances) over one
+// TestNearCachesNeverOverAdmit races three caches (three instances) over one
 // shared store and checks that they admit at most the limit together, and
 // that after Close every unit not admitted is back in the store.
-func TestLocalTiersNeverOverAdmit(t *testing.T) {
+func TestNearCachesNeverOverAdmit(t *testing.T) {
 	ctx := context.Background()
 	for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
 		t.Run(string(alg), func(t *testing.T) {
@@ -357,13 +357,13 @@ func TestLocalTiersNeverOverAdmit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var tiers []*LocalTier
+			var caches []*NearCache
 			for range 3 {
-				tier, err := NewLocalTier(shared, p, LocalTierOptions{LeaseFraction: 0.2, DenyFor: time.Second, Clock: clock})
+				cache, err := NewNearCache(shared, p, NearCacheOptions{LeaseFraction: 0.2, DenyFor: time.Second, Clock: clock})
 				if err != nil {
 					t.Fatal(err)
 				}
-				tiers = append(tiers, tier)
+				caches = append(caches, cache)
 			}
 			var admitted atomic.Int64
 			var wg sync.WaitGroup
@@ -371,7 +371,7 @@ func TestLocalTiersNeverOverAdmit(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					d, err := tiers[i%3].Take(ctx, "k", 1)
+					d, err := caches[i%3].Take(ctx, "k", 1)
 					if err != nil {
 						t.Error(err)
 					}
@@ -384,8 +384,8 @@ func TestLocalTiersNeverOverAdmit(t *testing.T) {
 			if n := admitted.Load(); n > limit || n < limit-2*20 {
 				t.Fatalf("admitted %d, want at most %d and at least %d", n, limit, limit-2*20)
 			}
-			for _, tier := range tiers {
-				if err := tier.Close(ctx); err != nil {
+			for _, cache := range caches {
+				if err := cache.Close(ctx); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -401,13 +401,13 @@ func TestLocalTiersNeverOverAdmit(t *testing.T) {
 	}
 }
 
-// TestLocalTierRedisAccuracy is three instances, each a LocalTier with
+// TestNearCacheRedisAccuracy is three instances, each a NearCache with
 // leases on a Redis store of its own client, on one Redis: 600 concurrent
 // requests for one key admit at most the limit of 100 (60 admit 60); once
 // the leases have lapsed and gone back, a second wave of 300 brings the
 // total to exactly 100, so no unit was stranded. On a standalone Redis and
 // on a Cluster.
-func TestLocalTierRedisAccuracy(t *testing.T) {
+func TestNearCacheRedisAccuracy(t *testing.T) {
 	servers := []struct {
 		name  string
 		addrs func(t *testing.T) []string
@@ -428,7 +428,7 @@ func TestLocalTierRedisAccuracy(t *testing.T) {
 				// lease, which only their give-back returns.
 				for _, first := range []int{600, 60} {
 					t.Run(fmt.Sprintf("%s/%d", alg, first), func(t *testing.T) {
-						checkTierAccuracy(t, clients, Policy{Algorithm: alg, Events: 100, Window: time.Hour}, first)
+						checkCacheAccuracy(t, clients, Policy{Algorithm: alg, Events: 100, Window: time.Hour}, first)
 					})
 				}
 			}
@@ -436,10 +436,10 @@ func TestLocalTierRedisAccuracy(t *testing.T) {
 	}
 }
 
-func checkTierAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy, firstWave int) {
+func checkCacheAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy, firstWave int) {
 	ctx := context.Background()
 	const quota = 100
-	tiers, _ := instanceTiers(t, clients, p, "tier-accuracy", 0.2)
+	caches, _ := instanceCaches(t, clients, p, "near-accuracy", 0.2)
 	key := fmt.Sprintf("k-%d", time.Now().UnixNano())
 	wave := func(n int) int64 {
 		var admitted atomic.Int64
@@ -448,7 +448,7 @@ func checkTierAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy, 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d, err := tiers[i%len(tiers)].Take(ctx, key, 1)
+				d, err := caches[i%len(caches)].Take(ctx, key, 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -466,16 +466,16 @@ func checkTierAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy, 
 		t.Fatalf("first wave of %d admitted %d, limit %d", firstWave, first, quota)
 	}
 	testutil.Eventually(t, "the leases to lapse and be given back", func() error {
-		for i, tier := range tiers {
-			if units := tier.held(); units > 0 {
+		for i, cache := range caches {
+			if units := cache.held(); units > 0 {
 				return fmt.Errorf("instance %d holds %d units", i, units)
 			}
 		}
 		return nil
 	})
 	// Give-backs already taken from the leases may still be on their way.
-	for _, tier := range tiers {
-		tier.givingBack.Wait()
+	for _, cache := range caches {
+		cache.givingBack.Wait()
 	}
 	// Past the denial cache too, so the second wave asks Redis again.
 	time.Sleep(time.Second)
@@ -486,11 +486,11 @@ func checkTierAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy, 
 	t.Logf("admitted %d, then %d", first, second)
 }
 
-// held is how many units the tier's leases hold, for tests that wait for
+// held is how many units the cache's leases hold, for tests that wait for
 // them to go back.
-func (t *LocalTier) held() (units int64) {
-	for i := range t.shards {
-		sh := &t.shards[i]
+func (c *NearCache) held() (units int64) {
+	for i := range c.shards {
+		sh := &c.shards[i]
 		sh.mu.Lock()
 		for _, k := range sh.keys {
 			units += k.units
@@ -500,7 +500,7 @@ func (t *LocalTier) held() (units int64) {
 	return units
 }
 
-// The key population of BenchmarkLocalTierRedisZipf: zipfKeys keys, key i
+// The key population of BenchmarkNearCacheRedisZipf: zipfKeys keys, key i
 // drawn with probability proportional to (zipfV + i)^-zipfS, as
 // math/rand/v2's Zipf draws them.
 const (
@@ -513,9 +513,9 @@ const (
 // is chosen to refuse.
 const zipfRefusalShare = 0.1
 
-// BenchmarkLocalTierRedisZipf counts the Redis round trips a LocalTier
+// BenchmarkNearCacheRedisZipf counts the Redis round trips a NearCache
 // saves: four instances, each a Redis store on a client of its own behind
-// a LocalTier with leases of up to a tenth of the quota and a 1 s denial
+// a NearCache with leases of up to a tenth of the quota and a 1 s denial
 // cache, share one redis-server the benchmark starts. 64 callers
 // (b.SetParallelism) make b.N decisions, each on one of 100,000 keys drawn
 // from a Zipf distribution (s = 1.1), spread over the four instances in
@@ -527,10 +527,10 @@ const zipfRefusalShare = 0.1
 // commandstats: EVALSHA, EVAL and their _RO forms), lease grants, refusals
 // and give-backs alike, including those of Close at the end, per decision;
 // the goal is at most 0.2. store/decision is the share of decisions the
-// tier sent to Redis rather than answer from a lease or a cached refusal
+// cache sent to Redis rather than answer from a lease or a cached refusal
 // (the rest of scripts/decision are give-backs of unspent lease units);
 // first/decision the share that were an instance's first decision of
-// their key, which no tier can make without Redis: with 400,000 (key,
+// their key, which no cache can make without Redis: with 400,000 (key,
 // instance) pairs that floor falls as b.N grows, so compare runs of the
 // same -benchtime Nx. refused/decision is the share refused, limit/key
 // the per-key limit chosen for b.N.
@@ -538,7 +538,7 @@ const zipfRefusalShare = 0.1
 // The benchmark fails if any key was admitted more than its limit in any
 // window, counted across the four instances: each admission is counted
 // under the window its decision's ResetAfter ends.
-func BenchmarkLocalTierRedisZipf(b *testing.B) {
+func BenchmarkNearCacheRedisZipf(b *testing.B) {
 	srv := redistest.Start(b)
 	admin := srv.Client(b)
 	ctx := context.Background()
@@ -548,7 +548,7 @@ func BenchmarkLocalTierRedisZipf(b *testing.B) {
 	const instances = 4
 	clients := instanceClients(b, []string{srv.Addr()}, instances)
 	b.Cleanup(func() { _ = closeClients(clients) })
-	tiers, stores := instanceTiers(b, clients, p, "zipf", 0.1)
+	caches, stores := instanceCaches(b, clients, p, "zipf", 0.1)
 	for _, store := range stores {
 		// Load the scripts into Redis and warm the client's connection,
 		// on a key outside the population, before the count starts.
@@ -577,7 +577,7 @@ func BenchmarkLocalTierRedisZipf(b *testing.B) {
 		caller    atomic.Uint64
 		// seen marks the keys each instance has decided, so the
 		// decisions that were an instance's first of a key, which no
-		// tier can answer without Redis, are counted apart.
+		// cache can answer without Redis, are counted apart.
 		seen  = make([]atomic.Bool, instances*zipfKeys)
 		first atomic.Int64
 	)
@@ -597,7 +597,7 @@ func BenchmarkLocalTierRedisZipf(b *testing.B) {
 			if !seen[inst*zipfKeys+k].Load() && seen[inst*zipfKeys+k].CompareAndSwap(false, true) {
 				first.Add(1)
 			}
-			d, err := tiers[inst].Take(ctx, keys[k], 1)
+			d, err := caches[inst].Take(ctx, keys[k], 1)
 			if err != nil {
 				if failures.Add(1) == 1 {
 					b.Errorf("decision failed: %v", err)
@@ -630,8 +630,8 @@ func BenchmarkLocalTierRedisZipf(b *testing.B) {
 	// Give back what the leases hold: that costs script calls too.
 	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for _, tier := range tiers {
-		if err := tier.Close(closeCtx); err != nil {
+	for _, cache := range caches {
+		if err := cache.Close(closeCtx); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -16,12 +16,12 @@ import (
 // for at most this long.
 const LeaseLifetime = time.Second
 
-// tierShards is how many independently locked tables a LocalTier splits
+// nearShards is how many independently locked tables a NearCache splits
 // its keys over.
-const tierShards = 32
+const nearShards = 32
 
-// LocalTierOptions configures a LocalTier.
-type LocalTierOptions struct {
+// NearCacheOptions configures a NearCache.
+type NearCacheOptions struct {
 	// LeaseFraction is the largest share of the quota one lease may
 	// hold, in (0, 1]: a lease holds at most ⌈LeaseFraction × Q⌉ units,
 	// where Q is the policy's quota (Burst for a token bucket, else
@@ -30,7 +30,7 @@ type LocalTierOptions struct {
 	// DenyFor is the longest a refusal from the shared store is repeated
 	// from memory (the denial cache); zero repeats none.
 	DenyFor time.Duration
-	// MaxKeys bounds the keys the tier remembers; a key beyond it is
+	// MaxKeys bounds the keys the cache remembers; a key beyond it is
 	// decided by the shared store alone. Zero means DefaultMaxKeys.
 	MaxKeys int
 	// Clock is read on every decision; nil means the system clock.
@@ -41,15 +41,16 @@ type LocalTierOptions struct {
 	OnGiveBackError func(error)
 
 	// manualSweep keeps the janitor from starting, so a test decides
-	// when sweeps run (LocalTier.sweep) and schedules stay deterministic.
+	// when sweeps run (NearCache.sweep) and schedules stay deterministic.
 	manualSweep bool
 }
 
-// LocalTier is a tier in this process in front of a shared store, so most
-// decisions of a busy limit need no round trip while every admitted unit
-// is still taken from the shared store first:
+// NearCache keeps leases and refusals in this process in front of a shared
+// store (a near cache), so most decisions of a busy limit need no round
+// trip while every admitted unit is still taken from the shared store
+// first:
 //
-//   - Leases: when a key's lease cannot cover a request, the tier takes
+//   - Leases: when a key's lease cannot cover a request, the cache takes
 //     units for it with one Leaser.TakeUpTo, starting at the request's
 //     cost and doubling while leases are used up within a second of their
 //     grant, up to ⌈LeaseFraction × Q⌉; later requests spend them in
@@ -66,7 +67,7 @@ type LocalTierOptions struct {
 // Across any number of instances admissions therefore never exceed the
 // limit; under-admission is bounded by what other instances hold in leases,
 // for at most LeaseLifetime. docs/design.md says more.
-type LocalTier struct {
+type NearCache struct {
 	store    Leaser
 	leasing  bool
 	maxLease int64
@@ -81,8 +82,8 @@ type LocalTier struct {
 	keys            atomic.Int64
 	clock           memoryClock
 	seed            maphash.Seed
-	shards          [tierShards]tierShard
-	// gens numbers the leases the tier grants (tierKey.gen).
+	shards          [nearShards]nearShard
+	// gens numbers the leases the cache grants (nearKey.gen).
 	gens            atomic.Uint64
 	onGiveBackError func(error)
 
@@ -95,20 +96,20 @@ type LocalTier struct {
 	givingBack sync.WaitGroup
 }
 
-type tierShard struct {
+type nearShard struct {
 	mu   sync.Mutex
-	keys map[string]*tierKey
+	keys map[string]*nearKey
 }
 
-// tierKey is what the tier knows of one key. Its fields are guarded by its
+// nearKey is what the cache knows of one key. Its fields are guarded by its
 // shard's lock.
-type tierKey struct {
+type nearKey struct {
 	// units is the lease's unspent units, spendable until expires (µs).
 	units   int64
 	expires int64
 	// grant is the store's decision that granted the lease, at grantAt
-	// (µs) on the tier's clock; gen names the lease among every lease
-	// the tier ever granted (from LocalTier.gens, zero before the first),
+	// (µs) on the cache's clock; gen names the lease among every lease
+	// the cache ever granted (from NearCache.gens, zero before the first),
 	// so a refund finds the lease its units came from and no other: not
 	// the lease of a key forgotten and remembered since, nor one granted
 	// after a reset.
@@ -124,37 +125,37 @@ type tierKey struct {
 	deniedUntil int64
 	// refill is the lease request under way, which requests that find
 	// the lease short wait for instead of asking the store again.
-	refill *tierRefill
+	refill *nearRefill
 	// used is when the key was last decided (µs), for the janitor.
 	used int64
 }
 
-// tierRefill is a lease request under way.
-type tierRefill struct {
+// nearRefill is a lease request under way.
+type nearRefill struct {
 	done chan struct{}
 	d    Decision
 	err  error
 }
 
-// NewLocalTier puts a LocalTier in front of store, enforcing p (the
+// NewNearCache puts a NearCache in front of store, enforcing p (the
 // store's policy). Close it to give back its leases.
-func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, error) {
+func NewNearCache(store Leaser, p Policy, opts NearCacheOptions) (*NearCache, error) {
 	params, err := p.compile()
 	if err != nil {
-		return nil, fmt.Errorf("local tier: %w", err)
+		return nil, fmt.Errorf("near cache: %w", err)
 	}
 	f := opts.LeaseFraction
 	if f < 0 || f > 1 || math.IsNaN(f) {
-		return nil, fmt.Errorf("local tier: lease fraction %v outside (0, 1]", f)
+		return nil, fmt.Errorf("near cache: lease fraction %v outside (0, 1]", f)
 	}
 	if f > 0 && !params.alg.Leases {
-		return nil, fmt.Errorf("local tier: %s does not lease", p.Algorithm)
+		return nil, fmt.Errorf("near cache: %s does not lease", p.Algorithm)
 	}
 	if opts.DenyFor < 0 {
-		return nil, fmt.Errorf("local tier: negative deny duration %v", opts.DenyFor)
+		return nil, fmt.Errorf("near cache: negative deny duration %v", opts.DenyFor)
 	}
 	q, _ := p.Quota()
-	t := &LocalTier{
+	c := &NearCache{
 		store:           store,
 		leasing:         f > 0,
 		maxLease:        int64(math.Ceil(f * float64(q))),
@@ -168,36 +169,36 @@ func NewLocalTier(store Leaser, p Policy, opts LocalTierOptions) (*LocalTier, er
 		stopped:         make(chan struct{}),
 	}
 	if params.alg.leaseEndsWithWindow {
-		t.window = params.w
+		c.window = params.w
 	}
-	t.logsLeasesAhead = params.alg.logsLeasesAhead
-	if t.maxKeys <= 0 {
-		t.maxKeys = DefaultMaxKeys
+	c.logsLeasesAhead = params.alg.logsLeasesAhead
+	if c.maxKeys <= 0 {
+		c.maxKeys = DefaultMaxKeys
 	}
-	for i := range t.shards {
-		t.shards[i].keys = make(map[string]*tierKey)
+	for i := range c.shards {
+		c.shards[i].keys = make(map[string]*nearKey)
 	}
 	if opts.manualSweep {
-		close(t.stopped)
+		close(c.stopped)
 	} else {
-		go t.janitor()
+		go c.janitor()
 	}
-	return t, nil
+	return c, nil
 }
 
-func (t *LocalTier) shard(key string) *tierShard {
-	return &t.shards[maphash.String(t.seed, key)%tierShards]
+func (c *NearCache) shard(key string) *nearShard {
+	return &c.shards[maphash.String(c.seed, key)%nearShards]
 }
 
 // Take implements Store: from the key's lease or its cached refusal when
 // they answer, else from the store.
-func (t *LocalTier) Take(ctx context.Context, key string, cost int64) (Decision, error) {
-	if t.closed.Load() {
-		return t.store.Take(ctx, key, cost)
+func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+	if c.closed.Load() {
+		return c.store.Take(ctx, key, cost)
 	}
-	sh := t.shard(key)
+	sh := c.shard(key)
 	for {
-		now := t.clock.now()
+		now := c.clock.now()
 		sh.mu.Lock()
 		k := sh.keys[key]
 		if k != nil {
@@ -209,7 +210,7 @@ func (t *LocalTier) Take(ctx context.Context, key string, cost int64) (Decision,
 			}
 			if k.units >= cost && now < k.expires {
 				k.units -= cost
-				d := t.leaseDecision(k, now)
+				d := c.leaseDecision(k, now)
 				sh.mu.Unlock()
 				return d, nil
 			}
@@ -220,7 +221,7 @@ func (t *LocalTier) Take(ctx context.Context, key string, cost int64) (Decision,
 				select {
 				case <-r.done:
 				case <-ctx.Done():
-					return Decision{}, fmt.Errorf("local tier: waiting for a lease: %w", ctx.Err())
+					return Decision{}, fmt.Errorf("near cache: waiting for a lease: %w", ctx.Err())
 				}
 				if r.err != nil {
 					return Decision{}, r.err
@@ -231,48 +232,48 @@ func (t *LocalTier) Take(ctx context.Context, key string, cost int64) (Decision,
 				continue // spend from the new lease, or ask for the next
 			}
 		}
-		if !t.leasing {
+		if !c.leasing {
 			sh.mu.Unlock()
-			return t.takeFromStore(ctx, sh, key, cost)
+			return c.takeFromStore(ctx, sh, key, cost)
 		}
 		if k == nil {
-			if k = t.remember(sh, key, now); k == nil {
+			if k = c.remember(sh, key, now); k == nil {
 				sh.mu.Unlock()
-				return t.store.Take(ctx, key, cost)
+				return c.store.Take(ctx, key, cost)
 			}
 		}
-		return t.refill(ctx, sh, k, key, cost, now)
+		return c.refill(ctx, sh, k, key, cost, now)
 	}
 }
 
 // remember starts remembering key in sh, whose lock is held, unless the
-// tier already holds MaxKeys keys: then it returns nil, and the key is
+// cache already holds MaxKeys keys: then it returns nil, and the key is
 // decided by the store alone.
-func (t *LocalTier) remember(sh *tierShard, key string, now int64) *tierKey {
-	if t.keys.Load() >= t.maxKeys {
+func (c *NearCache) remember(sh *nearShard, key string, now int64) *nearKey {
+	if c.keys.Load() >= c.maxKeys {
 		return nil
 	}
-	k := &tierKey{used: now}
+	k := &nearKey{used: now}
 	sh.keys[key] = k
-	t.keys.Add(1)
+	c.keys.Add(1)
 	return k
 }
 
 // takeFromStore asks the store alone (no leases) and caches a refusal.
-func (t *LocalTier) takeFromStore(ctx context.Context, sh *tierShard, key string, cost int64) (Decision, error) {
-	d, err := t.store.Take(ctx, key, cost)
-	if err != nil || d.Allowed || t.denyFor == 0 {
+func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64) (Decision, error) {
+	d, err := c.store.Take(ctx, key, cost)
+	if err != nil || d.Allowed || c.denyFor == 0 {
 		return d, err
 	}
-	now := t.clock.now()
+	now := c.clock.now()
 	sh.mu.Lock()
 	k := sh.keys[key]
 	if k == nil {
-		k = t.remember(sh, key, now)
+		k = c.remember(sh, key, now)
 	}
 	if k != nil {
 		k.used = now
-		k.cacheDenial(d, now, t.denyFor)
+		k.cacheDenial(d, now, c.denyFor)
 	}
 	sh.mu.Unlock()
 	return d, nil
@@ -285,7 +286,7 @@ func (t *LocalTier) takeFromStore(ctx context.Context, sh *tierShard, key string
 // came, so however slow the reply, the lease is spent only while the
 // store's clock is within a lifetime of the grant and, for the window
 // counters, within the grant's window.
-func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key string, cost, now int64) (Decision, error) {
+func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (Decision, error) {
 	// Size: doubled when the last lease was used up within a lifetime of
 	// its grant, restarted at the cost when the key was not leased
 	// recently, else kept.
@@ -294,12 +295,12 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 	case k.gen == 0 || now-k.grantAt >= 2*life:
 		k.size = cost
 	case k.units < cost && now-k.grantAt < life:
-		k.size = min(2*k.size, t.maxLease)
+		k.size = min(2*k.size, c.maxLease)
 	}
-	want := min(max(k.size, cost), max(t.maxLease, cost))
+	want := min(max(k.size, cost), max(c.maxLease, cost))
 	leftover, grant := k.units, k.grant
 	k.units, k.expires = 0, 0
-	r := &tierRefill{done: make(chan struct{})}
+	r := &nearRefill{done: make(chan struct{})}
 	k.refill = r
 	sh.mu.Unlock()
 
@@ -310,15 +311,15 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 	var d Decision
 	var err error
 	if leftover > 0 {
-		d, err = t.store.Renew(ctx, Refund{Key: key, Cost: leftover, Taken: grant}, cost, want)
-		if err != nil && t.onGiveBackError != nil {
-			t.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
+		d, err = c.store.Renew(ctx, Refund{Key: key, Cost: leftover, Taken: grant}, cost, want)
+		if err != nil && c.onGiveBackError != nil {
+			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
 		}
 	} else {
-		d, err = t.store.TakeUpTo(ctx, key, cost, want)
+		d, err = c.store.TakeUpTo(ctx, key, cost, want)
 	}
 	sent := now
-	now = t.clock.now()
+	now = c.clock.now()
 
 	sh.mu.Lock()
 	k.refill = nil
@@ -326,28 +327,28 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 	switch {
 	case err != nil:
 	case !d.Allowed:
-		if t.denyFor > 0 {
-			k.cacheDenial(d, now, t.denyFor)
+		if c.denyFor > 0 {
+			k.cacheDenial(d, now, c.denyFor)
 		}
 	default:
-		k.gen = t.gens.Add(1)
+		k.gen = c.gens.Add(1)
 		// The decision's times count on from the answer (the store
 		// decided no later), its lifetime from the send.
 		k.grant, k.grantAt = d, now
 		k.units = d.granted - cost
 		k.expires = sent + life
-		if t.window > 0 && d.at > 0 {
-			k.expires = min(k.expires, sent+t.window-d.at%t.window)
+		if c.window > 0 && d.at > 0 {
+			k.expires = min(k.expires, sent+c.window-d.at%c.window)
 		}
-		d = t.leaseDecision(k, now)
+		d = c.leaseDecision(k, now)
 		d.Source = SourceStore
 	}
-	if t.closed.Load() && k.units > 0 {
+	if c.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
 		// request, as Close may have stopped waiting for give-backs.
 		back := Refund{Key: key, Cost: k.units, Taken: k.grant}
 		k.units, k.expires = 0, 0
-		defer t.giveBackNow([]Refund{back})
+		defer c.giveBackNow([]Refund{back})
 	}
 	sh.mu.Unlock()
 	close(r.done)
@@ -361,11 +362,11 @@ func (t *LocalTier) refill(ctx context.Context, sh *tierShard, k *tierKey, key s
 // now: the store's remaining when it granted the lease plus what the
 // lease still holds (this instance's best knowledge, never above the
 // quota), and the store's reset counted down.
-func (t *LocalTier) leaseDecision(k *tierKey, now int64) Decision {
+func (c *NearCache) leaseDecision(k *nearKey, now int64) Decision {
 	elapsed := max(0, now-k.grantAt)
 	d := Decision{
 		Allowed:    true,
-		Remaining:  min(t.quota, k.grant.Remaining+k.units),
+		Remaining:  min(c.quota, k.grant.Remaining+k.units),
 		ResetAfter: max(0, k.grant.ResetAfter-microseconds(elapsed)),
 		Source:     SourceLease,
 		at:         k.grant.at,
@@ -380,14 +381,14 @@ func (t *LocalTier) leaseDecision(k *tierKey, now int64) Decision {
 
 // cacheDenial remembers the store's refusal d, made at now, for the
 // smaller of its RetryAfter and denyFor.
-func (k *tierKey) cacheDenial(d Decision, now, denyFor int64) {
+func (k *nearKey) cacheDenial(d Decision, now, denyFor int64) {
 	k.denial, k.deniedAt = d, now
 	k.deniedUntil = now + min(d.RetryAfter.Microseconds(), denyFor)
 }
 
 // cachedDenial is the remembered refusal as it stands at now: its times
 // counted down.
-func (k *tierKey) cachedDenial(now int64) Decision {
+func (k *nearKey) cachedDenial(now int64) Decision {
 	elapsed := now - k.deniedAt
 	d := k.denial
 	d.ResetAfter = max(0, d.ResetAfter-microseconds(elapsed))
@@ -405,43 +406,43 @@ func (k *tierKey) cachedDenial(now int64) Decision {
 // the store logged it a lifetime ahead: a grant of the request's cost
 // alone is logged at its time, and a unit of it spent again up to a
 // lifetime later would leave the window that much early.
-func (t *LocalTier) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
-	if taken.leaseGen != 0 && !t.closed.Load() {
-		now := t.clock.now()
-		sh := t.shard(key)
+func (c *NearCache) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
+	if taken.leaseGen != 0 && !c.closed.Load() {
+		now := c.clock.now()
+		sh := c.shard(key)
 		sh.mu.Lock()
-		if k := sh.keys[key]; t.takesBack(k, taken, now) {
+		if k := sh.keys[key]; c.takesBack(k, taken, now) {
 			k.units += cost
-			d := t.leaseDecision(k, now)
+			d := c.leaseDecision(k, now)
 			sh.mu.Unlock()
 			return d, nil
 		}
 		sh.mu.Unlock()
 	}
-	return t.store.Refund(ctx, key, cost, taken)
+	return c.store.Refund(ctx, key, cost, taken)
 }
 
 // takesBack reports whether a refund of taken goes back into k's lease at
 // now (see Refund); k's shard is locked.
-func (t *LocalTier) takesBack(k *tierKey, taken Decision, now int64) bool {
+func (c *NearCache) takesBack(k *nearKey, taken Decision, now int64) bool {
 	if k == nil || taken.leaseGen == 0 || k.gen != taken.leaseGen || now >= k.expires {
 		return false
 	}
-	return !t.logsLeasesAhead || k.grant.admission()-k.grant.at >= LeaseLifetime.Microseconds()
+	return !c.logsLeasesAhead || k.grant.admission()-k.grant.at >= LeaseLifetime.Microseconds()
 }
 
 // Peek implements Store: the store's state plus what this instance's
 // lease of the key still holds, as a lease decision reports it.
-func (t *LocalTier) Peek(ctx context.Context, key string) (Decision, error) {
-	d, err := t.store.Peek(ctx, key)
+func (c *NearCache) Peek(ctx context.Context, key string) (Decision, error) {
+	d, err := c.store.Peek(ctx, key)
 	if err != nil {
 		return Decision{}, err
 	}
-	now := t.clock.now()
-	sh := t.shard(key)
+	now := c.clock.now()
+	sh := c.shard(key)
 	sh.mu.Lock()
 	if k := sh.keys[key]; k != nil && now < k.expires {
-		d.Remaining = min(t.quota, d.Remaining+k.units)
+		d.Remaining = min(c.quota, d.Remaining+k.units)
 	}
 	sh.mu.Unlock()
 	return d, nil
@@ -454,22 +455,22 @@ func (t *LocalTier) Peek(ctx context.Context, key string) (Decision, error) {
 // right after a reset up to that many units more may pass. It reports that
 // state existed when the store held some, or this instance a lease's units
 // or a refusal still in force.
-func (t *LocalTier) Reset(ctx context.Context, key string) (bool, error) {
-	now := t.clock.now()
+func (c *NearCache) Reset(ctx context.Context, key string) (bool, error) {
+	now := c.clock.now()
 	held := false
-	sh := t.shard(key)
+	sh := c.shard(key)
 	sh.mu.Lock()
 	if k := sh.keys[key]; k != nil {
 		held = k.units > 0 || now < k.deniedUntil
 		if k.refill == nil {
 			delete(sh.keys, key)
-			t.keys.Add(-1)
+			c.keys.Add(-1)
 		} else {
 			k.units, k.expires, k.deniedUntil = 0, 0, 0
 		}
 	}
 	sh.mu.Unlock()
-	existed, err := t.store.Reset(ctx, key)
+	existed, err := c.store.Reset(ctx, key)
 	return existed || held, err
 }
 
@@ -479,93 +480,93 @@ func (t *LocalTier) Reset(ctx context.Context, key string) (bool, error) {
 // units belong to. The caller has added one to givingBack for it, before
 // it took the units out of their leases, so that whoever sees the leases
 // empty and then waits for givingBack also waits for their give-back.
-func (t *LocalTier) giveBack(backs []Refund) {
+func (c *NearCache) giveBack(backs []Refund) {
 	go func() {
-		defer t.givingBack.Done()
-		t.giveBackNow(backs)
+		defer c.givingBack.Done()
+		c.giveBackNow(backs)
 	}()
 }
 
-func (t *LocalTier) giveBackNow(backs []Refund) {
-	if err := t.store.RefundMany(context.Background(), backs); err != nil && t.onGiveBackError != nil {
+func (c *NearCache) giveBackNow(backs []Refund) {
+	if err := c.store.RefundMany(context.Background(), backs); err != nil && c.onGiveBackError != nil {
 		var units int64
 		for _, b := range backs {
 			units += b.Cost
 		}
-		t.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(backs), err))
+		c.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(backs), err))
 	}
 }
 
 // janitor gives back the units of expired leases and forgets keys that
 // have nothing left to remember, every quarter of a lease's lifetime.
-func (t *LocalTier) janitor() {
-	defer close(t.stopped)
+func (c *NearCache) janitor() {
+	defer close(c.stopped)
 	tick := time.NewTicker(LeaseLifetime / 4)
 	defer tick.Stop()
 	for {
 		select {
-		case <-t.stop:
+		case <-c.stop:
 			return
 		case <-tick.C:
-			t.sweep(false)
+			c.sweep(false)
 		}
 	}
 }
 
 // sweep gives back expired leases (every lease when all is set, as Close
 // does) and forgets idle keys. It locks one shard at a time.
-func (t *LocalTier) sweep(all bool) {
+func (c *NearCache) sweep(all bool) {
 	idleFor := 2 * LeaseLifetime.Microseconds()
 	var backs []Refund
-	for i := range t.shards {
-		sh := &t.shards[i]
-		now := t.clock.now()
+	for i := range c.shards {
+		sh := &c.shards[i]
+		now := c.clock.now()
 		sh.mu.Lock()
 		for key, k := range sh.keys {
 			if k.units > 0 && (all || now >= k.expires) {
 				if len(backs) == 0 {
-					t.givingBack.Add(1) // see giveBack
+					c.givingBack.Add(1) // see giveBack
 				}
 				backs = append(backs, Refund{Key: key, Cost: k.units, Taken: k.grant})
 				k.units, k.expires = 0, 0
 			}
 			if k.units == 0 && k.refill == nil && now >= k.deniedUntil && now-k.used >= idleFor {
 				delete(sh.keys, key)
-				t.keys.Add(-1)
+				c.keys.Add(-1)
 			}
 		}
 		sh.mu.Unlock()
 	}
 	if len(backs) > 0 {
-		t.giveBack(backs)
+		c.giveBack(backs)
 	}
 }
 
-// Close gives back every lease's unspent units and stops the tier's
-// goroutine; it waits for the give-backs until ctx is done. The tier
+// Close gives back every lease's unspent units and stops the cache's
+// goroutine; it waits for the give-backs until ctx is done. The cache
 // still decides afterwards, by the store alone: Caddy may route requests
 // on old connections to a handler after its Cleanup.
-func (t *LocalTier) Close(ctx context.Context) error {
-	t.closed.Store(true)
-	t.stopOnce.Do(func() { close(t.stop) })
-	<-t.stopped // no sweep runs after this one
-	t.sweep(true)
+func (c *NearCache) Close(ctx context.Context) error {
+	c.closed.Store(true)
+	c.stopOnce.Do(func() { close(c.stop) })
+	<-c.stopped // no sweep runs after this one
+	c.sweep(true)
 	done := make(chan struct{})
 	go func() {
-		t.givingBack.Wait()
+		c.givingBack.Wait()
 		close(done)
 	}()
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return errors.Join(errors.New("local tier: leases still being given back"), ctx.Err())
+		return errors.Join(errors.New("near cache: leases still being given back"), ctx.Err())
 	}
 }
 
-// Len is how many keys the tier remembers.
-func (t *LocalTier) Len() int { return int(t.keys.Load()) }
+// Len is how many keys the cache remembers.
+func (c *NearCache) Len() int { return int(c.keys.Load()) }
 
 var _ Leaser = (*Redis)(nil)
 var _ Leaser = (*Memory)(nil)
-var _ Store = (*LocalTier)(nil)
+var _ Store = (*NearCache)(nil)

@@ -12,7 +12,7 @@ import (
 // that finds fewer than redisRoundTrips round trips under way runs its
 // script at once, alone, as a lone request would; one that arrives while
 // they are all under way joins a queue, and the next round trip to finish
-// sends the queue (up to redisMaxBatch calls) as one pipeline. A lone
+// sends the queue (up to redisMaxPipeline calls) as one pipeline. A lone
 // request therefore waits for nothing, and under load Redis and the client
 // read and write many scripts per system call instead of one: with 64
 // callers on one local redis-server this about halves Redis's CPU per
@@ -20,13 +20,13 @@ import (
 // is still its own atomic EVALSHA; a pipeline only shares the socket.
 
 // redisRoundTrips bounds how many round trips one store has under way. Redis
-// runs one script at a time, so more would only shrink the batches.
+// runs one script at a time, so more would only shrink the pipelines.
 const redisRoundTrips = 4
 
-// redisMaxBatch bounds the scripts in one pipeline. Redis runs a pipeline's
+// redisMaxPipeline bounds the scripts in one pipeline. Redis runs a pipeline's
 // scripts back to back, some 5–10 µs each, and every decision in it waits
 // for the whole reply: 64 keep that well inside the default 5 ms timeout.
-const redisMaxBatch = 64
+const redisMaxPipeline = 64
 
 // scriptCall is one decision on its way to Redis.
 type scriptCall struct {
@@ -43,15 +43,17 @@ type scriptCall struct {
 	done chan struct{}
 }
 
-// batcher queues the calls of one store while its round trips are busy.
-type batcher struct {
+// pipeliner queues the calls of one store while its round trips are
+// busy, and sends the queue as one pipeline.
+type pipeliner struct {
 	mu      sync.Mutex
 	queue   []*scriptCall
 	running int // round trips under way, at most redisRoundTrips
 	// pipelined counts the calls sent in pipelines of two or more, so
 	// tests can tell that load did share round trips.
 	pipelined atomic.Int64
-	// runOne and runMany send one call, or a batch, and set their replies.
+	// runOne and runMany send one call, or a pipeline of them, and set
+	// their replies.
 	runOne  func(*scriptCall)
 	runMany func([]*scriptCall)
 }
@@ -59,20 +61,20 @@ type batcher struct {
 // do runs c and returns its reply when it has one, or the context's error
 // when c.ctx is done first: a queued call then leaves the round trip that
 // takes the queue to skip it, or to run it without telling anyone.
-func (b *batcher) do(c *scriptCall) ([]int64, error) {
-	b.mu.Lock()
-	if b.running < redisRoundTrips {
+func (p *pipeliner) do(c *scriptCall) ([]int64, error) {
+	p.mu.Lock()
+	if p.running < redisRoundTrips {
 		// Nothing is queued (calls queue only while every round trip is
 		// under way, and a round trip that ends with a queue takes it on).
-		b.running++
-		b.mu.Unlock()
-		b.runOne(c)
-		b.finish()
+		p.running++
+		p.mu.Unlock()
+		p.runOne(c)
+		p.finish()
 		return c.reply, c.err
 	}
 	c.done = make(chan struct{})
-	b.queue = append(b.queue, c)
-	b.mu.Unlock()
+	p.queue = append(p.queue, c)
+	p.mu.Unlock()
 	select {
 	case <-c.done:
 		return c.reply, c.err
@@ -85,34 +87,34 @@ func (b *batcher) do(c *scriptCall) ([]int64, error) {
 // finish ends a round trip: if calls queued meanwhile, a goroutine sends
 // them in the round trip's stead, so the caller whose call just came back
 // does not wait for others'.
-func (b *batcher) finish() {
-	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.running--
-		b.mu.Unlock()
+func (p *pipeliner) finish() {
+	p.mu.Lock()
+	if len(p.queue) == 0 {
+		p.running--
+		p.mu.Unlock()
 		return
 	}
-	batch := b.take(nil)
-	b.mu.Unlock()
-	go b.drain(batch)
+	calls := p.take(nil)
+	p.mu.Unlock()
+	go p.drain(calls)
 }
 
-// take moves up to redisMaxBatch calls from the queue into spare's array
-// (a new one when spare is nil). b.mu is held.
-func (b *batcher) take(spare []*scriptCall) []*scriptCall {
-	n := min(len(b.queue), redisMaxBatch)
-	batch := append(spare[:0], b.queue[:n]...)
-	rest := copy(b.queue, b.queue[n:])
-	clear(b.queue[rest:])
-	b.queue = b.queue[:rest]
-	return batch
+// take moves up to redisMaxPipeline calls from the queue into spare's
+// array (a new one when spare is nil). p.mu is held.
+func (p *pipeliner) take(spare []*scriptCall) []*scriptCall {
+	n := min(len(p.queue), redisMaxPipeline)
+	calls := append(spare[:0], p.queue[:n]...)
+	rest := copy(p.queue, p.queue[n:])
+	clear(p.queue[rest:])
+	p.queue = p.queue[:rest]
+	return calls
 }
 
-// drain sends batches until the queue is empty.
-func (b *batcher) drain(batch []*scriptCall) {
+// drain sends pipelines until the queue is empty.
+func (p *pipeliner) drain(calls []*scriptCall) {
 	for {
-		live := batch[:0]
-		for _, c := range batch {
+		live := calls[:0]
+		for _, c := range calls {
 			if c.ctx.Err() != nil {
 				// Its caller has given up: sending it would only take units
 				// nobody is told about.
@@ -125,23 +127,23 @@ func (b *batcher) drain(batch []*scriptCall) {
 		switch len(live) {
 		case 0:
 		case 1:
-			b.runOne(live[0])
+			p.runOne(live[0])
 		default:
-			b.pipelined.Add(int64(len(live)))
-			b.runMany(live)
+			p.pipelined.Add(int64(len(live)))
+			p.runMany(live)
 		}
 		for _, c := range live {
 			close(c.done)
 		}
-		clear(batch)
-		b.mu.Lock()
-		if len(b.queue) == 0 {
-			b.running--
-			b.mu.Unlock()
+		clear(calls)
+		p.mu.Lock()
+		if len(p.queue) == 0 {
+			p.running--
+			p.mu.Unlock()
 			return
 		}
-		batch = b.take(batch)
-		b.mu.Unlock()
+		calls = p.take(calls)
+		p.mu.Unlock()
 	}
 }
 

@@ -14,18 +14,18 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
-// fakeRounds stands in for Redis behind a batcher: lone calls block until
-// released, batches are recorded, and every call is answered with its
-// first argument.
+// fakeRounds stands in for Redis behind a pipeliner: lone calls block
+// until released, pipelines are recorded, and every call is answered with
+// its first argument.
 type fakeRounds struct {
-	release chan struct{}
-	mu      sync.Mutex
-	batches [][]any
+	release   chan struct{}
+	mu        sync.Mutex
+	pipelines [][]any
 }
 
-func newFakeBatcher(f *fakeRounds) *batcher {
+func newFakePipeliner(f *fakeRounds) *pipeliner {
 	answer := func(c *scriptCall) { c.reply = []int64{c.args[0].(int64)} }
-	return &batcher{
+	return &pipeliner{
 		runOne: func(c *scriptCall) {
 			<-f.release
 			answer(c)
@@ -37,7 +37,7 @@ func newFakeBatcher(f *fakeRounds) *batcher {
 				answer(c)
 			}
 			f.mu.Lock()
-			f.batches = append(f.batches, ids)
+			f.pipelines = append(f.pipelines, ids)
 			f.mu.Unlock()
 		},
 	}
@@ -49,17 +49,17 @@ func fakeCall(ctx context.Context, id int64) *scriptCall {
 	return c
 }
 
-// waitBatcher waits until b has n calls queued (what is "queued") or n
+// waitPipeliner waits until pl has n calls queued (what is "queued") or n
 // round trips under way ("running").
-func waitBatcher(t *testing.T, b *batcher, what string, n int) {
+func waitPipeliner(t *testing.T, pl *pipeliner, what string, n int) {
 	t.Helper()
 	testutil.Eventually(t, fmt.Sprintf("%d %s", n, what), func() error {
-		b.mu.Lock()
-		got := len(b.queue)
+		pl.mu.Lock()
+		got := len(pl.queue)
 		if what == "running" {
-			got = b.running
+			got = pl.running
 		}
-		b.mu.Unlock()
+		pl.mu.Unlock()
 		if got != n {
 			return fmt.Errorf("%d %s", got, what)
 		}
@@ -67,13 +67,13 @@ func waitBatcher(t *testing.T, b *batcher, what string, n int) {
 	})
 }
 
-// TestBatcherQueuesWhileBusy checks the batcher's rules: a call runs at once
+// TestPipelinerQueuesWhileBusy checks the pipeliner's rules: a call runs at once
 // while a round trip is free; once all are busy calls queue and go out
 // together, in order, skipping those whose callers gave up; and when
 // everything has answered no round trip is counted as running.
-func TestBatcherQueuesWhileBusy(t *testing.T) {
+func TestPipelinerQueuesWhileBusy(t *testing.T) {
 	f := &fakeRounds{release: make(chan struct{})}
-	b := newFakeBatcher(f)
+	pl := newFakePipeliner(f)
 	ctx := context.Background()
 
 	var wg sync.WaitGroup
@@ -81,14 +81,14 @@ func TestBatcherQueuesWhileBusy(t *testing.T) {
 	errs := make([]error, len(got))
 	for i := range redisRoundTrips {
 		wg.Go(func() {
-			reply, err := b.do(fakeCall(ctx, int64(100+i)))
+			reply, err := pl.do(fakeCall(ctx, int64(100+i)))
 			if err != nil || len(reply) != 1 || reply[0] != int64(100+i) {
 				t.Errorf("lone call %d: %v %v", i, reply, err)
 			}
 		})
 	}
 	// Every round trip is taken, so the next calls queue.
-	waitBatcher(t, b, "running", redisRoundTrips)
+	waitPipeliner(t, pl, "running", redisRoundTrips)
 
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
@@ -98,13 +98,13 @@ func TestBatcherQueuesWhileBusy(t *testing.T) {
 	}{{ctx, 1}, {gone, 2}, {ctx, 3}}
 	for i, q := range queued {
 		wg.Go(func() {
-			reply, err := b.do(fakeCall(q.ctx, q.id))
+			reply, err := pl.do(fakeCall(q.ctx, q.id))
 			errs[i] = err
 			if err == nil {
 				got[i] = reply[0]
 			}
 		})
-		waitBatcher(t, b, "queued", i+1)
+		waitPipeliner(t, pl, "queued", i+1)
 	}
 	close(f.release)
 	wg.Wait()
@@ -115,56 +115,56 @@ func TestBatcherQueuesWhileBusy(t *testing.T) {
 	if !errors.Is(errs[1], context.Canceled) {
 		t.Errorf("the abandoned call returned %v, want its context's error", errs[1])
 	}
-	if len(f.batches) != 1 || fmt.Sprint(f.batches[0]) != "[1 3]" {
-		t.Errorf("batches sent: %v, want one of [1 3] (the abandoned call skipped)", f.batches)
+	if len(f.pipelines) != 1 || fmt.Sprint(f.pipelines[0]) != "[1 3]" {
+		t.Errorf("pipelines sent: %v, want one of [1 3] (the abandoned call skipped)", f.pipelines)
 	}
-	if b.pipelined.Load() != 2 {
-		t.Errorf("pipelined = %d, want 2", b.pipelined.Load())
+	if pl.pipelined.Load() != 2 {
+		t.Errorf("pipelined = %d, want 2", pl.pipelined.Load())
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.running != 0 || len(b.queue) != 0 {
-		t.Errorf("after every call answered: %d running, %d queued", b.running, len(b.queue))
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.running != 0 || len(pl.queue) != 0 {
+		t.Errorf("after every call answered: %d running, %d queued", pl.running, len(pl.queue))
 	}
 }
 
-// TestBatcherBoundsBatches checks that a long queue goes out in pipelines of
-// at most redisMaxBatch calls, every call once.
-func TestBatcherBoundsBatches(t *testing.T) {
+// TestPipelinerBoundsPipelines checks that a long queue goes out in
+// pipelines of at most redisMaxPipeline calls, every call once.
+func TestPipelinerBoundsPipelines(t *testing.T) {
 	f := &fakeRounds{release: make(chan struct{})}
-	b := newFakeBatcher(f)
+	pl := newFakePipeliner(f)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for i := range redisRoundTrips {
-		wg.Go(func() { _, _ = b.do(fakeCall(ctx, int64(-1-i))) })
+		wg.Go(func() { _, _ = pl.do(fakeCall(ctx, int64(-1-i))) })
 	}
-	const queued = 2*redisMaxBatch + 5
-	waitBatcher(t, b, "running", redisRoundTrips)
+	const queued = 2*redisMaxPipeline + 5
+	waitPipeliner(t, pl, "running", redisRoundTrips)
 	for i := range queued {
 		wg.Go(func() {
-			if reply, err := b.do(fakeCall(ctx, int64(i))); err != nil || reply[0] != int64(i) {
+			if reply, err := pl.do(fakeCall(ctx, int64(i))); err != nil || reply[0] != int64(i) {
 				t.Errorf("call %d: %v %v", i, reply, err)
 			}
 		})
 	}
-	waitBatcher(t, b, "queued", queued)
+	waitPipeliner(t, pl, "queued", queued)
 	close(f.release)
 	wg.Wait()
 	seen := map[any]bool{}
-	for _, batch := range f.batches {
-		if len(batch) > redisMaxBatch {
-			t.Errorf("a batch of %d calls, want at most %d", len(batch), redisMaxBatch)
+	for _, sent := range f.pipelines {
+		if len(sent) > redisMaxPipeline {
+			t.Errorf("a pipeline of %d calls, want at most %d", len(sent), redisMaxPipeline)
 		}
-		for _, id := range batch {
+		for _, id := range sent {
 			if seen[id] {
 				t.Errorf("call %v sent twice", id)
 			}
 			seen[id] = true
 		}
 	}
-	// A batch of one runs as a lone call, which the fake does not record.
+	// A pipeline of one runs as a lone call, which the fake does not record.
 	if len(seen) < queued-redisRoundTrips {
-		t.Errorf("%d calls went out in batches, want nearly all %d", len(seen), queued)
+		t.Errorf("%d calls went out in pipelines, want nearly all %d", len(seen), queued)
 	}
 }
 
@@ -201,7 +201,7 @@ func TestPipelineScriptsNoScript(t *testing.T) {
 			for i := range 30 {
 				calls = append(calls, r.newCall(r.deadlines.bound(ctx, r.timeout), fmt.Sprintf("k%d", i%10), 1, nil))
 			}
-			r.batch.runMany(calls)
+			r.pipeline.runMany(calls)
 			// k0 had one take before; every key gets three here.
 			left := map[string]int64{"k0": 9}
 			for i, c := range calls {
@@ -222,7 +222,7 @@ func TestPipelineScriptsNoScript(t *testing.T) {
 	}
 }
 
-// TestPipelineOutlivesCancelledCaller checks that a batch whose latest
+// TestPipelineOutlivesCancelledCaller checks that a pipeline whose latest
 // deadline belongs to a caller that has gone (its request context was
 // cancelled) still answers the others.
 func TestPipelineOutlivesCancelledCaller(t *testing.T) {
@@ -234,7 +234,7 @@ func TestPipelineOutlivesCancelledCaller(t *testing.T) {
 		r.newCall(r.deadlines.bound(context.Background(), r.timeout), "a", 1, nil),
 		r.newCall(gone, "b", 1, nil), // its deadline is the latest
 	}
-	r.batch.runMany(calls)
+	r.pipeline.runMany(calls)
 	if d, err := decodeReply(calls[0].reply); calls[0].err != nil || err != nil || !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("the waiting caller's decision: %+v %v %v", d, calls[0].err, err)
 	}
