@@ -11,9 +11,9 @@ import (
 // late; in exchange every decision ending in the same tick shares one timer.
 const deadlineTicks = 8
 
-// deadlineSlots is the size of the ring of pending ticks: well above the
+// deadlineCells is the size of the ring of pending ticks: well above the
 // deadlineTicks+1 ticks that can be pending at once.
-const deadlineSlots = 32
+const deadlineCells = 32
 
 // deadlines bounds the Redis store's decisions without a timer each.
 // context.WithTimeout starts and stops a runtime timer per call, which at
@@ -23,7 +23,7 @@ const deadlineSlots = 32
 type deadlines struct {
 	base  time.Time // carries a monotonic reading: ticks ignore wall-clock steps
 	tick  time.Duration
-	slots [deadlineSlots]atomic.Pointer[deadlineTick]
+	cells [deadlineCells]atomic.Pointer[deadlineTick]
 }
 
 // deadlineTick is one tick's channel, closed when the tick ends.
@@ -42,20 +42,20 @@ func (d *deadlines) after(timeout time.Duration) (time.Time, <-chan struct{}) {
 	since := time.Since(d.base)
 	n := int64((since + timeout + d.tick - 1) / d.tick)
 	at := d.base.Add(time.Duration(n) * d.tick)
-	slot := &d.slots[n%deadlineSlots]
+	cell := &d.cells[n%deadlineCells]
 	for {
-		t := slot.Load()
+		t := cell.Load()
 		if t != nil && t.n == n {
 			return at, t.done
 		}
 		fresh := &deadlineTick{n: n, done: make(chan struct{})}
 		if t != nil && t.n > n {
-			// The slot has moved on to a later tick: this caller was
+			// The cell has moved on to a later tick: this caller was
 			// descheduled for a whole ring. Give it a timer of its own.
 			fresh.closeAt(at)
 			return at, fresh.done
 		}
-		if slot.CompareAndSwap(t, fresh) {
+		if cell.CompareAndSwap(t, fresh) {
 			fresh.closeAt(at)
 			return at, fresh.done
 		}

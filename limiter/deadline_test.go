@@ -55,13 +55,13 @@ func TestDeadlinesShareTicks(t *testing.T) {
 	t.Fatal("ten pairs of calls 125ms ticks apart never fell in one tick")
 }
 
-// TestDeadlinesStaleSlot: a caller that finds its slot already taken by a
+// TestDeadlinesStaleCell: a caller that finds its cell already taken by a
 // later tick still gets a channel that closes at its own deadline.
-func TestDeadlinesStaleSlot(t *testing.T) {
+func TestDeadlinesStaleCell(t *testing.T) {
 	const timeout = 20 * time.Millisecond
 	d := newDeadlines(timeout)
-	for i := range d.slots {
-		d.slots[i].Store(&deadlineTick{n: 1 << 40, done: make(chan struct{})})
+	for i := range d.cells {
+		d.cells[i].Store(&deadlineTick{n: 1 << 40, done: make(chan struct{})})
 	}
 	at, done := d.after(timeout)
 	select {

@@ -35,7 +35,7 @@ func (s *leakyBucketState) refund(p *params, now, cost int64, _ Decision) Decisi
 	return Decision{Allowed: true, Remaining: leakyRemaining(p, debt), ResetAfter: microseconds(ceilDiv(debt, p.l))}
 }
 
-// leakyRemaining is the free queue slots for unit requests:
+// leakyRemaining is the free queue places for unit requests:
 // ⌊(max_delay - (tat - now))×r⌋ + 1, or 0 once tat - now exceeds max_delay.
 func leakyRemaining(p *params, debt int64) int64 {
 	if debt > p.maxDelay {

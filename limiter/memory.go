@@ -246,7 +246,7 @@ func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
 
 func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost int64) Decision {
 	sh := set.lock(key)
-	d := PS(&sh.slots[sh.get(key)].st).take(p, clock.now(), cost)
+	d := PS(&sh.cells[sh.get(key)].st).take(p, clock.now(), cost)
 	sh.mu.Unlock()
 	return d
 }
@@ -262,7 +262,7 @@ func (set *shardSet[S, PS]) takeUpTo(key uint64, p *params, clock *memoryClock, 
 	}
 	sh := set.lock(key)
 	defer sh.mu.Unlock()
-	st := any(PS(&sh.slots[sh.get(key)].st)).(upToTaker)
+	st := any(PS(&sh.cells[sh.get(key)].st)).(upToTaker)
 	return st.takeUpTo(p, clock.now(), cost, want), true
 }
 
@@ -275,7 +275,7 @@ func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, co
 		var fresh S
 		return PS(&fresh).refund(p, now, 0, taken)
 	}
-	return PS(&sh.slots[i].st).refund(p, now, cost, taken)
+	return PS(&sh.cells[i].st).refund(p, now, cost, taken)
 }
 
 func (set *shardSet[S, PS]) forget(key uint64, p *params, clock *memoryClock) bool {
@@ -285,7 +285,7 @@ func (set *shardSet[S, PS]) forget(key uint64, p *params, clock *memoryClock) bo
 	if !ok {
 		return false
 	}
-	existed := !PS(&sh.slots[i].st).idle(p, clock.now())
+	existed := !PS(&sh.cells[i].st).idle(p, clock.now())
 	sh.remove(key, i)
 	return existed
 }
@@ -297,7 +297,7 @@ func (set *shardSet[S, PS]) sweep(p *params, clock *memoryClock) int {
 		sh.mu.Lock()
 		now := clock.now()
 		for key, j := range sh.index {
-			if PS(&sh.slots[j].st).idle(p, now) {
+			if PS(&sh.cells[j].st).idle(p, now) {
 				sh.remove(key, j)
 				n++
 			}
@@ -348,19 +348,19 @@ func (set *shardSet[S, PS]) reshard(bits uint32, n int) {
 	var all []entry
 	for i := range set.shards {
 		sh := &set.shards[i]
-		// Oldest first: prev links lead to more recently used slots.
-		for j := sh.oldest; j != 0; j = sh.slots[j-1].prev {
-			all = append(all, entry{sh.slots[j-1].key, sh.slots[j-1].st})
+		// Oldest first: prev links lead to more recently used cells.
+		for j := sh.oldest; j != 0; j = sh.cells[j-1].prev {
+			all = append(all, entry{sh.cells[j-1].key, sh.cells[j-1].st})
 		}
 		sh.index = make(map[uint64]uint32)
-		sh.slots = nil
+		sh.cells = nil
 		sh.newest, sh.oldest, sh.free = 0, 0, 0
 	}
 	set.setLimits(bits, n)
 	set.bits.Store(bits)
 	for _, e := range all {
 		sh := &set.shards[e.key>>(64-bits)]
-		sh.slots[sh.get(e.key)].st = e.st
+		sh.cells[sh.get(e.key)].st = e.st
 	}
 	for i := range set.shards {
 		set.shards[i].mu.Unlock()
@@ -378,16 +378,16 @@ func (set *shardSet[S, PS]) len() int {
 	return n
 }
 
-// shard is one locked table: a map from key hash to a slot, the slots in a
+// shard is one locked table: a map from key hash to a cell, the cells in a
 // slice (no per-key allocation, nothing for the garbage collector to
-// trace for fixed-size states), and a doubly linked list through the slots
-// in order of use for eviction. Links are slot index + 1; 0 ends a list.
+// trace for fixed-size states), and a doubly linked list through the cells
+// in order of use for eviction. Links are cell index + 1; 0 ends a list.
 type shard[S any, PS keyState[S]] struct {
 	mu    sync.Mutex
 	index map[uint64]uint32
-	slots []slot[S]
+	cells []cell[S]
 	// newest and oldest are the ends of the use list; free heads the list
-	// of unused slots, linked through next.
+	// of unused cells, linked through next.
 	newest, oldest, free uint32
 	// moves counts pushes to the front of the use list (see touch).
 	moves uint64
@@ -397,17 +397,17 @@ type shard[S any, PS keyState[S]] struct {
 	_ [56]byte
 }
 
-type slot[S any] struct {
+type cell[S any] struct {
 	key        uint64
 	prev, next uint32
-	// moved is the shard's moves when this slot last went to the front:
+	// moved is the shard's moves when this cell last went to the front:
 	// 8 bytes a key (a uint32 would be padded to the same), bought for the
 	// relinks touch skips. 64 bits so it cannot wrap.
 	moved uint64
 	st    S
 }
 
-// get returns the slot of key, creating it (and evicting the least recently
+// get returns the cell of key, creating it (and evicting the least recently
 // used key when the shard is full) if need be, and marks it most recently used.
 func (sh *shard[S, PS]) get(key uint64) uint32 {
 	if i, ok := sh.index[key]; ok {
@@ -417,30 +417,30 @@ func (sh *shard[S, PS]) get(key uint64) uint32 {
 	// A loop, not an if: after SetMaxKeys lowered the bound, the shard
 	// sheds the excess as new keys arrive.
 	for int64(len(sh.index)) >= sh.limit.Load() && sh.oldest != 0 {
-		sh.remove(sh.slots[sh.oldest-1].key, sh.oldest-1)
+		sh.remove(sh.cells[sh.oldest-1].key, sh.oldest-1)
 	}
 	var i uint32
 	if sh.free != 0 {
 		i = sh.free - 1
-		sh.free = sh.slots[i].next
-		sh.slots[i] = slot[S]{key: key}
+		sh.free = sh.cells[i].next
+		sh.cells[i] = cell[S]{key: key}
 	} else {
-		i = uint32(len(sh.slots))
-		sh.slots = append(sh.slots, slot[S]{key: key})
+		i = uint32(len(sh.cells))
+		sh.cells = append(sh.cells, cell[S]{key: key})
 	}
 	sh.index[key] = i
 	sh.pushNewest(i)
 	return i
 }
 
-// touch marks slot i most recently used. A slot that went to the front
+// touch marks cell i most recently used. A cell that went to the front
 // within the last limit/16 moves is left where it is: at most that many
-// slots lie before it, so it is far from eviction, and not relinking it
+// cells lie before it, so it is far from eviction, and not relinking it
 // spares the writes to its neighbours (two cache misses) on most
 // decisions of an active key. Eviction is thus LRU to within limit/16 keys,
 // and exact for shards of fewer than 16 keys.
 func (sh *shard[S, PS]) touch(i uint32) {
-	if sh.newest == i+1 || sh.moves-sh.slots[i].moved < uint64(sh.limit.Load()>>4) {
+	if sh.newest == i+1 || sh.moves-sh.cells[i].moved < uint64(sh.limit.Load()>>4) {
 		return
 	}
 	sh.unlink(i)
@@ -449,10 +449,10 @@ func (sh *shard[S, PS]) touch(i uint32) {
 
 func (sh *shard[S, PS]) pushNewest(i uint32) {
 	sh.moves++
-	s := &sh.slots[i]
+	s := &sh.cells[i]
 	s.prev, s.next, s.moved = 0, sh.newest, sh.moves
 	if sh.newest != 0 {
-		sh.slots[sh.newest-1].prev = i + 1
+		sh.cells[sh.newest-1].prev = i + 1
 	}
 	sh.newest = i + 1
 	if sh.oldest == 0 {
@@ -461,23 +461,23 @@ func (sh *shard[S, PS]) pushNewest(i uint32) {
 }
 
 func (sh *shard[S, PS]) unlink(i uint32) {
-	s := &sh.slots[i]
+	s := &sh.cells[i]
 	if s.prev != 0 {
-		sh.slots[s.prev-1].next = s.next
+		sh.cells[s.prev-1].next = s.next
 	} else {
 		sh.newest = s.next
 	}
 	if s.next != 0 {
-		sh.slots[s.next-1].prev = s.prev
+		sh.cells[s.next-1].prev = s.prev
 	} else {
 		sh.oldest = s.prev
 	}
 }
 
-// remove forgets key, whose slot is i, and puts the slot on the free list.
+// remove forgets key, whose cell is i, and puts the cell on the free list.
 func (sh *shard[S, PS]) remove(key uint64, i uint32) {
 	delete(sh.index, key)
 	sh.unlink(i)
-	sh.slots[i] = slot[S]{next: sh.free}
+	sh.cells[i] = cell[S]{next: sh.free}
 	sh.free = i + 1
 }

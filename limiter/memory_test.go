@@ -192,7 +192,7 @@ func logCapacity(m *Memory, key string) (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	return cap(sh.slots[i].st.ents), true
+	return cap(sh.cells[i].st.ents), true
 }
 
 // TestMemorySweepShrinksLog: a log that held many entries gives its memory

@@ -33,7 +33,7 @@ else
   debt, held = wait + cost * w, ceil(wait / l)
 end
 
--- Free queue slots for unit requests.
+-- Free queue places for unit requests.
 local remaining = 0
 if debt <= maxdelay then
   remaining = floor((maxdelay - debt) / w) + 1
