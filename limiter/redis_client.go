@@ -158,6 +158,14 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 	return opts, nil
 }
 
+// CheckRedisURL refuses a url NewClient could not parse, saying why
+// without repeating it (it may hold a password), so a config can be
+// refused at the url's line before any client exists.
+func CheckRedisURL(raw string) error {
+	_, err := fromURL(raw)
+	return err
+}
+
 // fromURL parses a redis:// or rediss:// URL with go-redis and keeps the
 // options a standalone client uses.
 func fromURL(raw string) (*redis.UniversalOptions, error) {
