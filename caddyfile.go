@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,14 +54,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(h.RateLimits) == 0 {
 		return refuseAt(d, line, "rate_limit: %v", errNoZone)
 	}
-	// Checks that span blocks, reported at the zone's line, in name order
-	// so the same Caddyfile always gets the same refusal.
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	// Checks that span blocks, reported at the zone's line.
+	for _, name := range h.zoneNames() {
 		z := h.RateLimits[name]
 		err := h.zoneNeeds(z)
 		if err == nil && z.usesJWTClaimKey && h.JWT == nil {

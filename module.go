@@ -270,12 +270,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 	}
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range h.zoneNames() {
 		z, err := h.provisionZone(ctx, name, h.RateLimits[name])
 		if err != nil {
 			h.releaseZones()
@@ -341,12 +336,7 @@ func (h *Handler) validate() error {
 			return fmt.Errorf("jwt: %w", err)
 		}
 	}
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range h.zoneNames() {
 		z := h.RateLimits[name]
 		if z == nil {
 			return fmt.Errorf("zone %q: empty", name)
@@ -359,6 +349,17 @@ func (h *Handler) validate() error {
 		}
 	}
 	return nil
+}
+
+// zoneNames lists the zones' names in order, so zones are set up, and a
+// config with several faults refused, the same way every time.
+func (h *Handler) zoneNames() []string {
+	names := make([]string, 0, len(h.RateLimits))
+	for name := range h.RateLimits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // zoneNeeds refuses a zone that needs a block of the handler it lacks.
