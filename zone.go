@@ -113,8 +113,7 @@ func (z *Zone) policy() limiter.Policy {
 // name the field, so the Caddyfile parser can report them at the zone's
 // line. What its policy alone decides (a known algorithm, positive events
 // and window, a burst and max_delay not negative, products that fit) is
-// limiter.Policy.Validate's to say; the key's template is parsed where it
-// is read: at its Caddyfile line, and by Provision.
+// limiter.Policy.Validate's to say.
 func (z *Zone) validate(name string) error {
 	if err := validZoneName(name); err != nil {
 		return err
@@ -172,7 +171,13 @@ func (z *Zone) validate(name string) error {
 	if err := ipv4PrefixBound.check(z.IPv4Prefix); err != nil {
 		return err
 	}
-	return ipv6PrefixBound.check(z.IPv6Prefix)
+	if err := ipv6PrefixBound.check(z.IPv6Prefix); err != nil {
+		return err
+	}
+	if _, err := parseKeyTemplate(z.Key); err != nil {
+		return fmt.Errorf("key: %w", err)
+	}
+	return nil
 }
 
 // validateLocalTier checks local_quota and deny_cache, which only a redis
