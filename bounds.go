@@ -6,13 +6,18 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// The ranges of the numeric options, each defined once. The Validate (or
-// validate) of the struct that holds a field checks it with its bound, so
-// a JSON config is refused as the Caddyfile is; the Caddyfile parser
-// checks the same bound, found by the option's name, to report the
-// option's own line. README.md ("Caddyfile reference") lists the floors.
+// The ranges of the numeric options, each defined once. The validate of
+// the struct that holds a field checks it with its bound, so a JSON config
+// is refused as the Caddyfile is; the Caddyfile parser checks the same
+// bound, named in the block's option table, to report the option's own
+// line. Each bound has two forms of its refusal: check names the field,
+// for the structs; refuse does not, for the parser, whose refusal names
+// the block and the option around it. README.md ("Caddyfile reference")
+// lists the floors.
 
 // fractionBound is the range of a fraction option: a finite number from lo
 // to hi (above lo when openLow is set).
@@ -26,10 +31,23 @@ type fractionBound struct {
 
 // check refuses v outside the bound, NaN and infinities included.
 func (b fractionBound) check(v float64) error {
+	return named(b.name, b.refuse(v))
+}
+
+// refuse is check's refusal without the field's name.
+func (b fractionBound) refuse(v float64) error {
 	if math.IsNaN(v) || math.IsInf(v, 0) || v < b.lo || v > b.hi || (b.openLow && v == b.lo) {
-		return fmt.Errorf("%s must be %s, got %v", b.name, b.explain, v)
+		return fmt.Errorf("must be %s, got %v", b.explain, v)
 	}
 	return nil
+}
+
+// named puts a field's name before a bound's refusal, or is nil.
+func named(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s %w", name, err)
 }
 
 // maxJitter is the largest jitter: at most ten times the wait is added to
@@ -48,13 +66,6 @@ var (
 		explain: "a fraction of the quota above 0 and at most 1, such as 0.1"}
 )
 
-// fractionBounds finds a fraction option's bound by its Caddyfile name.
-var fractionBounds = map[string]fractionBound{
-	jitterBound.name:     jitterBound,
-	logSampleBound.name:  logSampleBound,
-	localQuotaBound.name: localQuotaBound,
-}
-
 // durationBound is the range of a duration option: never negative, and
 // when set (not 0) at least floor. Whether 0 is allowed, and what it
 // means (a default, or off), is the field's own: a JSON field left out is
@@ -63,15 +74,23 @@ var fractionBounds = map[string]fractionBound{
 type durationBound struct {
 	name  string
 	floor time.Duration
+	// zeroMeans is set when a written 0 means something (max_delay 0:
+	// no delay), so the Caddyfile parser takes it.
+	zeroMeans bool
 }
 
 // check refuses a negative v, and a positive one below the floor.
 func (b durationBound) check(v caddy.Duration) error {
+	return named(b.name, b.refuse(v))
+}
+
+// refuse is check's refusal without the field's name.
+func (b durationBound) refuse(v caddy.Duration) error {
 	switch d := time.Duration(v); {
 	case d < 0:
-		return fmt.Errorf("%s must not be negative, got %v", b.name, d)
+		return fmt.Errorf("must not be negative, got %v", d)
 	case d > 0 && d < b.floor:
-		return fmt.Errorf("%s must be at least %v, got %v", b.name, b.floor, d)
+		return fmt.Errorf("must be at least %v, got %v", b.floor, d)
 	}
 	return nil
 }
@@ -87,37 +106,50 @@ const minDuration = time.Millisecond
 const minSweepInterval = time.Second
 
 var (
-	sweepIntervalBound  = durationBound{"sweep_interval", minSweepInterval}
-	windowBound         = durationBound{"window", minDuration}
-	maxDelayBound       = durationBound{"max_delay", 0}
-	denyCacheBound      = durationBound{"deny_cache", minDuration}
-	timeoutBound        = durationBound{"timeout", minDuration}
-	dialTimeoutBound    = durationBound{"dial_timeout", minDuration}
-	breakerAfterBound   = durationBound{"breaker_after", minDuration}
-	breakerOpenForBound = durationBound{"breaker_open_for", minDuration}
+	sweepIntervalBound  = durationBound{name: "sweep_interval", floor: minSweepInterval}
+	windowBound         = durationBound{name: "window", floor: minDuration}
+	maxDelayBound       = durationBound{name: "max_delay", zeroMeans: true}
+	denyCacheBound      = durationBound{name: "deny_cache", floor: minDuration}
+	timeoutBound        = durationBound{name: "timeout", floor: minDuration}
+	dialTimeoutBound    = durationBound{name: "dial_timeout", floor: minDuration}
+	breakerAfterBound   = durationBound{name: "breaker_after", floor: minDuration}
+	breakerOpenForBound = durationBound{name: "breaker_open_for", floor: minDuration}
 )
 
-// durationBounds finds a duration option's bound by its Caddyfile name.
-var durationBounds = map[string]durationBound{}
+// intBound is the range of an integer option: when set (not 0, which a
+// JSON field left out is, and means the default) from lo to hi. The
+// Caddyfile parser refuses a written 0 unless lo allows it.
+type intBound struct {
+	name   string
+	lo, hi int
+}
 
-func init() {
-	for _, b := range []durationBound{sweepIntervalBound, windowBound, maxDelayBound, denyCacheBound,
-		timeoutBound, dialTimeoutBound, breakerAfterBound, breakerOpenForBound} {
-		durationBounds[b.name] = b
+// check refuses a v that is set and outside the bound.
+func (b intBound) check(v int) error {
+	if v == 0 {
+		return nil
 	}
+	return named(b.name, b.refuse(v))
+}
+
+// refuse is check's refusal without the field's name, for a written v.
+func (b intBound) refuse(v int) error {
+	if v < b.lo || v > b.hi {
+		return fmt.Errorf("must be from %d to %d, got %d", b.lo, b.hi, v)
+	}
+	return nil
 }
 
 // maxCount bounds the options that size things in memory (max_keys,
 // pool_size).
 const maxCount = math.MaxInt32
 
-// checkCount refuses a count that is negative or above maxCount.
-func checkCount(name string, n int) error {
-	switch {
-	case n < 0:
-		return fmt.Errorf("%s must not be negative, got %d", name, n)
-	case n > maxCount:
-		return fmt.Errorf("%s: %d is more than this option allows (%d)", name, n, maxCount)
-	}
-	return nil
-}
+var (
+	ipv4PrefixBound = intBound{"ipv4_prefix", 1, 32}
+	ipv6PrefixBound = intBound{"ipv6_prefix", 1, 128}
+	maxKeysBound    = intBound{"max_keys", 1, maxCount}
+	poolSizeBound   = intBound{"pool_size", 1, maxCount}
+	// dbBound is limiter.RedisConfig.Validate's range of db, which checks
+	// it in JSON, for the parser to report at the option's line.
+	dbBound = intBound{"db", 0, limiter.MaxRedisDB}
+)

@@ -43,156 +43,94 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
+	line := d.Line()
 	if d.NextArg() {
-		return d.ArgErr()
+		return refuse(d, "rate_limit takes [<matcher>] %s", blockArgs)
 	}
 	zoneLines := map[string]int{}
-	err := eachOption(d, "", "zone", func(opt string) error {
-		var err error
-		switch opt {
-		case "zone":
-			err = h.parseZone(d, zoneLines)
-		case "redis":
-			h.Redis = new(RedisConfig)
-			err = h.Redis.UnmarshalCaddyfile(d)
-		case "jwt":
-			h.JWT = new(JWTConfig)
-			err = h.JWT.UnmarshalCaddyfile(d)
-		case "headers":
-			err = parseStringArg(d, &h.Headers)
-			if err == nil {
-				if _, perr := parseHeaderMode(h.Headers); perr != nil {
-					err = d.Err(perr.Error())
-				}
-			}
-		case "log_key":
-			h.LogKey, err = true, noArgs(d)
-		case "disable_metrics":
-			h.DisableMetrics, err = true, noArgs(d)
-		case "sweep_interval":
-			err = parseDurationArg(d, &h.SweepInterval)
-		case "max_keys":
-			err = parsePositiveIntArg(d, &h.MaxKeys)
-		case "log_sample":
-			err = parseFraction(d, &h.LogSample)
-		case "jitter":
-			err = parseFraction(d, &h.Jitter)
-		case "distributed":
-			h.Distributed, err = skipCompatBlock(d)
-		case "storage":
-			h.StorageRaw, err = skipCompatBlock(d)
-		default:
-			return d.Errf("unknown rate_limit option %q", opt)
-		}
-		return err
-	})
-	if err != nil {
+	if err := parseBlock(d, "rate_limit", h.options(zoneLines)); err != nil {
 		return err
 	}
 	if len(h.RateLimits) == 0 {
-		return d.Err("rate_limit needs at least one zone")
+		return refuseAt(d, line, "rate_limit: %v", errNoZone)
 	}
 	// Checks that span blocks, reported at the zone's line.
-	for name, z := range h.RateLimits {
-		if z.Store == storeRedis && h.Redis == nil {
-			return zoneError(d, zoneLines[name], name, errors.New("store redis needs a redis block in this rate_limit"))
+	for _, name := range h.zoneNames() {
+		z := h.RateLimits[name]
+		err := h.zoneNeeds(z)
+		if err == nil && z.usesJWTClaimKey && h.JWT == nil {
+			err = errors.New("key jwt_claim needs a jwt block in this rate_limit")
 		}
-		if z.usesJWTClaimKey && h.JWT == nil {
-			return zoneError(d, zoneLines[name], name, errors.New("key jwt_claim needs a jwt block in this rate_limit"))
+		if err != nil {
+			return refuseAt(d, zoneLines[name], "%s: %v", zoneBlock(name), err)
 		}
 	}
 	return nil
 }
 
-// parseZone parses `zone <name> { ... }`.
+// options is the rate_limit block's option table; zoneLines records the
+// line of each zone, for the checks made once the whole block is read.
+func (h *Handler) options(zoneLines map[string]int) map[string]option {
+	return map[string]option{
+		"zone": {args: "<name> " + blockArgs, repeats: true, parse: func(d *caddyfile.Dispenser) error {
+			return h.parseZone(d, zoneLines)
+		}},
+		"redis": {args: blockArgs, parse: func(d *caddyfile.Dispenser) error {
+			h.Redis = new(RedisConfig)
+			return h.Redis.UnmarshalCaddyfile(d)
+		}},
+		"jwt": {args: blockArgs, parse: func(d *caddyfile.Dispenser) error {
+			h.JWT = new(JWTConfig)
+			return h.JWT.UnmarshalCaddyfile(d)
+		}},
+		"headers": {args: "both | x-ratelimit | ietf | none", parse: func(d *caddyfile.Dispenser) error {
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if _, err := parseHeaderMode(v); err != nil {
+				return err
+			}
+			h.Headers = v
+			return nil
+		}},
+		"log_key":         flagOption(&h.LogKey),
+		"disable_metrics": flagOption(&h.DisableMetrics),
+		"sweep_interval":  durationOption(&h.SweepInterval, sweepIntervalBound),
+		"max_keys":        intOption(&h.MaxKeys, maxKeysBound),
+		"log_sample":      fractionOption(&h.LogSample, logSampleBound),
+		"jitter":          fractionOption(&h.Jitter, jitterBound),
+		"distributed":     compatOption(&h.Distributed),
+		"storage":         compatOption(&h.StorageRaw),
+	}
+}
+
+// errNoZone refuses a rate_limit without zones, in the Caddyfile and in
+// JSON alike.
+var errNoZone = errors.New("at least one zone is required")
+
+// zoneBlock is how refusals name a zone's block: as the Caddyfile
+// writes it.
+func zoneBlock(name string) string { return "zone " + name }
+
+// parseZone parses `zone <name> { ... }` and checks the zone when its
+// block closes, reporting that check's refusal at the zone's line.
 func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error {
 	line := d.Line()
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	name := d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	if _, dup := h.RateLimits[name]; dup {
-		return d.Errf("zone %q defined twice", name)
-	}
-	z := new(Zone)
-	usedRate, usedEventsOrWindow := false, false
-	err := eachOption(d, fmt.Sprintf("zone %q: ", name), "match", func(opt string) error {
-		var err error
-		switch opt {
-		case "match":
-			set, merr := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
-			if merr != nil {
-				return merr
-			}
-			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
-		case "key":
-			err = parseKey(d, z)
-		case "algorithm":
-			err = parseStringArg(d, &z.Algorithm)
-		case "events":
-			if usedRate {
-				return d.Errf("zone %q: rate and events cannot both be set", name)
-			}
-			usedEventsOrWindow = true
-			err = parsePositiveArg(d, &z.MaxEvents)
-		case "window":
-			if usedRate {
-				return d.Errf("zone %q: rate and window cannot both be set", name)
-			}
-			usedEventsOrWindow = true
-			err = parseDurationArg(d, &z.Window)
-		case "rate":
-			if usedEventsOrWindow {
-				return d.Errf("zone %q: rate and events/window cannot both be set", name)
-			}
-			usedRate = true
-			err = parseRate(d, z)
-		case "burst":
-			err = parsePositiveArg(d, &z.Burst)
-		case "cost":
-			err = parsePositiveArg(d, &z.Cost)
-		case "max_delay":
-			var md caddy.Duration
-			if err = parseDurationArg(d, &md); err == nil {
-				if md < 0 {
-					return d.Errf("zone %q: max_delay must not be negative", name)
-				}
-				z.MaxDelay = &md
-			}
-		case "store":
-			err = parseStringArg(d, &z.Store)
-		case "fail":
-			err = parseStringArg(d, &z.Fail)
-		case "tier":
-			err = parseTier(d, z)
-		case "missing_key":
-			err = parseStringArg(d, &z.MissingKey)
-		case "ipv4_prefix":
-			err = parseIntArg(d, &z.IPv4Prefix, 1, 32)
-		case "ipv6_prefix":
-			err = parseIntArg(d, &z.IPv6Prefix, 1, 128)
-		case "dry_run":
-			z.DryRun, err = true, noArgs(d)
-		case "local_quota":
-			err = parseFraction(d, &z.LocalQuota)
-		case "deny_cache":
-			err = parseDenyCache(d, z)
-		default:
-			return d.Errf("zone %q: unknown option %q", name, opt)
-		}
-		if err != nil {
-			return fmt.Errorf("zone %q: %w", name, err)
-		}
-		return nil
-	})
+	name, err := oneArg(d)
 	if err != nil {
 		return err
 	}
+	if _, dup := h.RateLimits[name]; dup {
+		return refuse(d, "rate_limit: zone '%s' specified twice", name)
+	}
+	z := new(Zone)
+	block := zoneBlock(name)
+	if err := parseBlock(d, block, z.options(block)); err != nil {
+		return err
+	}
 	if err := z.validate(name); err != nil {
-		return zoneError(d, line, name, err)
+		return refuseAt(d, line, "%s: %v", block, err)
 	}
 	if h.RateLimits == nil {
 		h.RateLimits = make(map[string]*Zone)
@@ -202,96 +140,160 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 	return nil
 }
 
+// options is a zone block's option table; block names the zone in the
+// refusals of its matchers, whose parser words its own.
+func (z *Zone) options(block string) map[string]option {
+	rate, eventsOrWindow := false, false
+	// The shorthand rate and the pair events and window set the same
+	// fields: a zone uses one or the other.
+	notWithRate := func(o option) option {
+		parse := o.parse
+		o.parse = func(d *caddyfile.Dispenser) error {
+			if rate {
+				return errors.New("cannot be used together with rate")
+			}
+			eventsOrWindow = true
+			return parse(d)
+		}
+		return o
+	}
+	return map[string]option{
+		"match": {args: "{ <matchers> }", repeats: true, parse: func(d *caddyfile.Dispenser) error {
+			set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if err != nil {
+				return placed(fmt.Errorf("%s: option 'match': %w", block, err))
+			}
+			z.MatcherSetsRaw = append(z.MatcherSetsRaw, set)
+			return nil
+		}},
+		"key":       {args: "ip | header <name> | jwt_claim <claim> | <template>", parse: z.parseKey},
+		"algorithm": stringOption("<name>", &z.Algorithm),
+		"events":    notWithRate(positiveOption(&z.MaxEvents)),
+		"window":    notWithRate(durationOption(&z.Window, windowBound)),
+		"rate": {args: "<n>/<duration>", parse: func(d *caddyfile.Dispenser) error {
+			if eventsOrWindow {
+				return errors.New("cannot be used together with events or window")
+			}
+			rate = true
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			z.MaxEvents, z.Window, err = parseRate(v)
+			return err
+		}},
+		"burst": positiveOption(&z.Burst),
+		"cost":  positiveOption(&z.Cost),
+		"max_delay": {args: "<duration>", parse: func(d *caddyfile.Dispenser) error {
+			z.MaxDelay = new(caddy.Duration)
+			return durationOption(z.MaxDelay, maxDelayBound).parse(d)
+		}},
+		"store":       stringOption("memory | redis", &z.Store),
+		"fail":        stringOption("open | closed | local", &z.Fail),
+		"tier":        {args: "<placeholder> { <value> <n>/<duration> ... }", parse: z.parseTier},
+		"missing_key": stringOption("ip | deny | skip", &z.MissingKey),
+		"ipv4_prefix": intOption(&z.IPv4Prefix, ipv4PrefixBound),
+		"ipv6_prefix": intOption(&z.IPv6Prefix, ipv6PrefixBound),
+		"dry_run":     flagOption(&z.DryRun),
+		"local_quota": fractionOption(&z.LocalQuota, localQuotaBound),
+		"deny_cache": {args: "<duration> | off", parse: func(d *caddyfile.Dispenser) error {
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			dc := caddy.Duration(0)
+			if v != "off" {
+				if dc, err = parseDuration(v, denyCacheBound, false); err != nil {
+					return err
+				}
+			}
+			z.DenyCache = &dc
+			return nil
+		}},
+	}
+}
+
 // parseTier reads `tier <placeholder> { <value> <n>/<duration> ... }`.
-func parseTier(d *caddyfile.Dispenser, z *Zone) error {
-	if !d.NextArg() {
-		return d.ArgErr()
+func (z *Zone) parseTier(d *caddyfile.Dispenser) error {
+	placeholder, err := oneArg(d)
+	if err != nil {
+		return err
 	}
-	t := &Tier{Placeholder: d.Val(), Limits: map[string]TierLimit{}}
-	if _, err := parseKeyTemplate(t.Placeholder); err != nil || !strings.Contains(t.Placeholder, "{") {
-		return d.Errf("tier: %q is not a placeholder such as {plan} or {jwt.plan}", t.Placeholder)
+	if _, err := parseTierKey(placeholder); err != nil {
+		return err
 	}
-	if d.NextArg() {
-		return d.ArgErr()
-	}
+	t := &Tier{Placeholder: placeholder, Limits: map[string]TierLimit{}}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		value := d.Val()
 		if _, dup := t.Limits[value]; dup {
-			return d.Errf("tier: value %q listed twice", value)
+			return fmt.Errorf("value '%s' specified twice", value)
 		}
-		var tz Zone
-		if err := parseRate(d, &tz); err != nil {
-			return err
+		rate, err := oneArg(d)
+		if err != nil {
+			return fmt.Errorf("value '%s' takes <n>/<duration>", value)
 		}
-		t.Limits[value] = TierLimit{MaxEvents: tz.MaxEvents, Window: tz.Window}
+		var tl TierLimit
+		if tl.MaxEvents, tl.Window, err = parseRate(rate); err != nil {
+			return fmt.Errorf("value '%s': %w", value, err)
+		}
+		t.Limits[value] = tl
 	}
 	if len(t.Limits) == 0 {
-		return d.Err("tier: list at least one <value> <n>/<duration>")
+		return errNoTierValue
 	}
 	z.Tier = t
 	return nil
 }
 
-// zoneError reports a problem found once a zone's block is complete at the
-// line of its `zone` token, in the form the Dispenser's errors take.
-func zoneError(d *caddyfile.Dispenser, line int, name string, err error) error {
-	return fmt.Errorf("zone %q: %v, at %s:%d", name, err, d.File(), line)
-}
-
-// parseKey reads `key ip | header <name> | <template>`.
-func parseKey(d *caddyfile.Dispenser, z *Zone) error {
+// parseKey reads `key ip | header <name> | jwt_claim <claim> | <template>`.
+func (z *Zone) parseKey(d *caddyfile.Dispenser) error {
 	args := d.RemainingArgs()
+	var key string
 	switch {
 	case len(args) == 1 && args[0] == "ip":
-		z.Key = "{" + clientIPPlaceholder + "}"
+		key = "{" + clientIPPlaceholder + "}"
 	case len(args) == 2 && args[0] == "jwt_claim":
 		if strings.ContainsAny(args[1], "{} ") || args[1] == "" {
-			return d.Errf("claim name %q is not valid", args[1])
+			return fmt.Errorf("claim name %q is not valid", args[1])
 		}
-		z.Key = "{jwt." + args[1] + "}"
+		key = "{jwt." + args[1] + "}"
 		z.usesJWTClaimKey = true
 	case len(args) == 2 && args[0] == "header":
 		if strings.ContainsAny(args[1], "{} ") {
-			return d.Errf("header name %q is not valid", args[1])
+			return fmt.Errorf("header name %q is not valid", args[1])
 		}
-		z.Key = "{http.request.header." + args[1] + "}"
+		key = "{http.request.header." + args[1] + "}"
 	case len(args) == 1:
-		z.Key = args[0]
+		key = args[0]
 	default:
-		return d.ArgErr()
+		return errArgCount
 	}
-	if _, err := parseKeyTemplate(z.Key); err != nil {
-		return d.Errf("key: %v", err)
+	if _, err := parseKeyTemplate(key); err != nil {
+		return err
 	}
+	z.Key = key
 	return nil
 }
 
-// parseRate reads `rate <n>/<duration>`: 100/1m, 10/30s, or a bare unit
-// meaning one of it: 5/s, 1000/h, 10000/d.
-func parseRate(d *caddyfile.Dispenser, z *Zone) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	n, per, ok := strings.Cut(d.Val(), "/")
+// parseRate reads <n>/<duration>: 100/1m, 10/30s, or a bare unit meaning
+// one of it: 5/s, 1000/h, 10000/d.
+func parseRate(v string) (int64, caddy.Duration, error) {
+	n, per, ok := strings.Cut(v, "/")
 	if !ok {
-		return d.Errf("rate %q: want <events>/<duration>, like 100/1m or 5/s", d.Val())
+		return 0, 0, fmt.Errorf("want <events>/<duration>, like 100/1m or 5/s, got %q", v)
 	}
 	events, err := strconv.ParseInt(n, 10, 64)
 	if err != nil || events <= 0 {
-		return d.Errf("rate %q: events must be a positive integer", d.Val())
+		return 0, 0, fmt.Errorf("events must be a positive integer, got %q", v)
 	}
 	window, err := parseRateWindow(per)
 	if err != nil || window <= 0 {
-		return d.Errf("rate %q: window must be a positive duration like 1m, 30s, s, h or d", d.Val())
+		return 0, 0, fmt.Errorf("window must be a positive duration like 1m, 30s, s, h or d, got %q", v)
 	}
 	if err := windowBound.check(caddy.Duration(window)); err != nil {
-		return d.Errf("rate %q: %v", d.Val(), err)
+		return 0, 0, err
 	}
-	z.MaxEvents, z.Window = events, caddy.Duration(window)
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	return nil
+	return events, caddy.Duration(window), nil
 }
 
 func parseRateWindow(s string) (time.Duration, error) {
@@ -302,168 +304,253 @@ func parseRateWindow(s string) (time.Duration, error) {
 	return caddy.ParseDuration(s)
 }
 
-// eachOption calls parse with the name of every option in the block the
-// dispenser is about to open, the dispenser on that name, so every block
-// of the directive (rate_limit, zone, redis) refuses an option given twice
-// the same way, at the line of the second: prefix names the block in the
-// error, and repeatable is the one option that may recur (a rate_limit's
-// zones, a zone's matchers), or "".
-func eachOption(d *caddyfile.Dispenser, prefix, repeatable string, parse func(opt string) error) error {
+// An option is one option of a Caddyfile block, in the table its block's
+// parser hands to parseBlock. Every block of the directive (rate_limit,
+// zone, redis, jwt) is parsed this way, so each kind of refusal reads the
+// same in all of them:
+//
+//	zone api: unknown option 'bogus', at Caddyfile:7
+//	zone api: option 'burst' specified twice, at Caddyfile:8
+//	zone api: option 'burst' takes <n>, at Caddyfile:8
+//	zone api: option 'burst': want a positive integer, got "0", at Caddyfile:8
+//
+// and a block's own check, made when it closes, is reported at the line
+// that opens it: "zone api: burst applies only to ..., at Caddyfile:3".
+type option struct {
+	// args is what the option takes, as README.md writes it; "" is
+	// nothing. A wrong count of arguments is refused with it.
+	args string
+	// parse reads the option's arguments, and its block if it has one,
+	// with the dispenser on the option's name, and fills its field. It
+	// returns errArgCount for a wrong count of arguments, a placed error
+	// for a refusal already worded with its block and line (a nested
+	// block's), or any other error for a bad value, which parseBlock
+	// words with the block and the option at the dispenser's line.
+	parse func(d *caddyfile.Dispenser) error
+	// repeats lets the option be given more than once (a rate_limit's
+	// zones, a zone's matchers); any other is refused the second time.
+	repeats bool
+}
+
+// blockArgs is the args of an option that takes only a block.
+const blockArgs = "{ ... }"
+
+// errArgCount is what an option's parser returns when the option has too
+// few or too many arguments.
+var errArgCount = errors.New("wrong argument count")
+
+// placedError is a refusal already worded with its block and line, which
+// the blocks around it pass on as it is.
+type placedError struct{ error }
+
+func (e placedError) Unwrap() error { return e.error }
+
+// placed marks err as worded with its block and line.
+func placed(err error) error { return placedError{err} }
+
+// refuse is a refusal at the dispenser's line.
+func refuse(d *caddyfile.Dispenser, format string, args ...any) error {
+	return placed(d.Errf(format, args...))
+}
+
+// refuseAt is a refusal at the given line of the dispenser's file, for a
+// check made once a block is read, reported at the line that opens it.
+func refuseAt(d *caddyfile.Dispenser, line int, format string, args ...any) error {
+	return placed(fmt.Errorf("%s, at %s:%d", fmt.Sprintf(format, args...), d.File(), line))
+}
+
+// parseBlock reads the block the dispenser is about to open, option by
+// option, with options, the block's table: it refuses an option the table
+// lacks or one given twice that may not repeat, and words the refusals of
+// the options' parsers (see option), naming the block as block.
+func parseBlock(d *caddyfile.Dispenser, block string, options map[string]option) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		opt := d.Val()
-		if opt != repeatable {
-			if seen[opt] {
-				return d.Errf("%s%s specified twice", prefix, opt)
-			}
-			seen[opt] = true
+		name := d.Val()
+		opt, known := options[name]
+		switch {
+		case !known:
+			return refuse(d, "%s: unknown option '%s'", block, name)
+		case seen[name] && !opt.repeats:
+			return refuse(d, "%s: option '%s' specified twice", block, name)
 		}
-		if err := parse(opt); err != nil {
+		seen[name] = true
+		err := opt.parse(d)
+		var done placedError
+		switch {
+		case err == nil:
+		case errors.As(err, &done):
 			return err
+		case errors.Is(err, errArgCount):
+			args := opt.args
+			if args == "" {
+				args = "no arguments"
+			}
+			return refuse(d, "%s: option '%s' takes %s", block, name, args)
+		default:
+			return refuse(d, "%s: option '%s': %v", block, name, err)
 		}
 	}
 	return nil
 }
 
-// optionArg binds an argument parser to the field it fills, so a table of
-// options can name each option's parser in one line.
-func optionArg[T any](parse func(*caddyfile.Dispenser, *T) error, dst *T) func(*caddyfile.Dispenser) error {
-	return func(d *caddyfile.Dispenser) error { return parse(d, dst) }
-}
-
-func noArgs(d *caddyfile.Dispenser) error {
+// parseOptionBlock parses the block of a rate_limit option that takes a
+// block and no argument (redis, jwt), with the dispenser on the option's
+// name, and checks the block when it closes, reporting check's refusal at
+// the option's line.
+func parseOptionBlock(d *caddyfile.Dispenser, block string, options map[string]option, check func() error) error {
+	line := d.Line()
 	if d.NextArg() {
-		return d.ArgErr()
+		return refuse(d, "rate_limit: option '%s' takes %s", block, blockArgs)
 	}
-	return nil
-}
-
-func parseStringArg(d *caddyfile.Dispenser, dst *string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	return noArgs(d)
-}
-
-func parsePositiveArg(d *caddyfile.Dispenser, dst *int64) error {
-	opt := d.Val()
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	n, err := strconv.ParseInt(d.Val(), 10, 64)
-	if err != nil || n <= 0 {
-		return d.Errf("%s: want a positive integer, got %q", opt, d.Val())
-	}
-	*dst = n
-	return noArgs(d)
-}
-
-// parsePositiveIntArg is parsePositiveArg for the int fields (max_keys,
-// pool_size) that size things in memory.
-func parsePositiveIntArg(d *caddyfile.Dispenser, dst *int) error {
-	opt := d.Val()
-	var n int64
-	if err := parsePositiveArg(d, &n); err != nil {
+	if err := parseBlock(d, block, options); err != nil {
 		return err
 	}
-	if n > maxCount {
-		return d.Errf("%s: %d is more than this option allows (%d)", opt, n, maxCount)
+	if err := check(); err != nil {
+		return refuseAt(d, line, "%s: %v", block, err)
 	}
-	*dst = int(n)
 	return nil
 }
 
-func parseIntArg(d *caddyfile.Dispenser, dst *int, lo, hi int) error {
-	opt := d.Val()
+// oneArg reads an option's one argument.
+func oneArg(d *caddyfile.Dispenser) (string, error) {
 	if !d.NextArg() {
-		return d.ArgErr()
+		return "", errArgCount
 	}
-	n, err := strconv.Atoi(d.Val())
-	if err != nil || n < lo || n > hi {
-		return d.Errf("%s: want an integer from %d to %d, got %q", opt, lo, hi, d.Val())
-	}
-	*dst = n
-	return noArgs(d)
+	v := d.Val()
+	return v, noArgs(d)
 }
 
-func parseDurationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	opt := d.Val()
-	if !d.NextArg() {
-		return d.ArgErr()
+// noArgs refuses any argument left on the option's line.
+func noArgs(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return errArgCount
 	}
-	v, err := caddy.ParseDuration(d.Val())
+	return nil
+}
+
+// flagOption is an option without arguments that sets dst.
+func flagOption(dst *bool) option {
+	return option{parse: func(d *caddyfile.Dispenser) error {
+		*dst = true
+		return noArgs(d)
+	}}
+}
+
+// stringOption is an option of one argument, kept as written in dst; what
+// it may be is checked with the rest of its block's struct.
+func stringOption(args string, dst *string) option {
+	return option{args: args, parse: func(d *caddyfile.Dispenser) error {
+		v, err := oneArg(d)
+		*dst = v
+		return err
+	}}
+}
+
+// positiveOption is an option of one positive integer.
+func positiveOption(dst *int64) option {
+	return option{args: "<n>", parse: func(d *caddyfile.Dispenser) error {
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive integer, got %q", v)
+		}
+		*dst = n
+		return nil
+	}}
+}
+
+// intOption is an option of one integer within b.
+func intOption(dst *int, b intBound) option {
+	return option{args: "<n>", parse: func(d *caddyfile.Dispenser) error {
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("want an integer, got %q", v)
+		}
+		if err := b.refuse(n); err != nil {
+			return err
+		}
+		*dst = n
+		return nil
+	}}
+}
+
+// durationOption is an option of one duration within b; a written 0 is
+// refused unless b says it means something.
+func durationOption(dst *caddy.Duration, b durationBound) option {
+	return option{args: "<duration>", parse: func(d *caddyfile.Dispenser) error {
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		*dst, err = parseDuration(v, b, b.zeroMeans)
+		return err
+	}}
+}
+
+// parseDuration reads a duration within b; zero is refused unless
+// zeroOK.
+func parseDuration(v string, b durationBound, zeroOK bool) (caddy.Duration, error) {
+	dur, err := caddy.ParseDuration(v)
 	if err != nil {
-		return d.Errf("%s: invalid duration %q: %v", opt, d.Val(), err)
+		return 0, fmt.Errorf("want a duration such as 250ms, 5s or 1m, got %q", v)
 	}
-	if v <= 0 && opt != "max_delay" {
-		return d.Errf("%s: must be positive, got %q", opt, d.Val())
+	if dur == 0 && !zeroOK {
+		return 0, fmt.Errorf("must be positive, got %q", v)
 	}
-	if b, ok := durationBounds[opt]; ok {
-		if err := b.check(caddy.Duration(v)); err != nil {
-			return d.Err(err.Error())
-		}
+	if err := b.refuse(caddy.Duration(dur)); err != nil {
+		return 0, err
 	}
-	*dst = caddy.Duration(v)
-	return noArgs(d)
+	return caddy.Duration(dur), nil
 }
 
-// parseDenyCache reads `deny_cache <duration> | off`.
-func parseDenyCache(d *caddyfile.Dispenser, z *Zone) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	var v time.Duration
-	if d.Val() != "off" {
-		var err error
-		if v, err = caddy.ParseDuration(d.Val()); err != nil || v <= 0 {
-			return d.Errf("deny_cache: want a positive duration or off, got %q", d.Val())
+// fractionOption is an option of one number within b: NaN and infinities
+// are refused, as b refuses them in JSON.
+func fractionOption(dst *float64, b fractionBound) option {
+	return option{args: "<number>", parse: func(d *caddyfile.Dispenser) error {
+		v, err := oneArg(d)
+		if err != nil {
+			return err
 		}
-		if err := denyCacheBound.check(caddy.Duration(v)); err != nil {
-			return d.Err(err.Error())
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || b.refuse(f) != nil {
+			return fmt.Errorf("want %s, got %q", b.explain, v)
 		}
-	}
-	dc := caddy.Duration(v)
-	z.DenyCache = &dc
-	return noArgs(d)
+		*dst = f
+		return nil
+	}}
 }
 
-// parseFraction reads a fraction option (jitter, log_sample, local_quota)
-// and checks it with the option's bound (bounds.go), which Validate uses
-// too: NaN and infinities are refused, at the option's line.
-func parseFraction(d *caddyfile.Dispenser, dst *float64) error {
-	opt := d.Val()
-	b := fractionBounds[opt]
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	v, err := strconv.ParseFloat(d.Val(), 64)
-	if err != nil || b.check(v) != nil {
-		return d.Errf("%s: want %s, got %q", opt, b.explain, d.Val())
-	}
-	*dst = v
-	return noArgs(d)
-}
-
-// skipCompatBlock accepts an option of mholt/caddy-ratelimit that Floodgate
+// compatOption accepts an option of mholt/caddy-ratelimit that Floodgate
 // does not use (distributed, storage): its arguments and block are
-// consumed and recorded as JSON so `caddy adapt` keeps them visible.
-func skipCompatBlock(d *caddyfile.Dispenser) (json.RawMessage, error) {
-	opts := map[string][]string{}
-	if args := d.RemainingArgs(); len(args) > 0 {
-		opts["module"] = args
-	}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		key := d.Val()
-		opts[key] = append(opts[key], d.RemainingArgs()...)
-		for sub := d.Nesting(); d.NextBlock(sub); {
+// consumed and recorded as JSON in dst, so `caddy adapt` keeps them
+// visible.
+func compatOption(dst *json.RawMessage) option {
+	return option{args: "[<module>] { ... }", parse: func(d *caddyfile.Dispenser) error {
+		opts := map[string][]string{}
+		if args := d.RemainingArgs(); len(args) > 0 {
+			opts["module"] = args
 		}
-	}
-	raw, err := json.Marshal(opts)
-	if err != nil {
-		return nil, d.Errf("encoding %s: %v", d.Val(), err)
-	}
-	return raw, nil
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			key := d.Val()
+			opts[key] = append(opts[key], d.RemainingArgs()...)
+			for sub := d.Nesting(); d.NextBlock(sub); {
+			}
+		}
+		raw, err := json.Marshal(opts)
+		if err != nil {
+			return fmt.Errorf("encoding it: %w", err)
+		}
+		*dst = raw
+		return nil
+	}}
 }
 
 // Interface guard

@@ -117,9 +117,9 @@ func TestCaddyfileKeys(t *testing.T) {
 // is bounded rather than wrapped.
 func TestCaddyfileNumberErrorsNameTheOption(t *testing.T) {
 	runParseErrorCases(t, []parseErrorCase{
-		{"zero burst", "rate_limit {\n zone a {\n  rate 1/s\n  burst 0\n }\n}", []string{`"a"`, "burst: want a positive integer", ":4"}},
-		{"zero max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 0\n}", []string{"max_keys: want a positive integer", ":5"}},
-		{"huge max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 9999999999\n}", []string{"max_keys", "more than", ":5"}},
+		{"zero burst", "rate_limit {\n zone a {\n  rate 1/s\n  burst 0\n }\n}", []string{"zone a: option 'burst': want a positive integer", ":4"}},
+		{"zero max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 0\n}", []string{"rate_limit: option 'max_keys': must be from 1 to", ":5"}},
+		{"huge max_keys", "rate_limit {\n zone a {\n  rate 1/s\n }\n max_keys 9999999999\n}", []string{"rate_limit: option 'max_keys': must be from 1 to", ":5"}},
 	})
 }
 
@@ -127,31 +127,31 @@ func TestCaddyfileNumberErrorsNameTheOption(t *testing.T) {
 // lists for a Caddyfile: each names the zone (where there is one) and the line.
 func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 	runParseErrorCases(t, []parseErrorCase{
-		{"unknown zone option", "rate_limit {\n zone a {\n  rate 1/s\n  bogus 1\n }\n}", []string{`"a"`, "bogus", ":4"}},
-		{"repeated option", "rate_limit {\n zone a {\n  events 1\n  events 2\n  window 1s\n }\n}", []string{`"a"`, "twice", ":4"}},
+		{"unknown zone option", "rate_limit {\n zone a {\n  rate 1/s\n  bogus 1\n }\n}", []string{"zone a: ", "bogus", ":4"}},
+		{"repeated option", "rate_limit {\n zone a {\n  events 1\n  events 2\n  window 1s\n }\n}", []string{"zone a: ", "twice", ":4"}},
 		{"unknown handler option", "rate_limit {\n zone a {\n  rate 1/s\n }\n nope\n}", []string{"nope", ":5"}},
 		{"repeated handler option", "rate_limit {\n zone a {\n  rate 1/s\n }\n jitter 1\n jitter 2\n}", []string{"jitter", "twice", ":6"}},
-		{"missing window", "rate_limit {\n zone a {\n  events 5\n }\n}", []string{`"a"`, "window", ":2"}},
-		{"missing events", "rate_limit {\n zone a {\n  window 1m\n }\n}", []string{`"a"`, "events", ":2"}},
-		{"zero events", "rate_limit {\n zone a {\n  events 0\n  window 1m\n }\n}", []string{`"a"`, "positive", ":3"}},
-		{"negative events", "rate_limit {\n zone a {\n  events -1\n  window 1m\n }\n}", []string{`"a"`, "positive", ":3"}},
-		{"zero window", "rate_limit {\n zone a {\n  events 1\n  window 0s\n }\n}", []string{`"a"`, "positive", ":4"}},
-		{"negative window", "rate_limit {\n zone a {\n  events 1\n  window -5s\n }\n}", []string{`"a"`, ":4"}},
-		{"rate then events", "rate_limit {\n zone a {\n  rate 5/s\n  events 5\n }\n}", []string{`"a"`, "rate", ":4"}},
-		{"window then rate", "rate_limit {\n zone a {\n  window 1s\n  rate 5/s\n }\n}", []string{`"a"`, "rate", ":4"}},
-		{"bad rate", "rate_limit {\n zone a {\n  rate 5\n }\n}", []string{`"a"`, "rate", ":3"}},
-		{"zero rate", "rate_limit {\n zone a {\n  rate 0/s\n }\n}", []string{`"a"`, ":3"}},
-		{"cost above events", "rate_limit {\n zone a {\n  rate 5/s\n  cost 6\n }\n}", []string{`"a"`, "cost", ":2"}},
-		{"cost above burst", "rate_limit {\n zone a {\n  algorithm token_bucket\n  rate 50/s\n  burst 3\n  cost 4\n }\n}", []string{`"a"`, "cost", ":2"}},
-		{"unknown algorithm", "rate_limit {\n zone a {\n  algorithm gcra\n  rate 5/s\n }\n}", []string{`"a"`, "gcra", ":2"}},
-		{"burst on window", "rate_limit {\n zone a {\n  rate 5/s\n  burst 3\n }\n}", []string{`"a"`, "burst", ":2"}},
-		{"max_delay on token bucket", "rate_limit {\n zone a {\n  algorithm token_bucket\n  rate 5/s\n  max_delay 1s\n }\n}", []string{`"a"`, "max_delay", ":2"}},
-		{"bad missing_key", "rate_limit {\n zone a {\n  rate 5/s\n  missing_key maybe\n }\n}", []string{`"a"`, "missing_key", ":2"}},
-		{"bad store", "rate_limit {\n zone a {\n  rate 5/s\n  store disk\n }\n}", []string{`"a"`, "store", ":2"}},
-		{"bad prefix", "rate_limit {\n zone a {\n  rate 5/s\n  ipv6_prefix 200\n }\n}", []string{`"a"`, "ipv6_prefix", ":4"}},
+		{"missing window", "rate_limit {\n zone a {\n  events 5\n }\n}", []string{"zone a: ", "window", ":2"}},
+		{"missing events", "rate_limit {\n zone a {\n  window 1m\n }\n}", []string{"zone a: ", "events", ":2"}},
+		{"zero events", "rate_limit {\n zone a {\n  events 0\n  window 1m\n }\n}", []string{"zone a: ", "positive", ":3"}},
+		{"negative events", "rate_limit {\n zone a {\n  events -1\n  window 1m\n }\n}", []string{"zone a: ", "positive", ":3"}},
+		{"zero window", "rate_limit {\n zone a {\n  events 1\n  window 0s\n }\n}", []string{"zone a: ", "positive", ":4"}},
+		{"negative window", "rate_limit {\n zone a {\n  events 1\n  window -5s\n }\n}", []string{"zone a: ", ":4"}},
+		{"rate then events", "rate_limit {\n zone a {\n  rate 5/s\n  events 5\n }\n}", []string{"zone a: ", "rate", ":4"}},
+		{"window then rate", "rate_limit {\n zone a {\n  window 1s\n  rate 5/s\n }\n}", []string{"zone a: ", "rate", ":4"}},
+		{"bad rate", "rate_limit {\n zone a {\n  rate 5\n }\n}", []string{"zone a: ", "rate", ":3"}},
+		{"zero rate", "rate_limit {\n zone a {\n  rate 0/s\n }\n}", []string{"zone a: ", ":3"}},
+		{"cost above events", "rate_limit {\n zone a {\n  rate 5/s\n  cost 6\n }\n}", []string{"zone a: ", "cost", ":2"}},
+		{"cost above burst", "rate_limit {\n zone a {\n  algorithm token_bucket\n  rate 50/s\n  burst 3\n  cost 4\n }\n}", []string{"zone a: ", "cost", ":2"}},
+		{"unknown algorithm", "rate_limit {\n zone a {\n  algorithm gcra\n  rate 5/s\n }\n}", []string{"zone a: ", "gcra", ":2"}},
+		{"burst on window", "rate_limit {\n zone a {\n  rate 5/s\n  burst 3\n }\n}", []string{"zone a: ", "burst", ":2"}},
+		{"max_delay on token bucket", "rate_limit {\n zone a {\n  algorithm token_bucket\n  rate 5/s\n  max_delay 1s\n }\n}", []string{"zone a: ", "max_delay", ":2"}},
+		{"bad missing_key", "rate_limit {\n zone a {\n  rate 5/s\n  missing_key maybe\n }\n}", []string{"zone a: ", "missing_key", ":2"}},
+		{"bad store", "rate_limit {\n zone a {\n  rate 5/s\n  store disk\n }\n}", []string{"zone a: ", "store", ":2"}},
+		{"bad prefix", "rate_limit {\n zone a {\n  rate 5/s\n  ipv6_prefix 200\n }\n}", []string{"zone a: ", "ipv6_prefix", ":4"}},
 		{"bad headers", "rate_limit {\n zone a {\n  rate 5/s\n }\n headers some\n}", []string{"headers", ":5"}},
-		{"bad key", "rate_limit {\n zone a {\n  key {oops\n  rate 5/s\n }\n}", []string{`"a"`, "placeholder", ":3"}},
-		{"zone twice", "rate_limit {\n zone a {\n  rate 5/s\n }\n zone a {\n  rate 5/s\n }\n}", []string{`"a"`, "twice", ":5"}},
+		{"bad key", "rate_limit {\n zone a {\n  key {oops\n  rate 5/s\n }\n}", []string{"zone a: ", "placeholder", ":3"}},
+		{"zone twice", "rate_limit {\n zone a {\n  rate 5/s\n }\n zone a {\n  rate 5/s\n }\n}", []string{"rate_limit: zone 'a' specified twice", ":5"}},
 		{"no zone", "rate_limit {\n headers none\n}", []string{"zone"}},
 		{"zone name not ASCII", "rate_limit {\n zone zoné {\n  rate 5/s\n }\n}", []string{"ASCII", ":2"}},
 		{"negative jitter", "rate_limit {\n zone a {\n  rate 5/s\n }\n jitter -1\n}", []string{"jitter", ":5"}},
@@ -163,15 +163,15 @@ func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 func TestCaddyfileNearCacheErrors(t *testing.T) {
 	redis := "\n redis {\n  addresses 127.0.0.1:6379\n }\n}"
 	runParseErrorCases(t, []parseErrorCase{
-		{"local_quota on memory", "rate_limit {\n zone a {\n  rate 5/s\n  local_quota 0.1\n }\n}", []string{`"a"`, "local_quota", "store redis", ":2"}},
-		{"local_quota on leaky bucket", "rate_limit {\n zone a {\n  algorithm leaky_bucket\n  rate 5/s\n  store redis\n  local_quota 0.1\n }" + redis, []string{`"a"`, "local_quota", "leaky_bucket", ":2"}},
-		{"local_quota on concurrency", "rate_limit {\n zone a {\n  algorithm concurrency\n  events 5\n  store redis\n  local_quota 0.1\n }" + redis, []string{`"a"`, "local_quota", "concurrency", ":2"}},
-		{"local_quota zero", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 0\n }" + redis, []string{`"a"`, "local_quota", ":5"}},
-		{"local_quota above one", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 1.5\n }" + redis, []string{`"a"`, "local_quota", ":5"}},
-		{"local_quota not a number", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota lots\n }" + redis, []string{`"a"`, "local_quota", ":5"}},
-		{"deny_cache on memory", "rate_limit {\n zone a {\n  rate 5/s\n  deny_cache 1s\n }\n}", []string{`"a"`, "deny_cache", ":2"}},
-		{"deny_cache on concurrency", "rate_limit {\n zone a {\n  algorithm concurrency\n  events 5\n  store redis\n  deny_cache 1s\n }" + redis, []string{`"a"`, "deny_cache", "concurrency", ":2"}},
-		{"deny_cache bad", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  deny_cache soon\n }" + redis, []string{`"a"`, "deny_cache", ":5"}},
+		{"local_quota on memory", "rate_limit {\n zone a {\n  rate 5/s\n  local_quota 0.1\n }\n}", []string{"zone a: ", "local_quota", "store redis", ":2"}},
+		{"local_quota on leaky bucket", "rate_limit {\n zone a {\n  algorithm leaky_bucket\n  rate 5/s\n  store redis\n  local_quota 0.1\n }" + redis, []string{"zone a: ", "local_quota", "leaky_bucket", ":2"}},
+		{"local_quota on concurrency", "rate_limit {\n zone a {\n  algorithm concurrency\n  events 5\n  store redis\n  local_quota 0.1\n }" + redis, []string{"zone a: ", "local_quota", "concurrency", ":2"}},
+		{"local_quota zero", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 0\n }" + redis, []string{"zone a: ", "local_quota", ":5"}},
+		{"local_quota above one", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 1.5\n }" + redis, []string{"zone a: ", "local_quota", ":5"}},
+		{"local_quota not a number", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota lots\n }" + redis, []string{"zone a: ", "local_quota", ":5"}},
+		{"deny_cache on memory", "rate_limit {\n zone a {\n  rate 5/s\n  deny_cache 1s\n }\n}", []string{"zone a: ", "deny_cache", ":2"}},
+		{"deny_cache on concurrency", "rate_limit {\n zone a {\n  algorithm concurrency\n  events 5\n  store redis\n  deny_cache 1s\n }" + redis, []string{"zone a: ", "deny_cache", "concurrency", ":2"}},
+		{"deny_cache bad", "rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  deny_cache soon\n }" + redis, []string{"zone a: ", "deny_cache", ":5"}},
 	})
 	for _, ok := range []string{
 		"rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 1\n  deny_cache off\n }" + redis,
@@ -261,7 +261,7 @@ func TestCaddyfileAdaptLoads(t *testing.T) {
 				if err := json.Unmarshal(raw, &h); err != nil {
 					t.Fatal(err)
 				}
-				if err := h.Validate(); err != nil {
+				if err := h.validate(); err != nil {
 					t.Fatalf("adapted handler does not validate: %v", err)
 				}
 				if len(h.Distributed) == 0 {
@@ -300,7 +300,7 @@ func TestMholtJSONLoads(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &h); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.Validate(); err != nil {
+	if err := h.validate(); err != nil {
 		t.Fatal(err)
 	}
 	if z := h.RateLimits["static"]; time.Duration(z.Window) != time.Minute || z.MaxEvents != 100 || z.policy().Algorithm != "sliding_window_log" {
@@ -327,7 +327,7 @@ func FuzzCaddyfile(f *testing.F) {
 		}
 		// Whatever parses must validate or be refused cleanly, and its
 		// policies must compile.
-		if err := h.Validate(); err != nil {
+		if err := h.validate(); err != nil {
 			return
 		}
 		for _, z := range h.RateLimits {

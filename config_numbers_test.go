@@ -68,7 +68,7 @@ func TestJSONRefusesBadNumbers(t *testing.T) {
 			if err := json.Unmarshal([]byte(tc.config), &h); err != nil {
 				t.Fatalf("unmarshal %s: %v", tc.config, err)
 			}
-			err := h.Validate()
+			err := h.validate()
 			if err == nil {
 				t.Fatalf("accepted: %s", tc.config)
 			}
@@ -87,7 +87,7 @@ func TestJSONRefusesBadNumbers(t *testing.T) {
 		if err := json.Unmarshal([]byte(config), &h); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.Validate(); err != nil {
+		if err := h.validate(); err != nil {
 			t.Errorf("refused %s: %v", config, err)
 		}
 	}
@@ -109,7 +109,7 @@ func TestValidateRefusesNonFinite(t *testing.T) {
 					t.Fatal(err)
 				}
 				set(&h)
-				err := h.Validate()
+				err := h.validate()
 				if err == nil {
 					t.Fatalf("%s %v accepted", field, v)
 				}

@@ -59,7 +59,7 @@ func policyItem(name string, p limiter.Policy) string {
 }
 
 // appendSFString writes s as an RFC 9651 structured-field String. Zone
-// names are printable ASCII (Validate refuses others), so only the quote
+// names are printable ASCII (validate refuses others), so only the quote
 // and the backslash need escaping.
 func appendSFString(b []byte, s string) []byte {
 	b = append(b, '"')

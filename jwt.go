@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -101,26 +100,24 @@ type TokenSource struct {
 //		jwks_refresh <duration>
 //	}
 //
-// Unknown or repeated subdirectives are errors carrying the line.
+// Refusals are worded as every block's are (see option) and carry the
+// line; the block is checked when it closes, as validate checks it.
 func (j *JWTConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.Val() != "jwt" && (!d.Next() || d.Val() != "jwt") {
-		return d.Errf("expected jwt, got %q", d.Val())
+		return refuse(d, "want a jwt block, got '%s'", d.Val())
 	}
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	seen := map[string]bool{}
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		sub := d.Val()
-		if seen[sub] {
-			return d.Errf("jwt: %s specified more than once", sub)
-		}
-		seen[sub] = true
-		switch sub {
-		case "from":
+	return parseOptionBlock(d, "jwt", j.options(), j.validate)
+}
+
+// options is the jwt block's option table, each option filling its field
+// of j. Its durations are checked here only for the syntax of a duration
+// and a sign; jwtauth checks the block as a whole.
+func (j *JWTConfig) options() map[string]option {
+	return map[string]option{
+		"from": {args: "header | cookie | query <name>", parse: func(d *caddyfile.Dispenser) error {
 			var kind, name string
 			if !d.Args(&kind, &name) || d.NextArg() {
-				return d.ArgErr()
+				return errArgCount
 			}
 			switch kind {
 			case "header":
@@ -130,136 +127,75 @@ func (j *JWTConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			case "query":
 				j.From = &TokenSource{Query: name}
 			default:
-				return d.Errf("jwt: from %q: want header, cookie or query", kind)
+				return fmt.Errorf("want header, cookie or query, got %q", kind)
 			}
-		case "secret", "public_key", "jwks_url", "issuer", "audience":
-			var val string
-			if !d.Args(&val) || d.NextArg() {
-				return d.ArgErr()
-			}
-			switch sub {
-			case "secret":
-				j.Secret = val
-			case "public_key":
-				j.PublicKey = val
-			case "jwks_url":
-				j.JWKSURL = val
-			case "issuer":
-				j.Issuer = val
-			case "audience":
-				j.Audience = val
-			}
-		case "allow_unverified":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			j.AllowUnverified = true
-		case "leeway", "jwks_refresh":
-			var val string
-			if !d.Args(&val) || d.NextArg() {
-				return d.ArgErr()
-			}
-			dur, err := caddy.ParseDuration(val)
-			if err != nil {
-				return d.Errf("jwt: %s %q: %v", sub, val, err)
-			}
-			if dur < 0 {
-				return d.Errf("jwt: %s %q must not be negative", sub, val)
-			}
-			if sub == "leeway" {
-				j.Leeway = caddy.Duration(dur)
-			} else {
-				j.JWKSRefresh = caddy.Duration(dur)
-			}
-		default:
-			return d.Errf("jwt: unrecognized subdirective %q", sub)
-		}
+			return nil
+		}},
+		"secret":           stringOption("<secret>", &j.Secret),
+		"public_key":       stringOption("<pem file>", &j.PublicKey),
+		"jwks_url":         stringOption("<url>", &j.JWKSURL),
+		"issuer":           stringOption("<iss>", &j.Issuer),
+		"audience":         stringOption("<aud>", &j.Audience),
+		"allow_unverified": flagOption(&j.AllowUnverified),
+		// 0 is jwtauth's default for both.
+		"leeway":       durationOption(&j.Leeway, durationBound{name: "leeway", zeroMeans: true}),
+		"jwks_refresh": durationOption(&j.JWKSRefresh, durationBound{name: "jwks_refresh", zeroMeans: true}),
 	}
-	return nil
 }
 
-// Validate refuses configurations that would verify nothing or be ambiguous:
-// no way to check signatures (without allow_unverified), several ways,
-// allow_unverified together with a key, a token source naming not exactly
-// one place, negative durations, jwks_refresh without jwks_url, and a
-// jwks_url that is not an absolute http(s) URL. Messages do not repeat
-// "jwt": the handler prefixes them.
-func (j *JWTConfig) Validate() error {
-	keys := 0
-	for _, s := range []string{j.Secret, j.PublicKey, j.JWKSURL} {
-		if s != "" {
-			keys++
-		}
+// validate refuses a jwt block that would verify nothing or be ambiguous:
+// jwtauth.Options.Validate, the one check of the verifier's options, on
+// the block as written. Messages do not say "jwt": the caller does.
+func (j *JWTConfig) validate() error {
+	o, err := j.verifierOptions()
+	if err != nil {
+		return err
 	}
-	switch {
-	case j.AllowUnverified && keys > 0:
-		return errors.New("allow_unverified reads claims without checking signatures; it cannot be combined with secret, public_key or jwks_url")
-	case !j.AllowUnverified && keys == 0:
-		return errors.New("one of secret, public_key or jwks_url is required (or allow_unverified, to read claims without checking signatures)")
-	case keys > 1:
-		return errors.New("only one of secret, public_key and jwks_url may be set")
-	}
-	if f := j.From; f != nil {
-		set := 0
-		for _, s := range []string{f.Header, f.Cookie, f.Query} {
-			if s != "" {
-				set++
-			}
-		}
-		if set != 1 {
-			return errors.New("from must name exactly one of header, cookie or query")
-		}
-	}
-	if j.Leeway < 0 {
-		return fmt.Errorf("leeway %s is negative", time.Duration(j.Leeway))
-	}
-	if j.JWKSRefresh < 0 {
-		return fmt.Errorf("jwks_refresh %s is negative", time.Duration(j.JWKSRefresh))
-	}
-	if j.JWKSRefresh != 0 && j.JWKSURL == "" {
-		return errors.New("jwks_refresh needs jwks_url")
-	}
-	if j.JWKSURL != "" {
-		u, err := url.Parse(j.JWKSURL)
-		if err != nil {
-			return fmt.Errorf("jwks_url: %w", err)
-		}
-		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("jwks_url %q is not an absolute http or https URL", j.JWKSURL)
-		}
-	}
-	return nil
+	return o.Validate()
 }
 
-// newVerifier builds the verifier j describes: placeholders in the secret
-// are resolved (they may name environment variables), jwks_refresh is
-// bounded, and the rest is handed to jwtauth as configured.
-func (j *JWTConfig) newVerifier(ctx context.Context, logger *zap.Logger) (*jwtauth.Verifier, error) {
-	if err := j.Validate(); err != nil {
-		return nil, err
-	}
-	if logger == nil {
-		logger = zap.NewNop()
-	}
+// verifierOptions is j in jwtauth's terms, as written: the secret's
+// placeholders unresolved, jwks_refresh not yet bounded. Only a token
+// source naming not exactly one place, which jwtauth's options cannot
+// express, is refused here.
+func (j *JWTConfig) verifierOptions() (jwtauth.Options, error) {
 	o := jwtauth.Options{
+		Secret:          []byte(j.Secret),
 		PublicKeyFile:   j.PublicKey,
 		JWKSURL:         j.JWKSURL,
 		Issuer:          j.Issuer,
 		Audience:        j.Audience,
 		AllowUnverified: j.AllowUnverified,
 		Leeway:          time.Duration(j.Leeway),
-		Logger:          logger,
+		JWKSRefresh:     time.Duration(j.JWKSRefresh),
 	}
 	if f := j.From; f != nil {
 		switch {
-		case f.Header != "":
+		case f.Header != "" && f.Cookie == "" && f.Query == "":
 			o.Place, o.Name = jwtauth.Header, f.Header
-		case f.Cookie != "":
+		case f.Cookie != "" && f.Header == "" && f.Query == "":
 			o.Place, o.Name = jwtauth.Cookie, f.Cookie
-		default:
+		case f.Query != "" && f.Header == "" && f.Cookie == "":
 			o.Place, o.Name = jwtauth.Query, f.Query
+		default:
+			return jwtauth.Options{}, errors.New("from must name exactly one of header, cookie or query")
 		}
 	}
+	return o, nil
+}
+
+// newVerifier builds the verifier j describes: placeholders in the secret
+// are resolved (they may name environment variables), jwks_refresh is
+// bounded, and the rest is handed to jwtauth, which checks it.
+func (j *JWTConfig) newVerifier(ctx context.Context, logger *zap.Logger) (*jwtauth.Verifier, error) {
+	o, err := j.verifierOptions()
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	o.Logger = logger
 	if j.Secret != "" {
 		secret, err := caddy.NewReplacer().ReplaceOrErr(j.Secret, true, true)
 		if err != nil {
@@ -274,12 +210,13 @@ func (j *JWTConfig) newVerifier(ctx context.Context, logger *zap.Logger) (*jwtau
 }
 
 // jwksRefreshInterval returns jwks_refresh clamped to [1m, 24h], warning
-// when it had to move; zero leaves jwtauth's default of 5m.
+// when it had to move; zero leaves jwtauth's default of 5m, and a negative
+// one is left for jwtauth to refuse.
 func (j *JWTConfig) jwksRefreshInterval(logger *zap.Logger) time.Duration {
 	d := time.Duration(j.JWKSRefresh)
 	switch {
-	case d == 0:
-		return 0
+	case d <= 0:
+		return d
 	case d < jwksMinRefresh:
 		logger.Warn("jwt: jwks_refresh raised to the minimum", zap.Duration("configured", d), zap.Duration("used", jwksMinRefresh))
 		return jwksMinRefresh

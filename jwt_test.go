@@ -70,7 +70,7 @@ func TestJWTValidate(t *testing.T) {
 		{"bad jwks url", JWTConfig{JWKSURL: "http://[::1"}, false},
 	}
 	for _, tc := range cases {
-		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+		if err := tc.cfg.validate(); (err == nil) != tc.ok {
 			t.Errorf("%s: err = %v, want ok=%v", tc.name, err, tc.ok)
 		}
 	}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -232,10 +233,11 @@ func (h *Handler) useLogger(l *zap.Logger) {
 	h.debugDenials = l.Core().Enabled(zapcore.DebugLevel)
 }
 
-// Provision sets up the zones and their stores.
+// Provision checks the config (see validate) and sets up the zones and
+// their stores.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.useLogger(ctx.Logger())
-	if err := h.Validate(); err != nil {
+	if err := h.validate(); err != nil {
 		return err
 	}
 	if len(h.Distributed) > 0 || len(h.StorageRaw) > 0 {
@@ -268,12 +270,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 	}
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range h.zoneNames() {
 		z, err := h.provisionZone(ctx, name, h.RateLimits[name])
 		if err != nil {
 			h.releaseZones()
@@ -301,15 +298,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate refuses configurations that cannot be enforced as written.
-func (h *Handler) Validate() error {
+// validate refuses a config that cannot be enforced as written: each
+// field is checked once, by the validate of the struct that defines it
+// (Zone, RedisConfig, JWTConfig, or the handler's own here). It is not
+// Caddy's Validate, which Caddy calls after Provision: Provision runs it
+// first, before it opens a client, fetches a key set or resizes a memory
+// store that the running config shares.
+func (h *Handler) validate() error {
 	if _, err := parseHeaderMode(h.Headers); err != nil {
 		return err
 	}
 	if err := jitterBound.check(h.Jitter); err != nil {
 		return err
 	}
-	if err := checkCount("max_keys", h.MaxKeys); err != nil {
+	if err := maxKeysBound.check(h.MaxKeys); err != nil {
 		return err
 	}
 	if err := logSampleBound.check(h.LogSample); err != nil {
@@ -319,28 +321,51 @@ func (h *Handler) Validate() error {
 		return err
 	}
 	if len(h.RateLimits) == 0 {
-		return fmt.Errorf("at least one zone is required")
+		return errNoZone
 	}
 	if h.Redis != nil {
+		if err := h.Redis.checkResolved(); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
 		if err := h.Redis.validate(); err != nil {
-			return err
+			return fmt.Errorf("redis: %w", err)
 		}
 	}
 	if h.JWT != nil {
-		if err := h.JWT.Validate(); err != nil {
+		if err := h.JWT.validate(); err != nil {
 			return fmt.Errorf("jwt: %w", err)
 		}
 	}
-	for name, z := range h.RateLimits {
+	for _, name := range h.zoneNames() {
+		z := h.RateLimits[name]
 		if z == nil {
 			return fmt.Errorf("zone %q: empty", name)
 		}
 		if err := z.validate(name); err != nil {
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		if z.Store == storeRedis && h.Redis == nil {
-			return fmt.Errorf("zone %q: store redis needs a redis block", name)
+		if err := h.zoneNeeds(z); err != nil {
+			return fmt.Errorf("zone %q: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// zoneNames lists the zones' names in order, so zones are set up, and a
+// config with several faults refused, the same way every time.
+func (h *Handler) zoneNames() []string {
+	names := make([]string, 0, len(h.RateLimits))
+	for name := range h.RateLimits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// zoneNeeds refuses a zone that needs a block of the handler it lacks.
+func (h *Handler) zoneNeeds(z *Zone) error {
+	if z.Store == storeRedis && h.Redis == nil {
+		return errors.New("store redis needs a redis block in this rate_limit")
 	}
 	return nil
 }
@@ -367,9 +392,6 @@ func (h *Handler) Cleanup() error {
 // JWT verifier.
 func (h *Handler) provisionShared(ctx caddy.Context) error {
 	if h.Redis != nil {
-		if err := h.Redis.checkResolved(); err != nil {
-			return err
-		}
 		c, key, err := loadRedisClient(h.Redis.poolKey())
 		if err != nil {
 			return err
@@ -475,7 +497,6 @@ func (h *Handler) now() time.Time {
 var (
 	_ caddy.Module                = (*Handler)(nil)
 	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 	_ limiter.Store               = (*limiter.Memory)(nil)

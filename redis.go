@@ -64,25 +64,17 @@ type RedisConfig struct {
 	KeyPrefix string `json:"key_prefix,omitempty"`
 }
 
-// validate refuses a block that cannot reach any server.
+// validate refuses a block that names no server or contradicts itself
+// (limiter.RedisConfig.Validate, the one check of the client's fields,
+// run on the block as written: resolving its placeholders changes none
+// of what it checks), and a timing or size outside its bound (bounds.go).
+// Its messages do not say "redis": the caller does.
 func (c *RedisConfig) validate() error {
-	if c.URL == "" && len(c.Addresses) == 0 {
-		return errors.New("redis: url or addresses is required")
+	if err := c.clientConfig(func(s string) string { return s }).Validate(); err != nil {
+		return err
 	}
-	if c.URL != "" && len(c.Addresses) > 0 {
-		return errors.New("redis: url and addresses cannot both be set")
-	}
-	if c.MasterName != "" && len(c.Addresses) == 0 {
-		return errors.New("redis: master_name needs the Sentinel addresses")
-	}
-	if (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "" {
-		return errors.New("redis: sentinel_username and sentinel_password need master_name")
-	}
-	if c.DB < 0 || c.DB > maxRedisDB {
-		return fmt.Errorf("redis: db must be from 0 to %d, got %d", maxRedisDB, c.DB)
-	}
-	if err := checkCount("pool_size", c.PoolSize); err != nil {
-		return fmt.Errorf("redis: %w", err)
+	if err := poolSizeBound.check(c.PoolSize); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		v     caddy.Duration
@@ -94,15 +86,11 @@ func (c *RedisConfig) validate() error {
 		{c.BreakerOpenFor, breakerOpenForBound},
 	} {
 		if err := d.bound.check(d.v); err != nil {
-			return fmt.Errorf("redis: %w", err)
+			return err
 		}
 	}
 	return nil
 }
-
-// maxRedisDB is the largest db number the block accepts, far above Redis's
-// default of 16 databases.
-const maxRedisDB = 1 << 16
 
 // defaultDialTimeout bounds connecting when neither dial_timeout nor the
 // url says: long enough for a server across a network, short enough that
@@ -150,23 +138,33 @@ func (c *RedisConfig) checkResolved() error {
 			err = errors.New("resolves to nothing")
 		}
 		if err != nil {
-			return fmt.Errorf("redis: %s %q is empty when resolved (an unset environment variable?): %w", f.name, f.value, err)
+			return fmt.Errorf("%s %q is empty when resolved (an unset environment variable?): %w", f.name, f.value, err)
 		}
 	}
 	return nil
 }
 
 // resolved is c's client settings with placeholders replaced, in the
-// limiter's terms.
+// limiter's terms, and the default dial timeout applied.
 func (c *RedisConfig) resolved() limiter.RedisConfig {
 	repl := caddy.NewReplacer()
+	r := c.clientConfig(func(s string) string { return repl.ReplaceKnown(s, "") })
+	if r.DialTimeout == 0 && !urlSetsDialTimeout(r.URL) {
+		r.DialTimeout = defaultDialTimeout
+	}
+	return r
+}
+
+// clientConfig is c's client settings in the limiter's terms, each text
+// passed through replace.
+func (c *RedisConfig) clientConfig(replace func(string) string) limiter.RedisConfig {
 	r := limiter.RedisConfig{
-		URL:                repl.ReplaceKnown(c.URL, ""),
-		MasterName:         repl.ReplaceKnown(c.MasterName, ""),
-		Username:           repl.ReplaceKnown(c.Username, ""),
-		Password:           repl.ReplaceKnown(c.Password, ""),
-		SentinelUsername:   repl.ReplaceKnown(c.SentinelUsername, ""),
-		SentinelPassword:   repl.ReplaceKnown(c.SentinelPassword, ""),
+		URL:                replace(c.URL),
+		MasterName:         replace(c.MasterName),
+		Username:           replace(c.Username),
+		Password:           replace(c.Password),
+		SentinelUsername:   replace(c.SentinelUsername),
+		SentinelPassword:   replace(c.SentinelPassword),
 		DB:                 c.DB,
 		TLS:                c.TLS,
 		InsecureSkipVerify: c.InsecureSkipVerify,
@@ -174,10 +172,7 @@ func (c *RedisConfig) resolved() limiter.RedisConfig {
 		DialTimeout:        time.Duration(c.DialTimeout),
 	}
 	for _, a := range c.Addresses {
-		r.Addresses = append(r.Addresses, repl.ReplaceKnown(a, ""))
-	}
-	if r.DialTimeout == 0 && !urlSetsDialTimeout(r.URL) {
-		r.DialTimeout = defaultDialTimeout
+		r.Addresses = append(r.Addresses, replace(a))
 	}
 	return r
 }
@@ -239,92 +234,58 @@ func releaseRedisClient(key string) {
 
 // UnmarshalCaddyfile parses the `redis` block; the dispenser is on `redis`.
 func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	if d.NextArg() {
-		return d.ArgErr()
-	}
-	options := c.options()
-	err := eachOption(d, "redis: ", "", func(opt string) error {
-		parse, ok := options[opt]
-		if !ok {
-			return d.Errf("redis: unknown option %q", opt)
-		}
-		return parse(d)
-	})
-	if err != nil {
-		return err
-	}
-	if err := c.validate(); err != nil {
-		return d.Err(err.Error())
-	}
-	return nil
+	return parseOptionBlock(d, "redis", c.options(), c.validate)
 }
 
-// options is the redis block's parsers by option name, each filling its
-// field of c: every option takes its arguments the way the other blocks'
-// options of its kind do, so one is added with one line here.
-func (c *RedisConfig) options() map[string]func(*caddyfile.Dispenser) error {
-	return map[string]func(*caddyfile.Dispenser) error{
-		"url":               c.parseURL,
-		"addresses":         c.parseAddresses,
-		"master_name":       optionArg(parseStringArg, &c.MasterName),
-		"username":          optionArg(parseStringArg, &c.Username),
-		"password":          optionArg(parseStringArg, &c.Password),
-		"sentinel_username": optionArg(parseStringArg, &c.SentinelUsername),
-		"sentinel_password": optionArg(parseStringArg, &c.SentinelPassword),
-		"db":                func(d *caddyfile.Dispenser) error { return parseIntArg(d, &c.DB, 0, maxRedisDB) },
-		"tls":               c.parseTLS,
-		"timeout":           optionArg(parseDurationArg, &c.Timeout),
-		"dial_timeout":      optionArg(parseDurationArg, &c.DialTimeout),
-		"breaker_after":     optionArg(parseDurationArg, &c.BreakerAfter),
-		"breaker_open_for":  optionArg(parseDurationArg, &c.BreakerOpenFor),
-		"pool_size":         optionArg(parsePositiveIntArg, &c.PoolSize),
-		"key_prefix":        optionArg(parseStringArg, &c.KeyPrefix),
+// options is the redis block's option table, each option filling its
+// field of c.
+func (c *RedisConfig) options() map[string]option {
+	return map[string]option{
+		"url": {args: "<url>", parse: func(d *caddyfile.Dispenser) error {
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			// A url with a placeholder is parsed once it is resolved.
+			if !strings.Contains(v, "{") {
+				if err := limiter.CheckRedisURL(v); err != nil {
+					return err
+				}
+			}
+			c.URL = v
+			return nil
+		}},
+		"addresses": {args: "<host:port>...", parse: func(d *caddyfile.Dispenser) error {
+			if c.Addresses = d.RemainingArgs(); len(c.Addresses) == 0 {
+				return errArgCount
+			}
+			return nil
+		}},
+		"master_name":       stringOption("<name>", &c.MasterName),
+		"username":          stringOption("<username>", &c.Username),
+		"password":          stringOption("<password>", &c.Password),
+		"sentinel_username": stringOption("<username>", &c.SentinelUsername),
+		"sentinel_password": stringOption("<password>", &c.SentinelPassword),
+		"db":                intOption(&c.DB, dbBound),
+		"tls": {args: "[insecure_skip_verify]", parse: func(d *caddyfile.Dispenser) error {
+			c.TLS = true
+			switch args := d.RemainingArgs(); {
+			case len(args) == 0:
+			case len(args) == 1 && args[0] == "insecure_skip_verify":
+				c.InsecureSkipVerify = true
+			default:
+				return errArgCount
+			}
+			return nil
+		}},
+		"timeout":          durationOption(&c.Timeout, timeoutBound),
+		"dial_timeout":     durationOption(&c.DialTimeout, dialTimeoutBound),
+		"breaker_after":    durationOption(&c.BreakerAfter, breakerAfterBound),
+		"breaker_open_for": durationOption(&c.BreakerOpenFor, breakerOpenForBound),
+		"pool_size":        intOption(&c.PoolSize, poolSizeBound),
+		"key_prefix":       stringOption("<prefix>", &c.KeyPrefix),
 	}
 }
 
-// parseURL reads `url <url>`, refusing one go-redis cannot parse at its
-// line unless a placeholder is left to fill when the config loads.
-func (c *RedisConfig) parseURL(d *caddyfile.Dispenser) error {
-	if err := parseStringArg(d, &c.URL); err != nil || strings.Contains(c.URL, "{") {
-		return err
-	}
-	if err := checkRedisURL(c.URL); err != nil {
-		return d.Errf("redis: url: %v", err)
-	}
-	return nil
-}
-
-// parseAddresses reads `addresses <host:port>...`: at least one.
-func (c *RedisConfig) parseAddresses(d *caddyfile.Dispenser) error {
-	c.Addresses = d.RemainingArgs()
-	if len(c.Addresses) == 0 {
-		return d.ArgErr()
-	}
-	return nil
-}
-
-// parseTLS reads `tls [insecure_skip_verify]`.
-func (c *RedisConfig) parseTLS(d *caddyfile.Dispenser) error {
-	c.TLS = true
-	switch args := d.RemainingArgs(); {
-	case len(args) == 0:
-	case len(args) == 1 && args[0] == "insecure_skip_verify":
-		c.InsecureSkipVerify = true
-	default:
-		return d.Errf("redis: tls takes only insecure_skip_verify")
-	}
-	return nil
-}
-
-// checkRedisURL refuses a url go-redis cannot parse, so the error names the
-// url's line. The client built to check it has not connected, but it has
-// started go-redis's background goroutines: closing it at once keeps every
-// parse (each reload through the admin API) from leaking them.
-func checkRedisURL(raw string) error {
-	client, err := (limiter.RedisConfig{URL: raw}).NewClient()
-	if err != nil {
-		return err
-	}
-	_ = client.Close()
-	return nil
-}
+// Interface guard: the redis block is parsed by the handler's parser.
+var _ caddyfile.Unmarshaler = (*RedisConfig)(nil)

@@ -1016,7 +1016,7 @@ func TestRedisBadConfigRefused(t *testing.T) {
 		{"unparseable url", strings.Replace(good, "url redis://"+srv.Addr(), "url redis://127.0.0.1:notaport", 1), "url redis://", "url"},
 		{"unknown option", strings.Replace(good, "timeout "+redisTimeout, "timeout "+redisTimeout+"\n\t\t\tflavour cherry", 1), "flavour", "flavour"},
 		// Found once the whole directive is read; reported at the zone.
-		{"store redis without a redis block", noBlock, "zone cfg", `"cfg"`},
+		{"store redis without a redis block", noBlock, "zone cfg", "zone cfg: "},
 	} {
 		err := inst.Load(tc.cfg)
 		if err == nil {

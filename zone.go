@@ -110,30 +110,24 @@ func (z *Zone) policy() limiter.Policy {
 }
 
 // validate refuses a zone that cannot be enforced as written. Its messages
-// name the field, so the Caddyfile parser can report them at the zone's line.
+// name the field, so the Caddyfile parser can report them at the zone's
+// line. What its policy alone decides (a known algorithm, positive events
+// and window, a burst and max_delay not negative, products that fit) is
+// limiter.Policy.Validate's to say.
 func (z *Zone) validate(name string) error {
 	if err := validZoneName(name); err != nil {
 		return err
 	}
-	p := z.policy()
-	if !p.Algorithm.Known() {
-		return fmt.Errorf("unknown algorithm %q (want one of %v)", z.Algorithm, limiter.Algorithms)
-	}
-	if z.MaxEvents <= 0 {
-		return fmt.Errorf("events must be a positive number of events per window, got %d", z.MaxEvents)
-	}
-	traits := p.Algorithm.Traits()
-	if z.Window == 0 && traits.DefaultWindow == 0 {
-		return fmt.Errorf("window must be a positive duration")
-	}
 	if err := windowBound.check(z.Window); err != nil {
 		return err
 	}
+	p := z.policy()
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	traits := p.Algorithm.Traits()
 	if z.Burst != 0 && !traits.Bucket {
 		return fmt.Errorf("burst applies only to token_bucket and leaky_bucket, not %s", p.Algorithm)
-	}
-	if z.Burst < 0 {
-		return fmt.Errorf("burst must be positive, got %d", z.Burst)
 	}
 	if z.MaxDelay != nil && !traits.HoldsRequests {
 		return fmt.Errorf("max_delay applies only to leaky_bucket, not %s", p.Algorithm)
@@ -174,17 +168,14 @@ func (z *Zone) validate(name string) error {
 	default:
 		return fmt.Errorf("unknown missing_key %q (want ip, deny or skip)", z.MissingKey)
 	}
-	if z.IPv4Prefix < 0 || z.IPv4Prefix > 32 {
-		return fmt.Errorf("ipv4_prefix must be between 1 and 32, got %d", z.IPv4Prefix)
+	if err := ipv4PrefixBound.check(z.IPv4Prefix); err != nil {
+		return err
 	}
-	if z.IPv6Prefix < 0 || z.IPv6Prefix > 128 {
-		return fmt.Errorf("ipv6_prefix must be between 1 and 128, got %d", z.IPv6Prefix)
+	if err := ipv6PrefixBound.check(z.IPv6Prefix); err != nil {
+		return err
 	}
 	if _, err := parseKeyTemplate(z.Key); err != nil {
 		return fmt.Errorf("key: %w", err)
-	}
-	if err := p.Validate(); err != nil {
-		return err
 	}
 	return nil
 }
@@ -251,17 +242,14 @@ func (z *Zone) validateTier(p limiter.Policy) error {
 	if z.Tier == nil {
 		return nil
 	}
-	if _, err := parseKeyTemplate(z.Tier.Placeholder); err != nil || z.Tier.Placeholder == "" {
-		return fmt.Errorf("tier: placeholder %q is not valid", z.Tier.Placeholder)
+	if _, err := parseTierKey(z.Tier.Placeholder); err != nil {
+		return fmt.Errorf("tier: %w", err)
 	}
 	if len(z.Tier.Limits) == 0 {
-		return fmt.Errorf("tier: at least one value and limit is required")
+		return fmt.Errorf("tier: %w", errNoTierValue)
 	}
 	for value, tl := range z.Tier.Limits {
 		tp := tierPolicy(p, tl)
-		if tl.MaxEvents <= 0 || tl.Window <= 0 {
-			return fmt.Errorf("tier %q: events and window must be positive", value)
-		}
 		if err := windowBound.check(tl.Window); err != nil {
 			return fmt.Errorf("tier %q: %w", value, err)
 		}
@@ -273,6 +261,20 @@ func (z *Zone) validateTier(p limiter.Policy) error {
 		}
 	}
 	return nil
+}
+
+// errNoTierValue refuses a tier that lists no value, in the Caddyfile and
+// in JSON alike.
+var errNoTierValue = errors.New("list at least one <value> <n>/<duration>")
+
+// parseTierKey compiles a tier's placeholder, refusing one that holds no
+// placeholder: every request would then pick the same tier.
+func parseTierKey(placeholder string) (keyTemplate, error) {
+	k, err := parseKeyTemplate(placeholder)
+	if err != nil || placeholder == "" || !strings.Contains(placeholder, "{") {
+		return keyTemplate{}, fmt.Errorf("%q is not a placeholder such as {plan} or {jwt.plan}", placeholder)
+	}
+	return k, nil
 }
 
 // tierPolicy is the zone's policy with a tier's quota: the algorithm and
@@ -346,7 +348,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		return nil, err
 	}
 	if cfg.Tier != nil {
-		tk, err := parseKeyTemplate(cfg.Tier.Placeholder)
+		tk, err := parseTierKey(cfg.Tier.Placeholder)
 		if err != nil {
 			z.release()
 			return nil, fmt.Errorf("tier: %w", err)

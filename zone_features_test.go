@@ -156,16 +156,16 @@ func TestRedisAndJWTBlocksParse(t *testing.T) {
 
 func TestRedisConfigErrorsNameLine(t *testing.T) {
 	runParseErrorCases(t, []parseErrorCase{
-		{"store redis without block", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n }\n}", []string{`"a"`, "redis block", ":2"}},
+		{"store redis without block", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n }\n}", []string{"zone a: ", "redis block", ":2"}},
 		{"unknown redis option", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url redis://127.0.0.1:6379\n  flavour cherry\n }\n}", []string{"flavour", ":7"}},
 		{"bad url", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url http://nope\n }\n}", []string{"url", ":6"}},
-		{"no address", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  timeout 1s\n }\n}", []string{"url or addresses", ":7"}},
-		{"sentinel_password without master_name", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  addresses 127.0.0.1:26379\n  sentinel_password s\n }\n}", []string{"master_name", ":8"}},
-		{"fail on memory", "rate_limit {\n zone a {\n  rate 1/s\n  fail closed\n }\n}", []string{`"a"`, "fail", ":2"}},
-		{"bad fail mode", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n  fail maybe\n }\n redis {\n  url redis://127.0.0.1:1\n }\n}", []string{`"a"`, "fail", ":2"}},
-		{"jwt_claim without jwt", "rate_limit {\n zone a {\n  key jwt_claim sub\n  rate 1/s\n }\n}", []string{`"a"`, "jwt", ":2"}},
+		{"no address", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  timeout 1s\n }\n}", []string{"redis: url or addresses is required", ":5"}},
+		{"sentinel_password without master_name", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  addresses 127.0.0.1:26379\n  sentinel_password s\n }\n}", []string{"redis: ", "master_name", ":5"}},
+		{"fail on memory", "rate_limit {\n zone a {\n  rate 1/s\n  fail closed\n }\n}", []string{"zone a: ", "fail", ":2"}},
+		{"bad fail mode", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n  fail maybe\n }\n redis {\n  url redis://127.0.0.1:1\n }\n}", []string{"zone a: ", "fail", ":2"}},
+		{"jwt_claim without jwt", "rate_limit {\n zone a {\n  key jwt_claim sub\n  rate 1/s\n }\n}", []string{"zone a: ", "jwt", ":2"}},
 		{"tier without values", "rate_limit {\n zone a {\n  rate 1/s\n  tier {plan} {\n  }\n }\n}", []string{"tier", ":5"}},
-		{"tier bad rate", "rate_limit {\n zone a {\n  rate 1/s\n  tier {plan} {\n   pro lots\n  }\n }\n}", []string{"rate", ":5"}},
-		{"tier cost too high", "rate_limit {\n zone a {\n  rate 5/s\n  cost 3\n  tier {plan} {\n   free 2/s\n  }\n }\n}", []string{`"a"`, "cost", ":2"}},
+		{"tier bad rate", "rate_limit {\n zone a {\n  rate 1/s\n  tier {plan} {\n   pro lots\n  }\n }\n}", []string{"zone a: option 'tier': value 'pro': want <events>/<duration>", ":5"}},
+		{"tier cost too high", "rate_limit {\n zone a {\n  rate 5/s\n  cost 3\n  tier {plan} {\n   free 2/s\n  }\n }\n}", []string{"zone a: ", "cost", ":2"}},
 	})
 }

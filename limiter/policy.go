@@ -54,10 +54,13 @@ func (p Policy) Validate() error {
 func (p Policy) compile() (params, error) {
 	alg := lookupAlgorithm(p.Algorithm)
 	if alg == nil {
-		return params{}, fmt.Errorf("unknown algorithm %q", p.Algorithm)
+		return params{}, fmt.Errorf("unknown algorithm %q (want one of %v)", p.Algorithm, Algorithms)
 	}
 	if p.Events <= 0 {
 		return params{}, fmt.Errorf("events must be positive, got %d", p.Events)
+	}
+	if p.Window <= 0 {
+		return params{}, fmt.Errorf("window must be positive, got %v", p.Window)
 	}
 	w := p.Window.Microseconds()
 	if w <= 0 {

@@ -45,6 +45,45 @@ type RedisConfig struct {
 	DialTimeout time.Duration
 }
 
+// MaxRedisDB is the largest database number a RedisConfig accepts, far
+// above Redis's default of 16 databases: a larger one is a typo.
+const MaxRedisDB = 1 << 16
+
+// Validate refuses a config that names no server, or contradicts itself:
+// it is the one check of these fields, which the adapter runs on its
+// redis block (placeholders and all) to report them when a config loads,
+// and NewClient runs again on the values it connects with. Its messages
+// name the fields as the redis block spells them. It parses no URL, which
+// may still hold a placeholder: NewClient parses it, and refuses there
+// what only the parsed URL tells (its scheme, insecure_skip_verify
+// without TLS).
+func (c RedisConfig) Validate() error {
+	switch {
+	case c.URL == "" && len(c.Addresses) == 0:
+		return errors.New("url or addresses is required")
+	case c.URL != "" && len(c.Addresses) > 0:
+		return errors.New("url and addresses cannot both be set")
+	case c.MasterName != "" && len(c.Addresses) == 0:
+		return errors.New("master_name needs the Sentinels in addresses, not a url")
+	case (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "":
+		return errors.New("sentinel_username and sentinel_password need master_name")
+	case c.DB < 0 || c.DB > MaxRedisDB:
+		return fmt.Errorf("db must be from 0 to %d, got %d", MaxRedisDB, c.DB)
+	case c.DB != 0 && c.MasterName == "" && len(c.Addresses) > 1:
+		return fmt.Errorf("db %d: Redis Cluster has only database 0", c.DB)
+	case c.PoolSize < 0:
+		return fmt.Errorf("pool_size must not be negative, got %d", c.PoolSize)
+	case c.DialTimeout < 0:
+		return fmt.Errorf("dial_timeout must not be negative, got %v", c.DialTimeout)
+	}
+	for _, a := range c.Addresses {
+		if a == "" {
+			return errors.New("addresses holds an empty address")
+		}
+	}
+	return nil
+}
+
 // NewClient returns a client for c: standalone for a URL or one address,
 // Cluster for several, Sentinel (a failover client) when MasterName is set.
 // The client honours context deadlines, which the Redis store's
@@ -53,49 +92,24 @@ type RedisConfig struct {
 func (c RedisConfig) NewClient() (redis.UniversalClient, error) {
 	opts, err := c.options()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("redis config: %w", err)
 	}
 	return redis.NewUniversalClient(opts), nil
 }
 
-// options maps c onto go-redis's options, refusing contradictions.
+// options maps c, once Validate accepts it, onto go-redis's options.
 func (c RedisConfig) options() (*redis.UniversalOptions, error) {
-	if c.PoolSize < 0 {
-		return nil, fmt.Errorf("redis config: negative pool_size %d", c.PoolSize)
-	}
-	if c.DialTimeout < 0 {
-		return nil, fmt.Errorf("redis config: negative dial_timeout %v", c.DialTimeout)
-	}
-	if c.DB < 0 {
-		return nil, fmt.Errorf("redis config: negative db %d", c.DB)
+	if err := c.Validate(); err != nil {
+		return nil, err
 	}
 	var opts *redis.UniversalOptions
-	switch {
-	case c.URL != "" && len(c.Addresses) > 0:
-		return nil, errors.New("redis config: url and addresses are exclusive: give one")
-	case c.URL != "":
-		if c.MasterName != "" {
-			return nil, errors.New("redis config: master_name needs the Sentinels in addresses, not a url")
-		}
+	if c.URL != "" {
 		var err error
 		if opts, err = fromURL(c.URL); err != nil {
 			return nil, err
 		}
-	case len(c.Addresses) > 0:
-		for _, a := range c.Addresses {
-			if a == "" {
-				return nil, errors.New("redis config: empty address")
-			}
-		}
+	} else {
 		opts = &redis.UniversalOptions{Addrs: append([]string(nil), c.Addresses...), MasterName: c.MasterName}
-		if c.DB != 0 && c.MasterName == "" && len(c.Addresses) > 1 {
-			return nil, fmt.Errorf("redis config: db %d: Redis Cluster has only database 0", c.DB)
-		}
-	default:
-		return nil, errors.New("redis config: no url or addresses")
-	}
-	if (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "" {
-		return nil, errors.New("redis config: sentinel credentials without master_name")
 	}
 	opts.SentinelUsername, opts.SentinelPassword = c.SentinelUsername, c.SentinelPassword
 	if c.Username != "" {
@@ -117,8 +131,10 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	if c.InsecureSkipVerify {
+		// Checked here, not in Validate: whether a url is rediss:// is
+		// known only once its placeholders are resolved.
 		if opts.TLSConfig == nil {
-			return nil, errors.New("redis config: insecure_skip_verify without tls or a rediss:// url")
+			return nil, errors.New("insecure_skip_verify needs tls or a rediss:// url")
 		}
 		opts.TLSConfig.InsecureSkipVerify = true
 	}
@@ -142,16 +158,24 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 	return opts, nil
 }
 
+// CheckRedisURL refuses a url NewClient could not parse, saying why
+// without repeating it (it may hold a password), so a config can be
+// refused at the url's line before any client exists.
+func CheckRedisURL(raw string) error {
+	_, err := fromURL(raw)
+	return err
+}
+
 // fromURL parses a redis:// or rediss:// URL with go-redis and keeps the
 // options a standalone client uses.
 func fromURL(raw string) (*redis.UniversalOptions, error) {
 	if u, err := url.Parse(raw); err == nil && u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("redis config: url scheme %q: want redis:// or rediss://", u.Scheme)
+		return nil, fmt.Errorf("url scheme %q: want redis:// or rediss://", u.Scheme)
 	}
 	o, err := redis.ParseURL(raw)
 	if err != nil {
 		// The URL may hold a password: say what is wrong, not what it was.
-		return nil, fmt.Errorf("redis config: parsing url: %w", redactURLError(err))
+		return nil, fmt.Errorf("parsing url: %w", redactURLError(err))
 	}
 	return &redis.UniversalOptions{
 		Addrs:           []string{o.Addr},

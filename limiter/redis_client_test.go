@@ -110,8 +110,8 @@ func TestRedisConfigErrors(t *testing.T) {
 		cfg  RedisConfig
 		want string
 	}{
-		{RedisConfig{}, "no url or addresses"},
-		{RedisConfig{URL: "redis://h", Addresses: []string{"h:1"}}, "exclusive"},
+		{RedisConfig{}, "url or addresses is required"},
+		{RedisConfig{URL: "redis://h", Addresses: []string{"h:1"}}, "cannot both be set"},
 		{RedisConfig{URL: "redis://h", MasterName: "m"}, "master_name"},
 		{RedisConfig{Addresses: []string{"h:26379"}, SentinelPassword: "sp"}, "master_name"},
 		{RedisConfig{URL: "unix:///tmp/redis.sock"}, "scheme"},
@@ -123,6 +123,8 @@ func TestRedisConfigErrors(t *testing.T) {
 		{RedisConfig{Addresses: []string{"a:1"}, InsecureSkipVerify: true}, "insecure_skip_verify"},
 		{RedisConfig{Addresses: []string{"a:1"}, PoolSize: -1}, "pool_size"},
 		{RedisConfig{Addresses: []string{"a:1"}, DialTimeout: -time.Second}, "dial_timeout"},
+		{RedisConfig{Addresses: []string{"a:1"}, DB: -1}, "db"},
+		{RedisConfig{Addresses: []string{"a:1"}, DB: MaxRedisDB + 1}, "db"},
 	} {
 		_, err := tt.cfg.NewClient()
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -131,5 +133,22 @@ func TestRedisConfigErrors(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("%+v: error %q reveals the password", tt.cfg, err)
 		}
+	}
+}
+
+// TestRedisConfigValidateTakesPlaceholders: Validate, which the adapter
+// runs on its redis block before placeholders are resolved, refuses
+// contradictions but not a url it cannot parse yet; NewClient parses it.
+func TestRedisConfigValidateTakesPlaceholders(t *testing.T) {
+	c := RedisConfig{URL: "{env.REDIS_URL}", InsecureSkipVerify: true}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate refused a url placeholder: %v", err)
+	}
+	if _, err := c.NewClient(); err == nil || !strings.HasPrefix(err.Error(), "redis config: ") {
+		t.Fatalf("NewClient error %v, want the unresolved url refused with context", err)
+	}
+	c.Addresses = []string{"{env.REDIS_ADDR}"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "cannot both be set") {
+		t.Fatalf("Validate error %v, want url and addresses refused together", err)
 	}
 }

@@ -1,7 +1,10 @@
 package jwtauth
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"go.uber.org/zap"
@@ -89,4 +92,45 @@ type Options struct {
 	// Logger receives warnings about weak or skipped keys and failed
 	// fetches, and debug lines for refused tokens. Nil discards them.
 	Logger *zap.Logger
+}
+
+// Validate refuses options that would verify nothing or be ambiguous: no
+// way to check signatures (without AllowUnverified), several ways,
+// AllowUnverified together with a key, negative durations, JWKSRefresh
+// without JWKSURL, and a JWKSURL that is not an absolute http(s) URL. It
+// is the one check of these fields: New runs it, and the adapter runs it
+// on its jwt block to refuse a config before it loads. Its messages name
+// the fields as the jwt block spells them, and not the block: the caller
+// says which block.
+func (o Options) Validate() error {
+	keys := 0
+	for _, set := range []bool{len(o.Secret) > 0, o.PublicKeyFile != "", o.JWKSURL != ""} {
+		if set {
+			keys++
+		}
+	}
+	switch {
+	case o.AllowUnverified && keys > 0:
+		return errors.New("allow_unverified reads claims without checking signatures; it cannot be combined with secret, public_key or jwks_url")
+	case !o.AllowUnverified && keys == 0:
+		return errors.New("one of secret, public_key or jwks_url is required (or allow_unverified, to read claims without checking signatures)")
+	case keys > 1:
+		return errors.New("only one of secret, public_key and jwks_url may be set")
+	case o.Leeway < 0:
+		return fmt.Errorf("leeway must not be negative, got %v", o.Leeway)
+	case o.JWKSRefresh < 0:
+		return fmt.Errorf("jwks_refresh must not be negative, got %v", o.JWKSRefresh)
+	case o.JWKSRefresh != 0 && o.JWKSURL == "":
+		return errors.New("jwks_refresh needs jwks_url")
+	}
+	if o.JWKSURL != "" {
+		u, err := url.Parse(o.JWKSURL)
+		if err != nil {
+			return fmt.Errorf("jwks_url: %w", err)
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("jwks_url %q is not an absolute http or https URL", o.JWKSURL)
+		}
+	}
+	return nil
 }

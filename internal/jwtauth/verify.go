@@ -63,19 +63,8 @@ type Verifier struct {
 // fail verification until a later fetch succeeds, rather than a server
 // refusing to start because its identity provider is briefly down.
 func New(ctx context.Context, o Options) (*Verifier, error) {
-	keys := 0
-	for _, set := range []bool{len(o.Secret) > 0, o.PublicKeyFile != "", o.JWKSURL != ""} {
-		if set {
-			keys++
-		}
-	}
-	switch {
-	case o.AllowUnverified && keys > 0:
-		return nil, errors.New("reading claims unverified excludes a secret, public key or JWKS URL")
-	case !o.AllowUnverified && keys == 0:
-		return nil, errors.New("a secret, public key or JWKS URL is needed to verify tokens")
-	case keys > 1:
-		return nil, errors.New("only one of a secret, a public key and a JWKS URL may be given")
+	if err := o.Validate(); err != nil {
+		return nil, err
 	}
 	logger := o.Logger
 	if logger == nil {
