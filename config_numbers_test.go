@@ -11,6 +11,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // jsonHandler is a handler's JSON with one memory zone, a redis zone and
@@ -198,7 +200,7 @@ func TestCaddyfileRefusesNegativeJWTDurations(t *testing.T) {
 // resolves empty (an unset {env.*}) refuses the config at Provision,
 // naming the field, as the jwt block's secret does; a set variable loads.
 func TestRedisEmptyPlaceholderRefused(t *testing.T) {
-	addr := closedPort(t)
+	addr := testutil.ClosedAddr(t)
 	for _, tc := range []struct{ field, block string }{
 		{"password", "addresses " + addr + "\n  password {env.FLOODGATE_TEST_UNSET_REDIS_PASSWORD}"},
 		{"username", "addresses " + addr + "\n  username {env.FLOODGATE_TEST_UNSET_REDIS_USER}\n  password p"},

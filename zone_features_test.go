@@ -1,22 +1,10 @@
 package ratelimit
 
 import (
-	"net"
 	"testing"
-)
 
-// closedPort returns a loopback port nothing listens on, so a Redis client
-// pointed at it fails at once.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
-}
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+)
 
 func TestTiersPickLimitAndKeepStateApart(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
@@ -68,7 +56,7 @@ func TestTiersPickLimitAndKeepStateApart(t *testing.T) {
 }
 
 func TestFailModesWhenRedisIsUnreachable(t *testing.T) {
-	addr := closedPort(t)
+	addr := testutil.ClosedAddr(t)
 	for _, tc := range []struct {
 		fail      string
 		codes     []int

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"testing"
 )
 
 // FreePort asks the kernel for a free port on host (127.0.0.1 or ::1; tests
@@ -20,4 +21,16 @@ func FreePort(host string) (int, error) {
 		return 0, fmt.Errorf("finding a free port on %s: %w", host, err)
 	}
 	return strconv.Atoi(port)
+}
+
+// ClosedAddr returns a 127.0.0.1 address nothing listens on, so a client
+// pointed at it is refused at once, as by a server that is down. The port
+// was free a moment ago; a test that needs it to stay free binds it.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	port, err := FreePort("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }

@@ -1,7 +1,6 @@
-package ratelimit
+package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
@@ -248,7 +247,7 @@ func settledGoroutines(t *testing.T, inst *caddyproc.Instance, want int) int {
 	deadline := time.Now().Add(reloadSettle)
 	last := -1
 	for {
-		n, profile := goroutineProfile(t, inst)
+		n, profile := goroutineProfile(t, inst, 1)
 		if (want >= 0 && n <= want) || (want < 0 && n == last) {
 			return n
 		}
@@ -262,37 +261,6 @@ func settledGoroutines(t *testing.T, inst *caddyproc.Instance, want int) int {
 		last = n
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// goroutineProfile is Caddy's goroutine count and its debug=1 profile.
-func goroutineProfile(t *testing.T, inst *caddyproc.Instance) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, inst.Admin()+"/debug/pprof/goroutine?debug=1", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("goroutine profile: %v", err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		b.WriteString(sc.Text())
-		b.WriteByte('\n')
-	}
-	profile := b.String()
-	first, _, _ := strings.Cut(profile, "\n")
-	n, err := strconv.Atoi(strings.TrimPrefix(first, "goroutine profile: total "))
-	if err != nil {
-		t.Fatalf("goroutine profile starts %q, status %s", first, resp.Status)
-	}
-	return n, profile
 }
 
 // waitReplacedClientsClosed fails the test unless, within reloadSettle,

@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 // End-to-end tests of operating Floodgate: the admin API, metrics, decision
 // samples, through a real Caddy (and a real redis-server for redis zones).
@@ -7,40 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
-
-// adminCall sends method to the instance's admin API at path and decodes
-// the JSON answer into out (when not nil); it returns the status.
-func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out any) int {
-	t.Helper()
-	req, err := http.NewRequest(method, inst.Admin()+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, Timeout: time.Minute}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if out != nil {
-		if err := json.Unmarshal(body, out); err != nil {
-			t.Fatalf("%s %s: %d %q: %v", method, path, resp.StatusCode, body, err)
-		}
-	}
-	return resp.StatusCode
-}
 
 // operationsSite has a memory zone, a redis zone, a tiered zone, a zone
 // with log_key, one zone name in two handlers and a zone whose name holds
@@ -63,7 +38,7 @@ func operationsSite(redisAddr string) string {
 	}
 `, path, zone, opts, redisAddr)
 	}
-	return redisGlobals + "\nhttp://{{http}} {\n" +
+	return globalsWith("") + "\nhttp://{{http}} {\n" +
 		limit("/mem", "mem", "") +
 		limit("/red", "red", "\t\t\t\tstore redis\n") +
 		limit("/tiered", "tiered", "\t\t\t\ttier {header.X-Plan} {\n\t\t\t\t\tgold 5/1h\n\t\t\t\t}\n") +
@@ -219,7 +194,7 @@ func TestOperationsMetrics(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	cfg := func(body string) string {
-		return redisGlobals + fmt.Sprintf(`
+		return globalsWith("") + fmt.Sprintf(`
 http://{{http}} {
 	handle /mem {
 		rate_limit {

@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 // End-to-end tests of who is limited: a real Caddy (internal/caddyproc)
 // decides which bucket a request falls in from its real peer address,
@@ -10,65 +10,13 @@ package ratelimit
 import (
 	"fmt"
 	"net"
-	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
-
-// liveGlobals opens the Caddyfiles of these tests: the harness's admin
-// port, loopback only, no certificates, nothing autosaved. servers is the
-// text of any `servers` global options.
-func liveGlobals(servers string) string {
-	return `{
-	admin {{admin}}
-	default_bind 127.0.0.1
-	auto_https off
-	persist_config off
-` + servers + `}
-`
-}
-
-// liveCodes sends one GET per header set and fails unless the statuses are
-// want, in order.
-func liveCodes(t *testing.T, what string, c *http.Client, url string, want []int, headers ...string) []response {
-	t.Helper()
-	var got []int
-	var rs []response
-	for range want {
-		r := get(t, c, url, headers...)
-		got = append(got, r.code)
-		rs = append(rs, r)
-	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("%s: statuses %v, want %v", what, got, want)
-	}
-	return rs
-}
-
-// livePolicyQuota reads q of zone's member of RateLimit-Policy, or -1.
-func livePolicyQuota(r response, zone string) int {
-	for _, member := range strings.Split(r.header.Get("RateLimit-Policy"), ",") {
-		params := strings.Split(strings.TrimSpace(member), ";")
-		if params[0] != strconv.Quote(zone) {
-			continue
-		}
-		for _, p := range params[1:] {
-			if v, ok := strings.CutPrefix(p, "q="); ok {
-				q, err := strconv.Atoi(v)
-				if err != nil {
-					return -1
-				}
-				return q
-			}
-		}
-	}
-	return -1
-}
 
 // TestLiveXForwardedFor: X-Forwarded-For decides the client only when the
 // peer is a trusted proxy. Three servers in one Caddy: none trusted, a
@@ -90,7 +38,7 @@ func TestLiveXForwardedFor(t *testing.T) {
 	respond "{client_ip}"
 `
 	}
-	inst := caddyproc.Start(t, liveGlobals(`	servers {{http2}} {
+	inst := caddyproc.Start(t, globalsWith(`	servers {{http2}} {
 		trusted_proxies static 127.0.0.1/32
 		trusted_proxies_strict
 	}
@@ -125,11 +73,11 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 	t.Run("trusted strict", func(t *testing.T) {
 		t.Parallel()
 		url := inst.URLOn("http2", "/")
-		rs := liveCodes(t, "198.51.100.10", c, url, []int{200, 200, 429}, xff, "198.51.100.10")
+		rs := expectCodes(t, "198.51.100.10", c, url, []int{200, 200, 429}, xff, "198.51.100.10")
 		if rs[0].body != "198.51.100.10" {
 			t.Errorf("client_ip %q, want 198.51.100.10 from X-Forwarded-For", rs[0].body)
 		}
-		liveCodes(t, "198.51.100.11", c, url, []int{200}, xff, "198.51.100.11")
+		expectCodes(t, "198.51.100.11", c, url, []int{200}, xff, "198.51.100.11")
 		// Several entries: strict walks from the right, past trusted
 		// proxies, so the client is the address the proxy appended; what
 		// the client wrote to the left changes nothing.
@@ -149,7 +97,7 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 			t.Errorf("X-Forwarded-For through a second trusted hop: %d %q, want 200 198.51.100.21", r.code, r.body)
 		}
 		// The peer alone (no header) has its own bucket.
-		liveCodes(t, "no X-Forwarded-For", c, url, []int{200, 200, 429})
+		expectCodes(t, "no X-Forwarded-For", c, url, []int{200, 200, 429})
 	})
 
 	t.Run("trusted leftmost", func(t *testing.T) {
@@ -175,7 +123,13 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 // IPv6 peer ::1 is checked on a listener of its own.
 func TestLivePrefixGrouping(t *testing.T) {
 	t.Parallel()
-	v6port := liveFreePort(t, "::1")
+	// The harness fills only 127.0.0.1 addresses: the ::1 listener's port
+	// is found here.
+	port, err := testutil.FreePort("::1")
+	if err != nil {
+		t.Skipf("cannot listen on ::1: %v", err)
+	}
+	v6port := strconv.Itoa(port)
 	zone := func(path, name, prefix string) string {
 		return `
 	handle ` + path + ` {
@@ -189,7 +143,7 @@ func TestLivePrefixGrouping(t *testing.T) {
 		respond "{client_ip}"
 	}`
 	}
-	inst := caddyproc.Start(t, liveGlobals(`	servers {{http}} {
+	inst := caddyproc.Start(t, globalsWith(`	servers {{http}} {
 		trusted_proxies static 127.0.0.1/32
 		trusted_proxies_strict
 	}
@@ -273,34 +227,18 @@ http://[::1]:`+v6port+` {
 	t.Run("real ::1 peer", func(t *testing.T) {
 		t.Parallel()
 		url := "http://[::1]:" + v6port + "/"
-		liveWaitListening(t, "[::1]:"+v6port)
-		rs := liveCodes(t, "::1", c, url, []int{200, 200, 429})
+		// The harness did not wait for this listener.
+		testutil.Eventually(t, "[::1]:"+v6port+" to listen", func() error {
+			conn, err := net.DialTimeout("tcp", "[::1]:"+v6port, time.Second)
+			if err == nil {
+				conn.Close()
+			}
+			return err
+		})
+		rs := expectCodes(t, "::1", c, url, []int{200, 200, 429})
 		if rs[0].body != "::1" {
 			t.Errorf("client_ip %q over IPv6 loopback, want ::1", rs[0].body)
 		}
-	})
-}
-
-// liveFreePort returns a port free on host for a listener the harness does
-// not template (it fills only 127.0.0.1 addresses).
-func liveFreePort(t *testing.T, host string) string {
-	t.Helper()
-	port, err := testutil.FreePort(host)
-	if err != nil {
-		t.Skipf("cannot listen on %s: %v", host, err)
-	}
-	return strconv.Itoa(port)
-}
-
-// liveWaitListening waits for a listener the harness did not wait for.
-func liveWaitListening(t *testing.T, addr string) {
-	t.Helper()
-	testutil.Eventually(t, addr+" to listen", func() error {
-		conn, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			conn.Close()
-		}
-		return err
 	})
 }
 
@@ -309,7 +247,7 @@ func liveWaitListening(t *testing.T, addr string) {
 // state, and a value no tier lists uses the zone's own limit.
 func TestLiveTiersFromMap(t *testing.T) {
 	t.Parallel()
-	inst := caddyproc.Start(t, liveGlobals("")+`
+	inst := caddyproc.Start(t, globalsWith("")+`
 http://{{http}} {
 	map {header.X-API-Key} {plan} {
 		key-free  free
@@ -351,9 +289,9 @@ http://{{http}} {
 				want[i] = 200
 			}
 			want[tc.quota] = 429
-			rs := liveCodes(t, tc.key, c, url, want, hdr, tc.key)
+			rs := expectCodes(t, tc.key, c, url, want, hdr, tc.key)
 			for i, r := range rs {
-				if q := livePolicyQuota(r, "plans"); q != tc.quota {
+				if q := policyQuota(t, r, "plans"); q != int64(tc.quota) {
 					t.Errorf("response %d: RateLimit-Policy %q, want q=%d", i, r.header.Get("RateLimit-Policy"), tc.quota)
 				}
 				if got := r.header.Get("X-RateLimit-Limit"); got != strconv.Itoa(tc.quota) {
@@ -390,7 +328,7 @@ func TestLiveMissingKey(t *testing.T) {
 		respond "ok"
 	}`
 	}
-	inst := caddyproc.Start(t, liveGlobals("")+`
+	inst := caddyproc.Start(t, globalsWith("")+`
 http://{{http}} {`+route("ip")+route("deny")+route("skip")+`
 }
 `)
@@ -399,38 +337,38 @@ http://{{http}} {`+route("ip")+route("deny")+route("skip")+`
 	t.Run("ip", func(t *testing.T) {
 		t.Parallel()
 		url := inst.URL("/ip")
-		rs := liveCodes(t, "no key", c, url, []int{200, 200, 429})
-		if livePolicyQuota(rs[0], "missing_ip") != 2 {
+		rs := expectCodes(t, "no key", c, url, []int{200, 200, 429})
+		if policyQuota(t, rs[0], "missing_ip") != 2 {
 			t.Errorf("RateLimit-Policy %q", rs[0].header.Get("RateLimit-Policy"))
 		}
 		// The stand-in IP bucket is not the bucket of a key that equals
 		// the IP, nor of any other key.
-		liveCodes(t, "key 127.0.0.1", c, url, []int{200, 200, 429}, "X-API-Key", "127.0.0.1")
-		liveCodes(t, "key k", c, url, []int{200, 200, 429}, "X-API-Key", "k")
+		expectCodes(t, "key 127.0.0.1", c, url, []int{200, 200, 429}, "X-API-Key", "127.0.0.1")
+		expectCodes(t, "key k", c, url, []int{200, 200, 429}, "X-API-Key", "k")
 		// An empty header is as missing as an absent one.
-		liveCodes(t, "empty key", c, url, []int{429}, "X-API-Key", "")
+		expectCodes(t, "empty key", c, url, []int{429}, "X-API-Key", "")
 	})
 	t.Run("deny", func(t *testing.T) {
 		t.Parallel()
 		url := inst.URL("/deny")
-		rs := liveCodes(t, "no key", c, url, []int{429, 429})
+		rs := expectCodes(t, "no key", c, url, []int{429, 429})
 		if ra, err := strconv.Atoi(rs[0].header.Get("Retry-After")); err != nil || ra < 1 {
 			t.Errorf("Retry-After %q on a missing-key denial", rs[0].header.Get("Retry-After"))
 		}
-		if livePolicyQuota(rs[0], "missing_deny") != 2 {
+		if policyQuota(t, rs[0], "missing_deny") != 2 {
 			t.Errorf("RateLimit-Policy %q", rs[0].header.Get("RateLimit-Policy"))
 		}
-		liveCodes(t, "key k", c, url, []int{200, 200, 429}, "X-API-Key", "k")
+		expectCodes(t, "key k", c, url, []int{200, 200, 429}, "X-API-Key", "k")
 	})
 	t.Run("skip", func(t *testing.T) {
 		t.Parallel()
 		url := inst.URL("/skip")
-		rs := liveCodes(t, "no key", c, url, []int{200, 200, 200, 200})
+		rs := expectCodes(t, "no key", c, url, []int{200, 200, 200, 200})
 		for _, r := range rs {
 			if v := r.header.Get("RateLimit") + r.header.Get("X-RateLimit-Limit"); v != "" {
 				t.Errorf("a skipped request carries rate-limit headers (%q): no zone evaluated it", v)
 			}
 		}
-		liveCodes(t, "key k", c, url, []int{200, 200, 429}, "X-API-Key", "k")
+		expectCodes(t, "key k", c, url, []int{200, 200, 429}, "X-API-Key", "k")
 	})
 }

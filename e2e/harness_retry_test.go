@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 import (
 	"net/http"

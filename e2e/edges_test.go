@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 // End-to-end tests of the edges (docs/design.md, "Testing"): dry_run never
 // refuses, whatever the fail mode; admin inspect and reset take the key as a
@@ -14,6 +14,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // TestHTTPDryRunNeverRefuses: a dry_run zone lets every request through
@@ -24,7 +25,7 @@ import (
 // without dry_run answers 503, so the port really is closed.
 func TestHTTPDryRunNeverRefuses(t *testing.T) {
 	t.Parallel()
-	addr := closedPort(t)
+	addr := testutil.ClosedAddr(t)
 	redis := `
 			redis {
 				url redis://` + addr + `
@@ -230,7 +231,7 @@ func TestRedisConfigErrorsNamedAtProvision(t *testing.T) {
 			for _, l := range strings.Split(tc.redis, "\n") {
 				redisLines.WriteString("\t\t\t" + l + "\n")
 			}
-			inst := caddyproc.Start(t, redisGlobals+`
+			inst := caddyproc.Start(t, globalsWith("")+`
 http://{{http}} {
 	rate_limit {
 		zone cfg {

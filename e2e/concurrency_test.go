@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 import (
 	"net/http"
@@ -13,7 +13,8 @@ import (
 // the first, while the first still ran, got 200 and the upstream saw two
 // in flight.
 func TestRedisConcurrencyHoldsSlotWhileRequestRuns(t *testing.T) {
-	up := newCountingUpstream(t, 0, true)
+	up := newUpstream(t, 0)
+	up.hold()
 	_, inst := startRedisSite(t, "1s", redisRoute{
 		path:     "/cc",
 		zone:     "key global\nalgorithm concurrency\nevents 1\nwindow 1s\nfail closed",

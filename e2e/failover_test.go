@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 // Failover under load: steady traffic through a real Caddy while Redis
 // changes master, by Sentinel (SENTINEL FAILOVER) or by Cluster (a master
@@ -21,6 +21,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // failoverTimeout is the zones' decision timeout in these tests.
@@ -122,30 +123,6 @@ func (run *loadRun) stop() []loadResult {
 	return run.results
 }
 
-// evalCalls is how many scripts a server has run for clients (EVALSHA
-// and EVAL in INFO commandstats). A replica runs none: Redis 7 replicates
-// a script's effects, not the script.
-func evalCalls(ctx context.Context, c *redis.Client) (int64, error) {
-	stats, err := c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	for line := range strings.SplitSeq(stats, "\r\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:calls=") && !strings.HasPrefix(line, "cmdstat_eval:calls=") {
-			continue
-		}
-		_, rest, _ := strings.Cut(line, "calls=")
-		calls, _, _ := strings.Cut(rest, ",")
-		v, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("commandstats line %q: %v", line, err)
-		}
-		n += v
-	}
-	return n, nil
-}
-
 // watchPromotion polls the replica every 5ms, up to limit, and returns
 // when it first reported role:master and when it first ran a script for
 // a client: the promotion, and the first decision made on the new master.
@@ -239,8 +216,8 @@ func finishFailover(t *testing.T, what string, inst *caddyproc.Instance, run *lo
 	time.Sleep(time.Second)
 	checkFailoverRun(t, what, run.stop(), promoted, first)
 	c := newClient(t)
-	redisEventually(t, "decisions from Redis after the failover", 5*time.Second, func() bool {
-		return get(t, c, inst.URL("/open")).hasRateLimitHeaders()
+	testutil.Within(t, "decisions from Redis after the failover", 5*time.Second, func() error {
+		return decided(get(t, c, inst.URL("/open")))
 	})
 	if t.Failed() {
 		t.Logf("caddy log:\n%s", inst.Log())
@@ -255,8 +232,8 @@ func TestRedisSentinelFailoverUnderLoad(t *testing.T) {
 	block := fmt.Sprintf("redis {\nmaster_name %s\naddresses %s\ntimeout %s\n}", s.MasterName, strings.Join(s.Addrs(), " "), failoverTimeout)
 	inst := caddyproc.Start(t, failoverSite(block))
 	c := newClient(t)
-	redisEventually(t, "a decision from Redis before the failover", 10*time.Second, func() bool {
-		return get(t, c, inst.URL("/open")).hasRateLimitHeaders()
+	testutil.Within(t, "a decision from Redis before the failover", 10*time.Second, func() error {
+		return decided(get(t, c, inst.URL("/open")))
 	})
 	run := startLoad(t, inst, 3, failoverPaths...)
 	time.Sleep(time.Second)
@@ -270,16 +247,16 @@ func TestRedisSentinelFailoverUnderLoad(t *testing.T) {
 	}
 	promoted, first := watchPromotion(t, s.Replica, 20*time.Second)
 	// Every Sentinel names the new master.
-	redisEventually(t, "the Sentinels naming the new master", 20*time.Second, func() bool {
+	testutil.Within(t, "the Sentinels naming the new master", 20*time.Second, func() error {
 		for _, addr := range s.Addrs() {
 			c := redis.NewSentinelClient(&redis.Options{Addr: addr})
 			got, err := c.GetMasterAddrByName(ctx, s.MasterName).Result()
 			c.Close()
 			if err != nil || len(got) != 2 || got[1] != strconv.Itoa(s.Replica.Port()) {
-				return false
+				return fmt.Errorf("sentinel %s names %v (%v), want port %d", addr, got, err, s.Replica.Port())
 			}
 		}
-		return true
+		return nil
 	})
 	finishFailover(t, "sentinel failover", inst, run, promoted, first)
 }
@@ -293,8 +270,11 @@ func TestRedisClusterFailoverUnderLoad(t *testing.T) {
 	block := fmt.Sprintf("redis {\naddresses %s\ntimeout %s\n}", strings.Join(cluster.Addrs(), " "), failoverTimeout)
 	inst := caddyproc.Start(t, failoverSite(block))
 	c := newClient(t)
-	redisEventually(t, "a decision from Redis before the failover", 10*time.Second, func() bool {
-		return get(t, c, inst.URL("/open")).hasRateLimitHeaders() && get(t, c, inst.URL("/local")).hasRateLimitHeaders()
+	testutil.Within(t, "a decision from Redis before the failover", 10*time.Second, func() error {
+		if err := decided(get(t, c, inst.URL("/open"))); err != nil {
+			return err
+		}
+		return decided(get(t, c, inst.URL("/local")))
 	})
 	// Both zones' keys hash the client key `global`, so they share a slot:
 	// kill the master that holds it.
@@ -318,9 +298,12 @@ func TestRedisClusterFailoverUnderLoad(t *testing.T) {
 	cluster.Masters[victim].Stop()
 	promoted, first := watchPromotion(t, cluster.Replicas[victim], 20*time.Second)
 	survivor := cluster.Masters[(victim+1)%len(cluster.Masters)].Client(t)
-	redisEventually(t, "cluster_state:ok after the failover", 10*time.Second, func() bool {
+	testutil.Within(t, "cluster_state:ok after the failover", 10*time.Second, func() error {
 		info, err := survivor.ClusterInfo(context.Background()).Result()
-		return err == nil && strings.Contains(info, "cluster_state:ok")
+		if err == nil && !strings.Contains(info, "cluster_state:ok") {
+			err = fmt.Errorf("CLUSTER INFO: %s", info)
+		}
+		return err
 	})
 	t.Logf("cluster: replica promoted %v after its master was killed (node timeout %v)",
 		promoted.Sub(killed).Round(time.Millisecond), redistest.ClusterNodeTimeout)

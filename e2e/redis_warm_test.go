@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 import (
 	"context"
@@ -29,8 +29,8 @@ func TestRedisWarmStart(t *testing.T) {
 			return s.Client(t).Info(ctx, "memory").Result()
 		})
 		// The server is the zone's alone: the two cached scripts are its
-		// own, the one that decides and the batch script that gives
-		// leases back (limiter.Redis.Preload loads both).
+		// own, the one that decides and the one that gives leases back
+		// (the README's Redis section: the warm start loads both).
 		if !strings.Contains(info, "number_of_cached_scripts:2\r\n") {
 			t.Errorf("%s: the zone's scripts are not loaded before the first request (INFO memory: %q)", what, cachedScriptsLine(info))
 		}

@@ -1,11 +1,10 @@
-package ratelimit
+package e2e
 
-// Handler-level tests of `store redis`: real redis-server processes
+// End-to-end tests of `store redis`: real redis-server processes
 // (internal/redistest) behind real Caddy processes (internal/caddyproc),
 // so what is tested is what an operator runs: the Caddyfile's redis block,
 // the shared client, the Lua scripts, the fail modes and reloads through the
-// admin API. One in-process test (goroutine leaks) provisions the Handler
-// directly, because only there can goroutines be counted.
+// admin API.
 //
 // The machine these run on is small and shared, so:
 //   - limits that must hold are set over minutes or hours, so a slow
@@ -18,11 +17,8 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,201 +32,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
-
-// redisGlobals opens every Caddyfile of these tests: the harness's admin
-// port, loopback only, no certificates, nothing autosaved.
-const redisGlobals = `{
-	admin {{admin}}
-	default_bind 127.0.0.1
-	auto_https off
-	persist_config off
-}
-`
-
-// redisTimeout is the decision timeout of tests that need every decision
-// to come from Redis: far above a round trip even on a loaded machine.
-const redisTimeout = "2s"
-
-// redisRoute is one path of a test site: a rate_limit with a single zone,
-// named after the path, answered by `respond` or by a reverse proxy.
-type redisRoute struct {
-	// path is matched exactly; the zone is named path without its slash.
-	path string
-	// zone holds the zone's options, one per line.
-	zone string
-	// upstream, when set, is a reverse_proxy target instead of respond.
-	upstream string
-}
-
-// redisSite is a Caddyfile with one site whose routes each have their own
-// rate_limit with the given redis block. The redis blocks are identical, so
-// the routes share one pooled client, as an operator's would.
-func redisSite(redisBlock string, routes ...redisRoute) string {
-	var b strings.Builder
-	b.WriteString(redisGlobals)
-	b.WriteString("\nhttp://{{http}} {\n")
-	for _, r := range routes {
-		fmt.Fprintf(&b, "\thandle %s {\n\t\trate_limit {\n\t\t\tzone %s {\n", r.path, strings.TrimPrefix(r.path, "/"))
-		for line := range strings.SplitSeq(strings.TrimSpace(r.zone), "\n") {
-			fmt.Fprintf(&b, "\t\t\t\t%s\n", strings.TrimSpace(line))
-		}
-		b.WriteString("\t\t\t\tstore redis\n\t\t\t}\n")
-		for line := range strings.SplitSeq(strings.TrimSpace(redisBlock), "\n") {
-			fmt.Fprintf(&b, "\t\t\t%s\n", strings.TrimSpace(line))
-		}
-		b.WriteString("\t\t}\n")
-		if r.upstream != "" {
-			fmt.Fprintf(&b, "\t\treverse_proxy %s\n", r.upstream)
-		} else {
-			b.WriteString("\t\trespond \"ok\"\n")
-		}
-		b.WriteString("\t}\n")
-	}
-	b.WriteString("}\n")
-	return b.String()
-}
-
-// redisURLBlock is a redis block for a standalone server.
-func redisURLBlock(addr, timeout string) string {
-	return fmt.Sprintf("redis {\nurl redis://%s\ntimeout %s\n}", addr, timeout)
-}
-
-// startRedisSite starts a standalone redis-server and a Caddy serving
-// redisSite on it with the given decision timeout: the setup of every test
-// that needs one server and whose zones need nothing else of the config.
-func startRedisSite(t *testing.T, timeout string, routes ...redisRoute) (*redistest.Server, *caddyproc.Instance) {
-	t.Helper()
-	srv := redistest.Start(t)
-	return srv, caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), timeout), routes...))
-}
-
-// redisMember returns the parameters of zone's member of a RateLimit or
-// RateLimit-Policy field. The zone names of these tests are plain tokens,
-// so splitting on commas and semicolons parses the structured field;
-// integration_test.go checks the fields against a full RFC 9651 parser.
-func redisMember(t *testing.T, r response, field, zone string) map[string]string {
-	t.Helper()
-	for m := range strings.SplitSeq(r.header.Get(field), ",") {
-		parts := strings.Split(strings.TrimSpace(m), ";")
-		if parts[0] != strconv.Quote(zone) {
-			continue
-		}
-		params := map[string]string{}
-		for _, p := range parts[1:] {
-			k, v, _ := strings.Cut(p, "=")
-			params[k] = v
-		}
-		return params
-	}
-	t.Fatalf("%s %q has no member for zone %q (status %d)", field, r.header.Get(field), zone, r.code)
-	return nil
-}
-
-// awayFromHourBoundary waits, if need be, until at least margin remains
-// of the current aligned hour, so a fixed or sliding window counter test
-// does not straddle a window boundary (Redis TIME and the test's clock are
-// the same machine's). It returns the end of the hour the test runs in.
-func awayFromHourBoundary(t *testing.T, margin time.Duration) time.Time {
-	t.Helper()
-	now := time.Now()
-	end := now.Truncate(time.Hour).Add(time.Hour)
-	if end.Sub(now) < margin {
-		t.Logf("waiting %v for the next hour's window", end.Sub(now))
-		time.Sleep(end.Sub(now) + 10*time.Millisecond)
-		end = end.Add(time.Hour)
-	}
-	return end
-}
-
-// redisEventually waits for cond within limit (part of what the test
-// asserts) and returns how long it took.
-func redisEventually(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	return testutil.Within(t, what, limit, func() error {
-		if !cond() {
-			return errors.New("not yet")
-		}
-		return nil
-	})
-}
-
-// countingUpstream is a backend on 127.0.0.1 that counts the requests in
-// flight and records the most it ever saw at once: what a concurrency zone
-// must bound. Each request is held for delay, or, when gated, until open is
-// called.
-type countingUpstream struct {
-	url      string
-	delay    time.Duration
-	gate     chan struct{}
-	arrived  chan struct{}
-	inFlight atomic.Int64
-	peak     atomic.Int64
-	total    atomic.Int64
-}
-
-func newCountingUpstream(t *testing.T, delay time.Duration, gated bool) *countingUpstream {
-	u := &countingUpstream{delay: delay, arrived: make(chan struct{}, 1024)}
-	if gated {
-		u.gate = make(chan struct{})
-	}
-	srv := newLoopbackServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := u.inFlight.Add(1)
-		u.total.Add(1)
-		for {
-			p := u.peak.Load()
-			if n <= p || u.peak.CompareAndSwap(p, n) {
-				break
-			}
-		}
-		select {
-		case u.arrived <- struct{}{}:
-		default:
-		}
-		wait := time.After(u.delay)
-		if u.gate != nil {
-			wait = nil
-		}
-		select {
-		case <-u.gate:
-		case <-wait:
-		case <-r.Context().Done():
-		}
-		// Leave before the response is written: once the proxy sees the
-		// response, this request no longer counts as in flight here.
-		u.inFlight.Add(-1)
-		fmt.Fprint(w, "upstream")
-	}))
-	u.url = srv
-	return u
-}
-
-// open lets every held request of a gated upstream through, and every
-// later one pass at once.
-func (u *countingUpstream) open() { close(u.gate) }
-
-// waitArrivals waits until n requests have reached the upstream.
-func (u *countingUpstream) waitArrivals(t *testing.T, n int) {
-	t.Helper()
-	waitArrivals(t, u.arrived, n)
-}
-
-// newLoopbackServer serves h on a free 127.0.0.1 port until the test
-// ends and returns its host:port.
-func newLoopbackServer(t *testing.T, h http.Handler) string {
-	t.Helper()
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listening on loopback: %v", err)
-	}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-	return l.Addr().String()
-}
 
 // algorithmRoutes are the six algorithms, one path each, keyed by the
 // X-Client header so each check has keys of its own. Every zone fails
@@ -250,9 +51,10 @@ func algorithmRoutes(upstream string) []redisRoute {
 
 // startAlgorithmSite starts Caddy with algorithmRoutes over redisBlock and
 // a gated upstream for the concurrency route.
-func startAlgorithmSite(t *testing.T, redisBlock string) (*caddyproc.Instance, *countingUpstream) {
+func startAlgorithmSite(t *testing.T, redisBlock string) (*caddyproc.Instance, *upstream) {
 	t.Helper()
-	up := newCountingUpstream(t, 0, true)
+	up := newUpstream(t, 0)
+	up.hold()
 	inst := caddyproc.Start(t, redisSite(redisBlock, algorithmRoutes(up.url)...))
 	return inst, up
 }
@@ -263,7 +65,7 @@ func startAlgorithmSite(t *testing.T, redisBlock string) (*caddyproc.Instance, *
 // finished. after, when set, runs at the end of each subtest with the
 // zone's name, while the zone's state is still fresh (a leaky bucket's
 // lives a few seconds).
-func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstream, prefix string, after func(t *testing.T, zone string)) {
+func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *upstream, prefix string, after func(t *testing.T, zone string)) {
 	t.Helper()
 	done := func(t *testing.T, zone string) {
 		if after != nil {
@@ -338,7 +140,7 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 		t.Run("fixed_window", func(t *testing.T) {
 			t.Parallel()
 			defer done(t, "fw")
-			end := awayFromHourBoundary(t, 15*time.Second)
+			end := awayFromBoundary(t, time.Hour, 15*time.Second)
 			rs := threeThenRefused(t, inst, prefix, "fw", `"fw";q=3;w=3600`)
 			checkDenial(t, rs[3], "fw", 1, 3600)
 			// Reset is the end of the aligned hour by Redis TIME.
@@ -351,7 +153,7 @@ func checkAlgorithms(t *testing.T, inst *caddyproc.Instance, up *countingUpstrea
 		t.Run("sliding_window_counter", func(t *testing.T) {
 			t.Parallel()
 			defer done(t, "swc")
-			end := awayFromHourBoundary(t, 15*time.Second)
+			end := awayFromBoundary(t, time.Hour, 15*time.Second)
 			rs := threeThenRefused(t, inst, prefix, "swc", `"swc";q=3;w=3600`)
 			// The three units become the previous window at the hour's end
 			// and weigh 3*(W-e)/W; est + 1 <= 3 once e >= W/3: twenty
@@ -415,42 +217,6 @@ func threeThenRefused(t *testing.T, inst *caddyproc.Instance, prefix, zone, want
 	return rs
 }
 
-// checkPolicy checks RateLimit-Policy, and X-RateLimit-Limit against its q.
-func checkPolicy(t *testing.T, rs []response, zone, want string) {
-	t.Helper()
-	for i, r := range rs {
-		if got := r.header.Get("RateLimit-Policy"); got != want {
-			t.Errorf("response %d: RateLimit-Policy %q, want %q", i+1, got, want)
-		}
-		q := redisMember(t, r, "RateLimit-Policy", zone)["q"]
-		if got := r.header.Get("X-RateLimit-Limit"); got != q {
-			t.Errorf("response %d: X-RateLimit-Limit %s, want the policy's q=%s", i+1, got, q)
-		}
-	}
-}
-
-// redisReply is the reply to one command (named by what in the failure)
-// run on s within 10s; an error fails the test, so what the tests read
-// from a server is one line each.
-func redisReply[T any](t *testing.T, s *redistest.Server, what string, cmd func(ctx context.Context) (T, error)) T {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	v, err := cmd(ctx)
-	if err != nil {
-		t.Fatalf("%s on %s: %v", what, s.Addr(), err)
-	}
-	return v
-}
-
-// redisDBSize is the number of keys on one server.
-func redisDBSize(t *testing.T, s *redistest.Server) int64 {
-	t.Helper()
-	return redisReply(t, s, "DBSIZE", func(ctx context.Context) (int64, error) {
-		return s.Client(t).DBSize(ctx).Result()
-	})
-}
-
 // TestRedisAlgorithms runs every algorithm through the handler with `store
 // redis` on a standalone server, and checks that the state is in Redis.
 func TestRedisAlgorithms(t *testing.T) {
@@ -474,52 +240,6 @@ func TestRedisAlgorithms(t *testing.T) {
 	}
 }
 
-// burstResult counts the answers to one burst of requests.
-type burstResult struct {
-	ok, denied int
-	// other lists every status that was neither 200 nor 429, and errs
-	// every request that got no answer.
-	other       []int
-	errs        []error
-	okPerServer []int
-	elapsed     time.Duration
-}
-
-// burst sends n requests at once (each goroutine waits for one start
-// signal), the i-th to urls[i%len(urls)], and counts the answers.
-func burst(c *http.Client, urls []string, n int) burstResult {
-	res := burstResult{okPerServer: make([]int, len(urls))}
-	codes := make([]int, n)
-	errs := make([]error, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			r, err := send(c, http.MethodGet, urls[i%len(urls)], clientHeader("")...)
-			codes[i], errs[i] = r.code, err
-		})
-	}
-	began := time.Now()
-	close(start)
-	wg.Wait()
-	res.elapsed = time.Since(began)
-	for i, code := range codes {
-		switch {
-		case errs[i] != nil:
-			res.errs = append(res.errs, errs[i])
-		case code == http.StatusOK:
-			res.ok++
-			res.okPerServer[i%len(urls)]++
-		case code == http.StatusTooManyRequests:
-			res.denied++
-		default:
-			res.other = append(res.other, code)
-		}
-	}
-	return res
-}
-
 // TestRedisAccuracyAcrossInstances: three Caddy processes share one Redis
 // and one key (`key global`). 600 requests at once, spread evenly, against
 // 100 per hour admit exactly 100, and a concurrency zone never lets more
@@ -527,7 +247,7 @@ func burst(c *http.Client, urls []string, n int) burstResult {
 func TestRedisAccuracyAcrossInstances(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	up := newCountingUpstream(t, 50*time.Millisecond, false)
+	up := newUpstream(t, 50*time.Millisecond)
 	block := redisURLBlock(srv.Addr(), redisTimeout)
 	cfg := redisSite(block,
 		redisRoute{path: "/tb", zone: "key global\nalgorithm token_bucket\nrate 100/1h\nfail closed"},
@@ -566,7 +286,7 @@ func TestRedisAccuracyAcrossInstances(t *testing.T) {
 		// one hour (the test avoids the hour's last seconds) never has.
 		{"sliding_window_counter", "/swc"},
 	} {
-		awayFromHourBoundary(t, 30*time.Second)
+		awayFromBoundary(t, time.Hour, 30*time.Second)
 		res := burst(c, urls(alg.path), n)
 		t.Logf("%s: %d requests over 3 instances in %v: %d admitted (per instance %v), %d refused",
 			alg.name, n, res.elapsed.Round(time.Millisecond), res.ok, res.okPerServer, res.denied)
@@ -634,13 +354,6 @@ func TestRedisAccuracyAcrossInstances(t *testing.T) {
 		t.Fatalf("concurrency after the run: %d, want 200", final.code)
 	}
 	wantRemaining(t, "concurrency after the run", []response{final}, "cc", lim-1)
-}
-
-func firstErr(errs []error) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	return errs[0]
 }
 
 // TestRedisCluster runs every algorithm through the handler against a real
@@ -806,8 +519,8 @@ func TestRedisPaused(t *testing.T) {
 	url := inst.URL("/open")
 
 	// 50ms is tight on a loaded machine: wait for a decision from Redis.
-	redisEventually(t, "a decision from Redis before the pause", 10*time.Second, func() bool {
-		return get(t, c, url, clientHeader("")...).hasRateLimitHeaders()
+	testutil.Within(t, "a decision from Redis before the pause", 10*time.Second, func() error {
+		return decided(get(t, c, url))
 	})
 
 	srv.Pause()
@@ -841,8 +554,8 @@ func TestRedisPaused(t *testing.T) {
 			rs.ok, rs.other, rs.errs, rs.elapsed)
 	}
 	srv.Resume()
-	took := redisEventually(t, "a decision from Redis after the pause", 10*time.Second, func() bool {
-		return get(t, c, url, clientHeader("")...).hasRateLimitHeaders()
+	took := testutil.Within(t, "a decision from Redis after the pause", 10*time.Second, func() error {
+		return decided(get(t, c, url))
 	})
 	t.Logf("paused Redis, 50ms timeout: slowest of 20 sequential requests %v, 20 concurrent requests in %v; decisions back %v after SIGCONT",
 		sequential.Round(time.Millisecond), rs.elapsed.Round(time.Millisecond), took.Round(time.Millisecond))
@@ -862,15 +575,15 @@ func TestRedisRestarted(t *testing.T) {
 	wantCodes(t, "before the restart", rs, 200, 200, 200, 429)
 	// The refusal is repeated from memory for the denial cache's second;
 	// past it, the next request asks Redis.
-	time.Sleep(defaultDenyCache)
+	time.Sleep(denyCacheDefault)
 
 	began := time.Now()
 	srv.Restart()
 	up := time.Now()
 	var first response
-	took := redisEventually(t, "a decision from Redis after the restart", 5*time.Second, func() bool {
-		first = get(t, c, inst.URL("/closed"), clientHeader("")...)
-		return first.code != http.StatusServiceUnavailable
+	took := testutil.Within(t, "a decision from Redis after the restart", 5*time.Second, func() error {
+		first = get(t, c, inst.URL("/closed"))
+		return decidedClosed(first)
 	})
 	t.Logf("restart: server answered PING %v after it was stopped; first decision from Redis %v after that",
 		up.Sub(began).Round(time.Millisecond), took.Round(time.Millisecond))
@@ -914,9 +627,9 @@ func TestRedisUnreachableAtStartup(t *testing.T) {
 	release()
 	srv.Restart()
 	var first response
-	took := redisEventually(t, "a decision from Redis once it runs", 10*time.Second, func() bool {
-		first = get(t, c, inst.URL("/closed"), clientHeader("")...)
-		return first.code != http.StatusServiceUnavailable
+	took := testutil.Within(t, "a decision from Redis once it runs", 10*time.Second, func() error {
+		first = get(t, c, inst.URL("/closed"))
+		return decidedClosed(first)
 	})
 	t.Logf("unreachable at startup: first decision from Redis %v after it came up", took.Round(time.Millisecond))
 	wantCodes(t, "fail closed once Redis runs", []response{first}, 200)
@@ -958,38 +671,6 @@ func holdPort(t *testing.T, port int) (release func()) {
 	release = func() { once.Do(func() { syscall.Close(fd) }) }
 	t.Cleanup(release)
 	return release
-}
-
-// configRedisSite is a one-zone site for config tests; body tells configs
-// apart, and the client is named so CLIENT LIST shows Caddy's connections.
-func configRedisSite(redisAddr, body string) string {
-	return oneRedisZoneSite("cfg", "sliding_window_log\nevents 3\nwindow 1h\nfail closed", redisAddr, redisTimeout, body)
-}
-
-// oneRedisZoneSite is a site with one redis zone named zone, keyed by the
-// X-Client header, with the given algorithm line's value and further
-// options (one per line), a named client (so CLIENT LIST shows Caddy's
-// connections) and the decision timeout; body tells configs apart.
-func oneRedisZoneSite(zone, algorithm, redisAddr, timeout, body string) string {
-	var opts strings.Builder
-	for line := range strings.SplitSeq("algorithm "+algorithm, "\n") {
-		fmt.Fprintf(&opts, "\t\t\t%s\n", line)
-	}
-	return redisGlobals + fmt.Sprintf(`
-http://{{http}} {
-	rate_limit {
-		zone %s {
-			key header X-Client
-%s			store redis
-		}
-		redis {
-			url redis://%s/0?client_name=floodgate-caddy
-			timeout %s
-		}
-	}
-	respond %q
-}
-`, zone, opts.String(), redisAddr, timeout, body)
 }
 
 // TestRedisBadConfigRefused: a broken redis block, or `store redis`
@@ -1039,26 +720,6 @@ func TestRedisBadConfigRefused(t *testing.T) {
 	}
 }
 
-// caddyConnIDs lists the ids of the connections named floodgate-caddy on
-// a server: Caddy's, per configRedisSite.
-func caddyConnIDs(t *testing.T, s *redistest.Server) []string {
-	t.Helper()
-	list := redisReply(t, s, "CLIENT LIST", func(ctx context.Context) (string, error) {
-		return s.Client(t).ClientList(ctx).Result()
-	})
-	var ids []string
-	idRe := regexp.MustCompile(`(?:^| )id=(\d+) `)
-	for line := range strings.SplitSeq(list, "\n") {
-		if strings.Contains(line, " name=floodgate-caddy ") {
-			if m := idRe.FindStringSubmatch(line); m != nil {
-				ids = append(ids, m[1])
-			}
-		}
-	}
-	slices.Sort(ids)
-	return ids
-}
-
 // TestRedisReload: a reload through the admin API that keeps the redis
 // block keeps the client (its connections stay open) and the counters; one
 // that changes the block moves the zone to the new server and closes the
@@ -1101,21 +762,15 @@ func TestRedisReload(t *testing.T) {
 	if n := redisDBSize(t, two); n != 1 {
 		t.Errorf("the new server holds %d keys, want the zone's one", n)
 	}
-	redisEventually(t, "the old client's connections closed", 10*time.Second, func() bool {
-		return len(caddyConnIDs(t, one)) == 0
+	testutil.Within(t, "the old client's connections closed", 10*time.Second, func() error {
+		if ids := caddyConnIDs(t, one); len(ids) > 0 {
+			return fmt.Errorf("connections %v open", ids)
+		}
+		return nil
 	})
 	if t.Failed() {
 		t.Logf("caddy log:\n%s", inst.Log())
 	}
-}
-
-// clientHeader is the X-Client header the zones of these tests key on;
-// none for "".
-func clientHeader(client string) []string {
-	if client == "" {
-		return nil
-	}
-	return []string{"X-Client", client}
 }
 
 // TestRedisSeveralZones: a request matching three Redis zones, through
@@ -1127,7 +782,7 @@ func TestRedisSeveralZones(t *testing.T) {
 	zone := func(name, extra string) string {
 		return "zone " + name + " {\n" + extra + "key header X-Client\nstore redis\n}\n"
 	}
-	inst := caddyproc.Start(t, redisGlobals+"\nhttp://{{http}} {\nrate_limit {\n"+
+	inst := caddyproc.Start(t, globalsWith("")+"\nhttp://{{http}} {\nrate_limit {\n"+
 		zone("several_a", "match {\npath /limited\n}\nalgorithm token_bucket\nrate 2/1h\n")+
 		zone("several_b", "algorithm sliding_window_log\nrate 100/1h\n")+
 		zone("several_c", "algorithm token_bucket\nrate 100/1h\n")+
@@ -1136,8 +791,8 @@ func TestRedisSeveralZones(t *testing.T) {
 	rs := sequence(t, c, 4, inst.URL("/limited"), clientHeader("several")...)
 	wantCodes(t, "three zones", rs, 200, 200, 429, 429)
 	for _, z := range []string{"several_b", "several_c"} {
-		if r := redisMember(t, rs[1], "RateLimit", z)["r"]; r != "98" {
-			t.Errorf("second request: %s r=%s, want 98", z, r)
+		if r := intParam(t, zoneParams(t, rs[1], "RateLimit", z), "r"); r != 98 {
+			t.Errorf("second request: %s r=%d, want 98", z, r)
 		}
 	}
 	if got := rs[3].header.Get("RateLimit"); got != `"several_a";r=0;t=`+rs[3].header.Get("Retry-After") {
@@ -1148,8 +803,8 @@ func TestRedisSeveralZones(t *testing.T) {
 		t.Fatalf("/open: %d", open.code)
 	}
 	for _, z := range []string{"several_b", "several_c"} {
-		if r := redisMember(t, open, "RateLimit", z)["r"]; r != "97" {
-			t.Errorf("after 2 admitted, 2 refused and 1 more: %s r=%s, want 97", z, r)
+		if r := intParam(t, zoneParams(t, open, "RateLimit", z), "r"); r != 97 {
+			t.Errorf("after 2 admitted, 2 refused and 1 more: %s r=%d, want 97", z, r)
 		}
 	}
 	if t.Failed() {

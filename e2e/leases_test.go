@@ -1,76 +1,48 @@
-package ratelimit
+package e2e
 
-// End-to-end tests of the two tiers of redis zones (local_quota leases and
-// the denial cache) through real Caddy processes on a real redis-server.
+// End-to-end tests of what keeps a redis zone's decisions in memory on each
+// instance, local_quota leases and the denial cache, through real Caddy
+// processes on a real redis-server.
 
 import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// takenInRedis is how many units of a `key global` zone's limit Redis
-// counts as taken now: admitted by some instance, or held in a lease. For
-// the window algorithms it is read from the state as the scripts write it;
-// for the token bucket, from how far its tat lies ahead of Redis TIME.
-func takenInRedis(t *testing.T, client *redis.Client, zone string, p limiter.Policy) int64 {
+// startObserver starts a Caddy that serves no request but declares the
+// zones of cfg without local_quota, so that its admin API inspects what
+// Redis counts: an instance's own answer adds what its lease still holds.
+// A zone's limit, not its leases, names its state in Redis, so the two
+// configs share it.
+func startObserver(t *testing.T, cfg string) *caddyproc.Instance {
 	t.Helper()
-	ctx := context.Background()
-	store, err := limiter.NewRedis(client, p, limiter.RedisOptions{Zone: zone})
-	if err != nil {
-		t.Fatal(err)
+	return caddyproc.Start(t, localQuotaLine.ReplaceAllString(cfg, ""))
+}
+
+// localQuotaLine matches a zone's local_quota option and its line break.
+var localQuotaLine = regexp.MustCompile(`(?m)^\s*local_quota .*\n`)
+
+// takenInRedis is how many units of a `key global` zone's limit Redis
+// counts as taken now: admitted by some instance, or held in a lease. It
+// asks observer (see startObserver) for the key's state, which consumes
+// nothing.
+func takenInRedis(t *testing.T, observer *caddyproc.Instance, zone string) int64 {
+	t.Helper()
+	var st keyState
+	if code := adminCall(t, observer, http.MethodGet, "/rate_limit/zones/"+url.PathEscape(zone)+"?key=global", &st); code != http.StatusOK {
+		t.Fatalf("inspect %s global: %d %+v", zone, code, st)
 	}
-	key := store.Key("global")
-	switch p.Algorithm {
-	case limiter.SlidingWindowLog:
-		n, err := client.LLen(ctx, key).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	case limiter.FixedWindow, limiter.SlidingWindowCounter:
-		v, err := client.Get(ctx, key).Result()
-		if err == redis.Nil {
-			return 0
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		parts := strings.Split(v, ":")
-		n, _ := strconv.ParseInt(parts[len(parts)-1], 10, 64) // count, or cur
-		return n
-	case limiter.TokenBucket:
-		v, err := client.Get(ctx, key).Result()
-		if err == redis.Nil {
-			return 0
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		// With L = 100 and W = 1h, L and W reduce to 1 and 36 s: the
-		// value is tat in µs, and each token taken moves it 36 s ahead.
-		tat, _ := strconv.ParseInt(v, 10, 64)
-		now, err := client.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		perToken := (time.Hour / 100).Microseconds()
-		ahead := tat - now.UnixMicro()
-		return (ahead + perToken - 1) / perToken
-	}
-	t.Fatalf("no reading of %s state", p.Algorithm)
-	return 0
+	return st.Limit - st.Remaining
 }
 
 // TestLeasesAccuracyAcrossInstances: three Caddy processes on one Redis,
@@ -83,18 +55,18 @@ func takenInRedis(t *testing.T, client *redis.Client, zone string, p limiter.Pol
 func TestLeasesAccuracyAcrossInstances(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	algs := []limiter.Algorithm{limiter.TokenBucket, limiter.FixedWindow, limiter.SlidingWindowLog, limiter.SlidingWindowCounter}
+	algs := []string{"token_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"}
 	waves := []int{600, 60}
 	var routes []redisRoute
 	for _, alg := range algs {
 		for _, n := range waves {
-			routes = append(routes, redisRoute{path: fmt.Sprintf("/%s_%d", alg, n), zone: "key global\nalgorithm " + string(alg) + "\nrate 100/1h\nlocal_quota 0.2\nfail closed"})
+			routes = append(routes, redisRoute{path: fmt.Sprintf("/%s_%d", alg, n), zone: "key global\nalgorithm " + alg + "\nrate 100/1h\nlocal_quota 0.2\nfail closed"})
 		}
 	}
 	cfg := redisSite(redisURLBlock(srv.Addr(), redisTimeout), routes...)
 	insts := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
+	observer := startObserver(t, cfg)
 	c := newClient(t)
-	client := srv.Client(t)
 	defer func() {
 		if t.Failed() {
 			for i, inst := range insts {
@@ -104,14 +76,14 @@ func TestLeasesAccuracyAcrossInstances(t *testing.T) {
 	}()
 	for _, alg := range algs {
 		for _, n := range waves {
-			checkLeaseWaves(t, c, insts, client, alg, n)
+			checkLeaseWaves(t, c, insts, observer, alg, n)
 		}
 	}
 }
 
 // checkLeaseWaves sends a first wave of n requests and then, once the
 // leases are back in Redis, a second of 300, and checks what they admit.
-func checkLeaseWaves(t *testing.T, c *http.Client, insts []*caddyproc.Instance, client *redis.Client, alg limiter.Algorithm, n int) {
+func checkLeaseWaves(t *testing.T, c *http.Client, insts []*caddyproc.Instance, observer *caddyproc.Instance, alg string, n int) {
 	t.Helper()
 	const limit = 100
 	zone := fmt.Sprintf("%s_%d", alg, n)
@@ -119,7 +91,7 @@ func checkLeaseWaves(t *testing.T, c *http.Client, insts []*caddyproc.Instance, 
 	for _, inst := range insts {
 		urls = append(urls, inst.URL("/"+zone))
 	}
-	awayFromHourBoundary(t, 30*time.Second)
+	awayFromBoundary(t, time.Hour, 30*time.Second)
 	first := burst(c, urls, n)
 	if len(first.errs) > 0 || len(first.other) > 0 || first.ok > min(limit, n) || (n < limit && first.ok != n) {
 		t.Errorf("%s, first wave of %d: %d admitted, errors %v, other statuses %v; want at most %d and only 200 or 429",
@@ -127,10 +99,9 @@ func checkLeaseWaves(t *testing.T, c *http.Client, insts []*caddyproc.Instance, 
 	}
 	// Wait for the leases to lapse and go back, reading Redis, then for
 	// the refusals cached with them to lapse too.
-	p := limiter.Policy{Algorithm: alg, Events: limit, Window: time.Hour}
 	start := time.Now()
 	testutil.Eventually(t, zone+": leases given back to Redis", func() error {
-		if taken := takenInRedis(t, client, zone, p); taken != int64(first.ok) {
+		if taken := takenInRedis(t, observer, zone); taken != int64(first.ok) {
 			return fmt.Errorf("%d units taken in Redis, %d admitted", taken, first.ok)
 		}
 		return nil
@@ -162,12 +133,11 @@ func TestLeasesGivenBackAtCleanup(t *testing.T) {
 			redisRoute{path: "/fw", zone: "key global\nalgorithm fixed_window\nrate 100/1h\nlocal_quota 1"}),
 			`respond "ok"`, `respond "`+body+`"`, 1)
 	}
-	awayFromHourBoundary(t, 30*time.Second)
+	awayFromBoundary(t, time.Hour, 30*time.Second)
 	inst := caddyproc.Start(t, site("v1"))
+	observer := startObserver(t, site("v1"))
 	c := newClient(t)
-	client := srv.Client(t)
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	taken := func() int64 { return takenInRedis(t, client, "fw", p) }
+	taken := func() int64 { return takenInRedis(t, observer, "fw") }
 
 	// Leases of 1, 2 and 4: 7 taken for 4 admitted, 3 held.
 	wantCodes(t, "before the reload", sequence(t, c, 4, inst.URL("/fw")), 200, 200, 200, 200)
@@ -201,7 +171,7 @@ func TestDenyCacheThroughCaddy(t *testing.T) {
 	srv, inst := startRedisSite(t, redisTimeout,
 		redisRoute{path: "/fw", zone: "key global\nalgorithm fixed_window\nrate 2/1h\ndeny_cache 3s"},
 		redisRoute{path: "/off", zone: "key global\nalgorithm fixed_window\nrate 2/1h\ndeny_cache off"})
-	awayFromHourBoundary(t, 30*time.Second)
+	awayFromBoundary(t, time.Hour, 30*time.Second)
 	c := newClient(t)
 	client := srv.Client(t)
 	scripts := func() int64 {
@@ -288,7 +258,7 @@ func TestLeasesWithTiersDryRunAndFailLocal(t *testing.T) {
 		redisRoute{path: "/dry", zone: "key global\nalgorithm sliding_window_log\nrate 3/1h\nlocal_quota 1\ndry_run"},
 		redisRoute{path: "/local", zone: "key global\nalgorithm fixed_window\nrate 5/1h\nlocal_quota 1\nfail local"},
 	)
-	awayFromHourBoundary(t, 30*time.Second)
+	awayFromBoundary(t, time.Hour, 30*time.Second)
 	c := newClient(t)
 	defer func() {
 		if t.Failed() {
@@ -328,9 +298,9 @@ func TestLeasesWithTiersDryRunAndFailLocal(t *testing.T) {
 	ok, refused := count(sequence(t, c, 8, inst.URL("/local")))
 	lo, hi := 5, 6 // the lease's unit may or may not have lapsed
 	switch {
-	case stopped < limiter.LeaseLifetime/2:
+	case stopped < leaseLifetime/2:
 		lo = 6
-	case stopped > 2*limiter.LeaseLifetime:
+	case stopped > 2*leaseLifetime:
 		hi = 5
 	}
 	if ok < lo || ok > hi || ok+refused != 8 {

@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 // Tests of examples/grafana-dashboard.json: its structure, and that every
 // metric it reads is one a real Caddy with Floodgate exports.
@@ -14,8 +14,8 @@ import (
 )
 
 // dashboardFile is the Grafana dashboard the README tells operators to
-// import.
-const dashboardFile = "examples/grafana-dashboard.json"
+// import, from this package's directory.
+const dashboardFile = "../examples/grafana-dashboard.json"
 
 // dashboard is the part of a Grafana dashboard these tests read.
 type dashboard struct {

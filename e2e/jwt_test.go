@@ -1,4 +1,4 @@
-package ratelimit
+package e2e
 
 // End-to-end tests of limits keyed by verified JWT claims, through a real
 // Caddy (internal/caddyproc): every key type (HS256 with the secret from
@@ -83,7 +83,7 @@ func startLiveJWT(t *testing.T) *liveJWT {
 				missing_key %s
 			}`, name, events, missing)
 	}
-	config := liveGlobals("") + `
+	config := globalsWith("") + `
 http://{{http}} {` +
 		route("/hs", "secret {env.JWT_SECRET}", bySub("jwt_hs", 3, "deny")) +
 		route("/rs", "public_key "+rsaPath, bySub("jwt_rs", 3, "deny")) +
@@ -149,30 +149,25 @@ func (f *liveJWT) token(t *testing.T, m jwt.SigningMethod, key any, kid, sub str
 	return jwttest.Sign(t, m, key, kid, c)
 }
 
-// get sends GET path with the token as a bearer token ("" sends none).
-func (f *liveJWT) get(t *testing.T, path, token string) response {
-	t.Helper()
-	c := newClient(t)
+// bearer is the Authorization header carrying token; none for "".
+func bearer(token string) []string {
 	if token == "" {
-		return get(t, c, f.inst.URL(path))
+		return nil
 	}
-	return get(t, c, f.inst.URL(path), "Authorization", "Bearer "+token)
+	return []string{"Authorization", "Bearer " + token}
 }
 
-// codes sends the token n times and fails unless the statuses are want.
+// get sends GET path with the token as a bearer token.
+func (f *liveJWT) get(t *testing.T, path, token string) response {
+	t.Helper()
+	return get(t, newClient(t), f.inst.URL(path), bearer(token)...)
+}
+
+// codes sends the token once per status in want, and marks the test
+// failed unless the statuses are want.
 func (f *liveJWT) codes(t *testing.T, what, path, token string, want ...int) []response {
 	t.Helper()
-	var got []int
-	var rs []response
-	for range want {
-		r := f.get(t, path, token)
-		got = append(got, r.code)
-		rs = append(rs, r)
-	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("%s on %s: statuses %v, want %v", what, path, got, want)
-	}
-	return rs
+	return expectCodes(t, what+" on "+path, newClient(t), f.inst.URL(path), want, bearer(token)...)
 }
 
 // TestLiveJWT is one Caddy for every JWT scenario; the subtests use routes
@@ -200,7 +195,7 @@ func TestLiveJWT(t *testing.T) {
 				alice2 := f.token(t, tc.method, tc.key, "", "alice", nil)
 				bob := f.token(t, tc.method, tc.key, "", "bob", nil)
 				rs := f.codes(t, "alice, first token", tc.path, alice1, 200, 200)
-				if q := livePolicyQuota(rs[0], tc.zone); q != 3 {
+				if q := policyQuota(t, rs[0], tc.zone); q != 3 {
 					t.Errorf("RateLimit-Policy %q, want q=3", rs[0].header.Get("RateLimit-Policy"))
 				}
 				// Another token of the same subject draws on the same bucket.
@@ -263,7 +258,7 @@ func TestLiveJWT(t *testing.T) {
 			want[tc.quota] = 429
 			rs := f.codes(t, tc.sub, "/tier", tok, want...)
 			for i, r := range rs {
-				if q := livePolicyQuota(r, "jwt_tier"); q != tc.quota {
+				if q := policyQuota(t, r, "jwt_tier"); q != int64(tc.quota) {
 					t.Errorf("%s response %d: RateLimit-Policy %q, want q=%d", tc.sub, i, r.header.Get("RateLimit-Policy"), tc.quota)
 				}
 				if got := r.header.Get("X-RateLimit-Limit"); got != strconv.Itoa(tc.quota) {
@@ -357,7 +352,7 @@ func (f *liveJWT) checkBadTokens(t *testing.T, mode string) {
 				// missing-key namespace, of the zone's quota.
 				if r.code == 200 {
 					admitted++
-					if livePolicyQuota(r, zone) != 2 {
+					if policyQuota(t, r, zone) != 2 {
 						t.Errorf("%s: RateLimit-Policy %q", what, r.header.Get("RateLimit-Policy"))
 					}
 				} else if r.code != 429 {
