@@ -1,11 +1,14 @@
-// Package e2e holds Floodgate's end-to-end tests: every test that starts a
-// Caddy built with Floodgate (internal/caddyproc) or a redis-server
-// (internal/redistest). The package has no code of its own; its tests see
-// the product as an operator does, through a Caddyfile or JSON config in
-// and HTTP, the admin API, `caddy rate-limit`, /metrics and the logs out.
-// They import neither the root package nor limiter, so what they check is
-// what a user can rely on, and a figure a test needs, such as the hash
-// that names a key, is computed the way the README documents it.
+// Package e2e holds Floodgate's end-to-end tests: every test that runs a
+// Caddy built with Floodgate as a process (internal/caddyproc), with a
+// redis-server (internal/redistest) behind it where a zone keeps its state
+// in Redis. Other packages' tests never run Caddy, and start redis-server
+// only to test the Redis store itself (limiter/) or the harness that runs
+// it. The package has no code of its own; its tests see the product as an
+// operator does, through a Caddyfile or JSON config in and HTTP, the admin
+// API, `caddy rate-limit`, /metrics and the logs out. They import neither
+// the root package nor limiter, so what they check is what a user can rely
+// on, and a figure a test needs, such as the hash that names a key, is
+// computed the way the README documents it.
 //
 // One harness serves them all: harness_test.go runs Caddy and sends
 // requests, harness_redis_test.go builds redis sites and reads Redis as
@@ -21,6 +24,6 @@
 //
 // Without FLOODGATE_CADDY_BIN the harness builds ./cmd/caddy once per run.
 // Without redis-server on the PATH the tests that need it are skipped,
-// unless CI=true, where they fail. The fast unit tests, which start no
-// process, are the other packages: go test . ./limiter/ ./internal/...
+// unless CI=true, where they fail. The fast unit tests are the other
+// packages': go test . ./limiter/ ./internal/...
 package e2e

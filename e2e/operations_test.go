@@ -147,14 +147,7 @@ func TestAdminAPI(t *testing.T) {
 		get(t, c, inst.URL("/logged"), "X-Client", "hot")
 	}
 	get(t, c, inst.URL("/logged"), "X-Client", "cold")
-	var top struct {
-		Zone string `json:"zone"`
-		Keys []struct {
-			Key      string `json:"key"`
-			Requests uint64 `json:"requests"`
-			Denied   uint64 `json:"denied"`
-		} `json:"keys"`
-	}
+	var top zoneTop
 	if code := adminCall(t, inst, http.MethodGet, "/rate_limit/zones/logged/top?n=1", &top); code != 200 || len(top.Keys) != 1 || top.Keys[0].Key != "hot" || top.Keys[0].Requests != 3 {
 		t.Errorf("top of a log_key zone: %d %+v, want the raw key hot with 3 requests", code, top)
 	}
