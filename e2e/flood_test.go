@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -48,23 +47,7 @@ func TestRedisFloodKeysExpire(t *testing.T) {
 	defer cancel()
 	// usedMemory is used_memory_dataset: used_memory without the
 	// server's overhead and most of the clients' buffers.
-	usedMemory := func() int64 {
-		info, err := client.Info(ctx, "memory").Result()
-		if err != nil {
-			t.Fatalf("INFO memory: %v", err)
-		}
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "used_memory_dataset:"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatalf("used_memory %q: %v", v, err)
-				}
-				return n
-			}
-		}
-		t.Fatalf("INFO memory has no used_memory_dataset: %s", info)
-		return 0
-	}
+	usedMemory := func() int64 { return infoInt(t, srv, "memory", "used_memory_dataset") }
 	c := newClient(t)
 	// flood sends two requests for each of 300 new clients per algorithm
 	// (the second may be refused, or pass a bucket), from 6 goroutines.

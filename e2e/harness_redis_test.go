@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -133,24 +132,58 @@ http://{{http}} {
 `, zone, opts.String(), redisAddr, timeout, body)
 }
 
-// caddyConnIDs lists the ids of the connections named floodgate-caddy on
-// a server: Caddy's, per configRedisSite.
-func caddyConnIDs(t *testing.T, s *redistest.Server) []string {
+// clientsNamed is CLIENT LIST on s: the connections whose client name
+// (set with client_name in a redis block's url) match names, each as its
+// fields, such as "id" and "name".
+func clientsNamed(t *testing.T, s *redistest.Server, match func(name string) bool) []map[string]string {
 	t.Helper()
 	list := redisReply(t, s, "CLIENT LIST", func(ctx context.Context) (string, error) {
 		return s.Client(t).ClientList(ctx).Result()
 	})
-	var ids []string
-	idRe := regexp.MustCompile(`(?:^| )id=(\d+) `)
-	for line := range strings.SplitSeq(list, "\n") {
-		if strings.Contains(line, " name=floodgate-caddy ") {
-			if m := idRe.FindStringSubmatch(line); m != nil {
-				ids = append(ids, m[1])
-			}
+	var out []map[string]string
+	for line := range strings.SplitSeq(strings.TrimSpace(list), "\n") {
+		fields := map[string]string{}
+		for f := range strings.FieldsSeq(line) {
+			k, v, _ := strings.Cut(f, "=")
+			fields[k] = v
 		}
+		if match(fields["name"]) {
+			out = append(out, fields)
+		}
+	}
+	return out
+}
+
+// caddyConnIDs lists the ids of the connections named floodgate-caddy on
+// a server: Caddy's, per oneRedisZoneSite.
+func caddyConnIDs(t *testing.T, s *redistest.Server) []string {
+	t.Helper()
+	var ids []string
+	for _, c := range clientsNamed(t, s, func(name string) bool { return name == "floodgate-caddy" }) {
+		ids = append(ids, c["id"])
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// infoInt is an integer field of an INFO section on s, such as
+// used_memory_dataset of "memory".
+func infoInt(t *testing.T, s *redistest.Server, section, field string) int64 {
+	t.Helper()
+	info := redisReply(t, s, "INFO "+section, func(ctx context.Context) (string, error) {
+		return s.Client(t).Info(ctx, section).Result()
+	})
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("INFO %s: %s %q: %v", section, field, v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO %s has no %s: %s", section, field, info)
+	return 0
 }
 
 // evalCalls is how many scripts a server has run for clients (EVALSHA

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"strings"
 	"testing"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
@@ -25,14 +23,11 @@ func TestRedisWarmStart(t *testing.T) {
 	one, two := redistest.Start(t), redistest.Start(t)
 	warmed := func(what string, s *redistest.Server) {
 		t.Helper()
-		info := redisReply(t, s, what+": INFO memory", func(ctx context.Context) (string, error) {
-			return s.Client(t).Info(ctx, "memory").Result()
-		})
 		// The server is the zone's alone: the two cached scripts are its
 		// own, the one that decides and the one that gives leases back
 		// (the README's Redis section: the warm start loads both).
-		if !strings.Contains(info, "number_of_cached_scripts:2\r\n") {
-			t.Errorf("%s: the zone's scripts are not loaded before the first request (INFO memory: %q)", what, cachedScriptsLine(info))
+		if n := infoInt(t, s, "memory", "number_of_cached_scripts"); n != 2 {
+			t.Errorf("%s: %d scripts cached before the first request, want the zone's 2", what, n)
 		}
 		if len(caddyConnIDs(t, s)) == 0 {
 			t.Errorf("%s: Caddy has not connected before the first request", what)
@@ -51,14 +46,4 @@ func TestRedisWarmStart(t *testing.T) {
 	if t.Failed() {
 		t.Logf("caddy log:\n%s", inst.Log())
 	}
-}
-
-// cachedScriptsLine is INFO's number_of_cached_scripts line, for messages.
-func cachedScriptsLine(info string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if strings.HasPrefix(line, "number_of_cached_scripts:") {
-			return strings.TrimSpace(line)
-		}
-	}
-	return "no number_of_cached_scripts"
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // Shape of TestHTTPReloadUnderLoad: reloadClients clients send requests
@@ -113,6 +113,11 @@ func runReloadUnderLoad(t *testing.T, srv *redistest.Server) {
 		addr = srv.Addr()
 	}
 	inst := caddyproc.Start(t, reloadLoadSite(addr, 0))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
 	// Kept-alive connections, as browsers and proxies use: a reload finds
 	// requests in progress on the old servers' connections.
 	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: reloadClients}
@@ -233,9 +238,6 @@ func runReloadUnderLoad(t *testing.T, srv *redistest.Server) {
 	if srv != nil {
 		waitReplacedClientsClosed(t, srv, reloadClientName(reloadCount))
 	}
-	if t.Failed() {
-		t.Logf("caddy log:\n%s", inst.Log())
-	}
 }
 
 // settledGoroutines waits until Caddy's goroutine count (from pprof on the
@@ -268,28 +270,11 @@ func settledGoroutines(t *testing.T, inst *caddyproc.Instance, want int) int {
 // replaced configs have all been closed.
 func waitReplacedClientsClosed(t *testing.T, srv *redistest.Server, current string) {
 	t.Helper()
-	rc := srv.Client(t)
-	ctx, cancel := context.WithTimeout(context.Background(), reloadSettle+10*time.Second)
-	defer cancel()
-	deadline := time.Now().Add(reloadSettle)
-	for {
-		list, err := rc.ClientList(ctx).Result()
-		if err != nil {
-			t.Fatalf("CLIENT LIST: %v", err)
+	stale := func(name string) bool { return strings.HasPrefix(name, "floodgate-reload-") && name != current }
+	testutil.Within(t, "the connections of replaced configs' clients to close after the load stopped", reloadSettle, func() error {
+		if open := clientsNamed(t, srv, stale); len(open) > 0 {
+			return fmt.Errorf("%d open: %v", len(open), open)
 		}
-		var stale []string
-		for line := range strings.SplitSeq(list, "\n") {
-			if strings.Contains(line, " name=floodgate-reload-") && !strings.Contains(line, " name="+current+" ") {
-				stale = append(stale, line)
-			}
-		}
-		if len(stale) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("%d connections of replaced configs' clients are open %v after the load stopped:\n%s", len(stale), reloadSettle, strings.Join(stale, "\n"))
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
