@@ -122,8 +122,8 @@ http://{{http}} {
 // TestAdminKeyAsTyped: inspect and reset take a client's full IP, IPv6 or
 // IPv4, and find the state of the prefix the zone groups it into, as the
 // request path does; reset says whether any state existed, for a memory
-// zone and a redis zone, and counts a refusal only the redis zone's local
-// tier still held (its Redis state gone).
+// zone and a redis zone, and counts a refusal only the redis zone's denial
+// cache still held (its Redis state gone).
 func TestAdminKeyAsTyped(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -195,7 +195,7 @@ func TestAdminKeyAsTyped(t *testing.T) {
 	reset("mem", "198.51.100.7", true) // the request after the reset left state
 	reset("mem", "198.51.100.7", false)
 
-	// A refusal the local tier holds counts, though Redis has forgotten
+	// A refusal the denial cache holds counts, though Redis has forgotten
 	// the key.
 	wantCodes(t, "red refused", sequence(t, c, 3, inst.URL("/red"), xff, "2001:db8:9::1"), 200, 200, 429)
 	if err := srv.Client(t).FlushAll(t.Context()).Err(); err != nil {
