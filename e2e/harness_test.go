@@ -530,7 +530,8 @@ func goroutineProfile(t *testing.T, inst *caddyproc.Instance, debug int) (int, s
 	}
 	profile := b.String()
 	if debug >= 2 {
-		return strings.Count(profile, "goroutine "), profile
+		// Each goroutine's stack opens with a line "goroutine <id> [...]".
+		return strings.Count("\n"+profile, "\ngoroutine "), profile
 	}
 	first, _, _ := strings.Cut(profile, "\n")
 	n, err := strconv.Atoi(strings.TrimPrefix(first, "goroutine profile: total "))
