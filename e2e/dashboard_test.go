@@ -205,7 +205,7 @@ func TestDashboardStructure(t *testing.T) {
 
 // TestDashboardMetrics: every metric the dashboard reads, in its panels
 // and its variables, is one a real Caddy exports on /metrics once a
-// memory zone and a redis zone with local_quota have decided (histograms
+// redis zone with local_quota has decided (histograms
 // by their _bucket, _sum and _count series); and every metric family the
 // handler exports has a panel.
 func TestDashboardMetrics(t *testing.T) {
