@@ -87,6 +87,10 @@ type algorithm struct {
 	// read each other's state.
 	scripts   scripts
 	keySuffix string
+	// calendarScripts, when set, decide for a policy with a Calendar,
+	// whose windows the instance names for the script (see
+	// calendar_window.lua); an algorithm without them takes no calendar.
+	calendarScripts scripts
 	// redisArgs are the policy's arguments to the script, from L and W
 	// on (cost and now come first); the bucket scripts take L and W
 	// reduced.
@@ -142,6 +146,7 @@ var algorithmTable = []*algorithm{
 		Traits:              Traits{Leases: true},
 		newTables:           func() memoryTables { return newShardSet[fixedWindowState]() },
 		scripts:             mustScripts("window.lua", "fixed_window.lua"),
+		calendarScripts:     mustScripts("calendar_window.lua"),
 		keySuffix:           "fw",
 		redisArgs:           windowArgs,
 		refundArg:           refundAt,
@@ -233,7 +238,7 @@ func (p *params) reduced() (l, w int64) {
 }
 
 // policyTag names the limit a Redis key's state was written under: the
-// algorithm's suffix, L/W (W in µs) and, where they differ from their
+// algorithm's suffix, L/W (W in µs, or a calendar's period@zone) and, where they differ from their
 // defaults, the burst (b) and max_delay (d, µs × L). Two stores of one zone
 // name with different limits (two handlers, or a reload that changes the
 // limit) therefore never read each other's state, which was written under
@@ -246,6 +251,11 @@ func (p *params) policyTag() string {
 	b = append(b, ':')
 	b = strconv.AppendInt(b, p.l, 10)
 	b = append(b, '/')
+	if p.cal != nil {
+		// A calendar window is named by its period and time zone, and
+		// its state by the window's start: "fw:100/month@Europe/Berlin".
+		return string(append(b, p.cal.cal.String()...))
+	}
 	b = strconv.AppendInt(b, p.w, 10)
 	if p.b != p.l {
 		b = append(b, 'b')

@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 	"time"
+	_ "time/tzdata" // the calendar cases' time zones, whatever the OS has
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
@@ -20,6 +21,12 @@ type algorithmCase struct {
 		W         int64     `json:"W"`
 		B         int64     `json:"B"`
 		MaxDelay  *int64    `json:"max_delay"`
+		// Calendar aligns a fixed window to a time zone's days, weeks or
+		// months; W is then absent.
+		Calendar *struct {
+			Period   Period `json:"period"`
+			TimeZone string `json:"time_zone"`
+		} `json:"calendar"`
 	} `json:"policy"`
 	Steps []struct {
 		T        int64  `json:"t_us"`
@@ -35,7 +42,7 @@ type algorithmCase struct {
 	} `json:"steps"`
 }
 
-func (c *algorithmCase) policy() Policy {
+func (c *algorithmCase) policy(t testing.TB) Policy {
 	p := Policy{
 		Algorithm: c.Policy.Algorithm,
 		Events:    c.Policy.L,
@@ -45,6 +52,13 @@ func (c *algorithmCase) policy() Policy {
 	if c.Policy.MaxDelay != nil {
 		d := time.Duration(*c.Policy.MaxDelay) * time.Microsecond
 		p.MaxDelay = &d
+	}
+	if cal := c.Policy.Calendar; cal != nil {
+		loc, err := time.LoadLocation(cal.TimeZone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Calendar = &Calendar{Period: cal.Period, Location: loc}
 	}
 	return p
 }
@@ -81,7 +95,7 @@ func runAlgorithmCases(t *testing.T, open caseStore) {
 	steps := 0
 	for _, c := range loadAlgorithmCases(t) {
 		t.Run(c.Name, func(t *testing.T) {
-			store, setNow := open(t, c.policy())
+			store, setNow := open(t, c.policy(t))
 			ctx := context.Background()
 			var last Decision
 			for i, st := range c.Steps {

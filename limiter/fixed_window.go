@@ -9,29 +9,50 @@ func windowIndex(p *params, now int64) int64 {
 	return now / p.w
 }
 
-// fixedWindowState counts the units taken in window win.
+// windowOf names the window now falls in and says when it ends (µs): for
+// an aligned window its index ⌊now/W⌋, for a calendar window its start.
+// Either name grows with time, which is all roll needs of it.
+func windowOf(p *params, now int64) (win, end int64) {
+	if p.cal != nil {
+		return p.cal.at(now)
+	}
+	win = windowIndex(p, now)
+	return win, (win + 1) * p.w
+}
+
+// windowBounds is the start and end (µs) of the window named win.
+func windowBounds(p *params, win int64) (start, end int64) {
+	if p.cal != nil {
+		return win, p.cal.endOf(win)
+	}
+	return win * p.w, (win + 1) * p.w
+}
+
+// fixedWindowState counts the units taken in window win (see windowOf).
 type fixedWindowState struct {
 	win   int64
 	count int64
 }
 
 // roll starts a new count when now has left the stored window, and returns
-// the time to decide at. A now before the stored window is taken as that
-// window's start. Both stores read the clock inside the key's critical
-// section (the shard's lock, the script), so this happens only when the
-// clock steps back: an injected clock, or Redis's TIME after a failover to
-// a master whose clock is behind. Going back to the older window would
-// restart its count, and the next request would restart the newer one's:
-// each flip admitted up to L more. The sliding log treats a clock stepped
-// back the same way; the memory store's default clock never steps back.
-func (s *fixedWindowState) roll(p *params, now int64) int64 {
-	switch idx := windowIndex(p, now); {
-	case idx > s.win:
-		s.win, s.count = idx, 0
-	case idx < s.win:
-		now = s.win * p.w
+// the time to decide at and when its window ends. A now before the stored
+// window is taken as that window's start. Both stores read the clock
+// inside the key's critical section (the shard's lock, the script), so
+// this happens only when the clock steps back: an injected clock, or
+// Redis's TIME after a failover to a master whose clock is behind. Going
+// back to the older window would restart its count, and the next request
+// would restart the newer one's: each flip admitted up to L more. The
+// sliding log treats a clock stepped back the same way; the memory store's
+// default clock never steps back.
+func (s *fixedWindowState) roll(p *params, now int64) (at, end int64) {
+	win, end := windowOf(p, now)
+	switch {
+	case win > s.win:
+		s.win, s.count = win, 0
+	case win < s.win:
+		now, end = windowBounds(p, s.win)
 	}
-	return now
+	return now, end
 }
 
 // take: allow iff count + c <= L; remaining = L - count;
@@ -43,29 +64,38 @@ func (s *fixedWindowState) take(p *params, now, cost int64) Decision {
 // takeUpTo takes what the window has left, up to want, when it has at
 // least cost: a lease.
 func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Decision {
-	now = s.roll(p, now)
-	end := microseconds((s.win+1)*p.w - now)
+	now, end := s.roll(p, now)
+	left := microseconds(end - now)
 	if s.count+cost > p.l {
-		return Decision{Remaining: max(0, p.l-s.count), ResetAfter: end, RetryAfter: end, at: now}
+		return Decision{Remaining: max(0, p.l-s.count), ResetAfter: left, RetryAfter: left, at: now}
 	}
 	granted := min(want, p.l-s.count)
 	s.count += granted
-	return Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: end, at: now, granted: granted}
+	return Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: left, at: now, granted: granted}
 }
 
 func (s *fixedWindowState) refund(p *params, now, cost int64, taken Decision) Decision {
-	now = s.roll(p, now)
-	if windowIndex(p, taken.admission()) == s.win {
+	now, end := s.roll(p, now)
+	if s.holds(p, taken.admission(), end) {
 		s.count = max(0, s.count-cost)
 	}
-	return s.status(p, now)
+	return s.status(p, now, end)
 }
 
-func (s *fixedWindowState) status(p *params, now int64) Decision {
-	now = s.roll(p, now)
+// holds reports whether an admission at time adm was counted in the
+// stored window, which ends at end.
+func (s *fixedWindowState) holds(p *params, adm, end int64) bool {
+	if p.cal != nil {
+		return adm >= s.win && adm < end
+	}
+	return windowIndex(p, adm) == s.win
+}
+
+// status is the state after roll: what a refund of nothing reports.
+func (s *fixedWindowState) status(p *params, now, end int64) Decision {
 	d := Decision{Allowed: true, Remaining: max(0, p.l-s.count)}
 	if s.count > 0 {
-		d.ResetAfter = microseconds((s.win+1)*p.w - now)
+		d.ResetAfter = microseconds(end - now)
 	}
 	return d
 }
@@ -73,7 +103,7 @@ func (s *fixedWindowState) status(p *params, now int64) Decision {
 // idle keeps an emptied window while the clock is behind it: forgotten,
 // the earlier window would be counted afresh, as the script keeps it too.
 func (s *fixedWindowState) idle(p *params, now int64) bool {
-	if windowIndex(p, now) < s.win {
+	if win, _ := windowOf(p, now); win < s.win {
 		return false
 	}
 	s.roll(p, now)

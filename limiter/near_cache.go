@@ -55,11 +55,11 @@ type NearCacheOptions struct {
 //     cost and doubling while leases are used up within a second of their
 //     grant, up to ⌈LeaseFraction × Q⌉; later requests spend them in
 //     memory. A lease lives at most LeaseLifetime (a fixed window's never
-//     past its window's end); then, and at Close, its unspent units are
-//     given back to the store: by the janitor, every quarter of a
-//     lifetime, many in one call (Leaser.RefundMany), or by the call that
-//     takes the key's next lease (Leaser.Renew) when a request comes
-//     first.
+//     past its window's end, a calendar window's included); then, and at
+//     Close, its unspent units are given back to the store: by the
+//     janitor, every quarter of a lifetime, many in one call
+//     (Leaser.RefundMany), or by the call that takes the key's next lease
+//     (Leaser.Renew) when a request comes first.
 //   - Denial cache: a refusal from the store is repeated from memory, its
 //     times counted down, until the smaller of its RetryAfter and DenyFor
 //     has passed.
@@ -73,8 +73,10 @@ type NearCache struct {
 	maxLease int64
 	quota    int64
 	// window, when set, is the aligned window (µs) a lease must not
-	// outlive: see algorithm.leaseEndsWithWindow.
+	// outlive: see algorithm.leaseEndsWithWindow. cal is set instead for
+	// a calendar policy, whose windows it gives.
 	window int64
+	cal    *calendarWindows
 	// logsLeasesAhead: see algorithm.logsLeasesAhead.
 	logsLeasesAhead bool
 	denyFor         int64 // µs
@@ -169,7 +171,11 @@ func NewNearCache(store Leaser, p Policy, opts NearCacheOptions) (*NearCache, er
 		stopped:         make(chan struct{}),
 	}
 	if params.alg.leaseEndsWithWindow {
-		c.window = params.w
+		if params.cal != nil {
+			c.cal = params.cal
+		} else {
+			c.window = params.w
+		}
 	}
 	c.logsLeasesAhead = params.alg.logsLeasesAhead
 	if c.maxKeys <= 0 {
@@ -339,6 +345,10 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 		k.expires = sent + life
 		if c.window > 0 && d.at > 0 {
 			k.expires = min(k.expires, sent+c.window-d.at%c.window)
+		}
+		if c.cal != nil && d.at > 0 {
+			_, end := c.cal.at(d.at)
+			k.expires = min(k.expires, sent+end-d.at)
 		}
 		d = c.leaseDecision(k, now)
 		d.Source = SourceStore

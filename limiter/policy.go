@@ -30,6 +30,10 @@ type Policy struct {
 	// MaxDelay is how long LeakyBucket may hold a request; nil means the
 	// default (B-1)/r, which admits B unit requests at once.
 	MaxDelay *time.Duration
+	// Calendar, for FixedWindow only, aligns windows to a time zone's
+	// days, weeks or months instead of Window, which must then be zero:
+	// Events is the quota of each calendar window.
+	Calendar *Calendar
 }
 
 // params is a Policy compiled into the integers the algorithms compute with.
@@ -43,6 +47,9 @@ type params struct {
 	// maxAhead bounds how far a bucket's tat may lie ahead of now, in µs,
 	// so a clock stepped backwards cannot overflow the scaled arithmetic.
 	maxAhead int64
+	// cal, for a policy with a Calendar, gives its windows; w is then a
+	// bound on their length, for the exactness checks only.
+	cal *calendarWindows
 }
 
 // Validate reports why p cannot be enforced, or nil.
@@ -58,6 +65,9 @@ func (p Policy) compile() (params, error) {
 	}
 	if p.Events <= 0 {
 		return params{}, fmt.Errorf("events must be positive, got %d", p.Events)
+	}
+	if p.Calendar != nil {
+		return p.compileCalendar(alg)
 	}
 	if p.Window <= 0 {
 		return params{}, fmt.Errorf("window must be positive, got %v", p.Window)
@@ -99,6 +109,33 @@ func (p Policy) compile() (params, error) {
 	return c, nil
 }
 
+// maxCalendarEvents bounds a calendar policy's Events: counts up to twice
+// it stay exact in the Redis scripts' doubles.
+const maxCalendarEvents = 1 << 51
+
+// compileCalendar compiles a fixed window over calendar windows. The fixed
+// window forms no product of events and window, so only the counts' own
+// bound applies.
+func (p Policy) compileCalendar(alg *algorithm) (params, error) {
+	if alg.calendarScripts.one == "" {
+		return params{}, fmt.Errorf("a calendar applies only to %s, not %s", FixedWindow, p.Algorithm)
+	}
+	if err := p.Calendar.Validate(); err != nil {
+		return params{}, err
+	}
+	if p.Window != 0 {
+		return params{}, fmt.Errorf("a calendar policy takes no window (its windows are calendar %ss), got %v", p.Calendar.Period, p.Window)
+	}
+	if p.Burst != 0 && p.Burst != p.Events {
+		return params{}, fmt.Errorf("a calendar policy takes no burst, got %d", p.Burst)
+	}
+	if p.Events > maxCalendarEvents {
+		return params{}, fmt.Errorf("events %d is too large to count exactly (at most %d)", p.Events, int64(maxCalendarEvents))
+	}
+	cal := *p.Calendar
+	return params{alg: alg, l: p.Events, w: cal.longest(), b: p.Events, cal: newCalendarWindows(cal)}, nil
+}
+
 // MaxCost is the largest cost a single request may have under p: more than
 // this could never pass, so configuration refuses it.
 func (p Policy) MaxCost() int64 {
@@ -111,7 +148,23 @@ func (p Policy) MaxCost() int64 {
 // Quota is what response headers report for p: q units per w. Window
 // algorithms report L per W; the buckets report their capacity B and the time
 // to refill it from empty, B/r, so a bucket's burst is visible to clients.
+// A calendar policy reports L per the calendar window the wall clock is in
+// now; QuotaAt names the time.
 func (p Policy) Quota() (q int64, w time.Duration) {
+	if p.Calendar != nil {
+		return p.QuotaAt(time.Now())
+	}
+	return p.QuotaAt(time.Time{})
+}
+
+// QuotaAt is Quota at time t: for a calendar policy, L per the length of
+// the calendar window t falls in (23 hours for a day that springs
+// forward); for any other, Quota, whatever t.
+func (p Policy) QuotaAt(t time.Time) (q int64, w time.Duration) {
+	if p.Calendar != nil {
+		start, end := p.Calendar.bounds(t.UnixMicro())
+		return p.Events, microseconds(end - start)
+	}
 	if p.Algorithm.Traits().Bucket {
 		b := p.Burst
 		if b == 0 {
@@ -128,6 +181,10 @@ func (p Policy) Quota() (q int64, w time.Duration) {
 // policies with the same String share state, so a config reload that keeps
 // it keeps the counters.
 func (p Policy) String() string {
+	if p.Calendar != nil {
+		// A calendar policy has neither window nor burst of its own.
+		return fmt.Sprintf("%s:%d/calendar=%s", p.Algorithm, p.Events, p.Calendar)
+	}
 	s := fmt.Sprintf("%s:%d/%dus", p.Algorithm, p.Events, p.Window.Microseconds())
 	if p.Burst > 0 && p.Burst != p.Events {
 		s += fmt.Sprintf(":burst=%d", p.Burst)

@@ -172,15 +172,20 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	r.keyHead = escapeKeyPart(prefix) + StateID(opts.Zone, opts.Tier) + ":{"
 
 	r.args = params.alg.redisArgs(&params)
+	scripts := params.alg.scripts
+	if params.cal != nil {
+		// L alone: the windows are sent with each call (callOn).
+		r.args, scripts = []any{params.l}, params.alg.calendarScripts
+	}
 	if params.alg.holdsSlots {
 		var id [8]byte
 		_, _ = rand.Read(id[:]) // never fails: crypto/rand aborts the program instead
 		r.slotID = hex.EncodeToString(id[:]) + "."
 	}
 	r.keyTail = "}:" + params.policyTag()
-	src := params.alg.scripts.one
+	src := scripts.one
 	r.script, r.src = redis.NewScript(src), src
-	r.batchScript = redis.NewScript(params.alg.scripts.batch)
+	r.batchScript = redis.NewScript(scripts.batch)
 	r.pipeline.runOne = func(c *scriptCall) {
 		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
 	}
@@ -402,7 +407,9 @@ func (r *Redis) newCall(ctx context.Context, key string, cost int64, extra any) 
 }
 
 // callOn is newCall for a client key already named in Redis (Key), for a
-// caller that sends several calls on one key.
+// caller that sends several calls on one key. A calendar policy's call
+// also carries the starts of the windows around the instance's clock,
+// which the script picks the one of that holds Redis's TIME.
 func (r *Redis) callOn(ctx context.Context, redisKey string, cost int64, extra any) *scriptCall {
 	var now any = ""
 	if r.clock != nil {
@@ -411,6 +418,13 @@ func (r *Redis) callOn(ctx context.Context, redisKey string, cost int64, extra a
 	c := &scriptCall{ctx: ctx, key: redisKey}
 	c.args = append(c.argv[:0], cost, now)
 	c.args = append(c.args, r.args...)
+	if r.p.cal != nil {
+		here, ok := now.(int64)
+		if !ok {
+			here = time.Now().UnixMicro()
+		}
+		c.args = append(c.args, r.p.cal.around(here).args[:]...)
+	}
 	if extra != nil {
 		c.args = append(c.args, extra)
 	}
