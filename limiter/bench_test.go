@@ -192,3 +192,36 @@ func BenchmarkMemoryBytesPerTimestamp(b *testing.B) {
 	b.ReportMetric(perTS, "bytes/timestamp")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkMemoryFixedWindow is BenchmarkMemoryTake's fixed window with a
+// window of a day: the baseline of BenchmarkMemoryCalendarWindow.
+func BenchmarkMemoryFixedWindow(b *testing.B) {
+	benchTakes(b, Policy{Algorithm: FixedWindow, Events: 1_000_000, Window: 24 * time.Hour})
+}
+
+// BenchmarkMemoryCalendarWindow is BenchmarkMemoryFixedWindow with calendar
+// days in Europe/Berlin instead of a 24-hour window. Target: at most 20%
+// more ns/op than the plain window, as the current window is remembered
+// and a decision does no time zone arithmetic.
+func BenchmarkMemoryCalendarWindow(b *testing.B) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchTakes(b, Policy{Algorithm: FixedWindow, Events: 1_000_000, Calendar: &Calendar{Period: Day, Location: berlin}})
+}
+
+// benchTakes is one decision of p per op on an existing key, from a
+// single goroutine.
+func benchTakes(b *testing.B, p Policy) {
+	keys := benchKeySet()
+	m := benchStore(b, p, keys)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		m.Take(ctx, keys[i&(benchKeys-1)], 1)
+		i++
+	}
+}

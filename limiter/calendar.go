@@ -71,14 +71,11 @@ func (c Calendar) Window(t time.Time) (start, end time.Time) {
 }
 
 // bounds is the window us (µs since the epoch) falls in, [start, end) in
-// µs: the midnights of the local dates that begin it and the next one.
-//
-// A midnight that a daylight saving change skips does not exist, and
-// time.Date then picks an instant near it; whichever it picks, each date's
-// midnight is one instant, so consecutive windows still meet. The loop
-// moves to the neighbouring window in the rare case where the instant
-// picked lies past us (or the window's end before it), so start <= us <
-// end always holds.
+// µs: the first instants of the local dates that begin it and the next
+// one (see midnight). Each date's first instant is one instant, so
+// consecutive windows meet. The loop moves to the neighbouring window
+// should a zone's history place that instant past us (or the window's
+// end before it), so start <= us < end always holds.
 func (c Calendar) bounds(us int64) (start, end int64) {
 	loc := c.location()
 	y, m, d := time.UnixMicro(us).In(loc).Date()
@@ -128,9 +125,19 @@ func (c Calendar) next(y int, m time.Month, d int) (int, time.Month, int) {
 	return t.Date()
 }
 
-// midnight is the instant (µs) local date y-m-d begins in loc.
+// midnight is the first instant (µs) of local date y-m-d in loc: its
+// midnight, or where a daylight saving change skips midnight (Santiago,
+// Havana, Beirut spring forward at 00:00), the end of the gap, as the
+// local clock then reads 01:00 on that date. time.Date would pick an
+// instant before the gap, still on the day before.
 func midnight(y int, m time.Month, d int, loc *time.Location) int64 {
-	return time.Date(y, m, d, 0, 0, 0, 0, loc).UnixMicro()
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	if ty, tm, td := t.Date(); ty != y || tm != m || td != d {
+		if _, end := t.ZoneBounds(); !end.IsZero() {
+			t = end
+		}
+	}
+	return t.UnixMicro()
 }
 
 // longest is a bound on the length of c's windows, in µs, for the checks
