@@ -143,7 +143,7 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 // options is a zone block's option table; block names the zone in the
 // refusals of its matchers, whose parser words its own.
 func (z *Zone) options(block string) map[string]option {
-	rate, eventsOrWindow := false, false
+	rate, eventsOrWindow, window, calendar := false, false, false, false
 	// The shorthand rate and the pair events and window set the same
 	// fields: a zone uses one or the other.
 	notWithRate := func(o option) option {
@@ -153,6 +153,19 @@ func (z *Zone) options(block string) map[string]option {
 				return errors.New("cannot be used together with rate")
 			}
 			eventsOrWindow = true
+			return parse(d)
+		}
+		return o
+	}
+	// A calendar is the zone's window: not with window, nor with rate,
+	// which sets one.
+	notWithCalendar := func(o option) option {
+		parse := o.parse
+		o.parse = func(d *caddyfile.Dispenser) error {
+			if calendar {
+				return errors.New("cannot be used together with calendar, which sets the zone's windows")
+			}
+			window = true
 			return parse(d)
 		}
 		return o
@@ -169,8 +182,18 @@ func (z *Zone) options(block string) map[string]option {
 		"key":       {args: "ip | header <name> | jwt_claim <claim> | <template>", parse: z.parseKey},
 		"algorithm": stringOption("<name>", &z.Algorithm),
 		"events":    notWithRate(positiveOption(&z.MaxEvents)),
-		"window":    notWithRate(durationOption(&z.Window, windowBound)),
-		"rate": {args: "<n>/<duration>", parse: func(d *caddyfile.Dispenser) error {
+		"window":    notWithCalendar(notWithRate(durationOption(&z.Window, windowBound))),
+		"calendar": {args: "day | week | month [<time zone>]", parse: func(d *caddyfile.Dispenser) error {
+			if err := z.parseCalendar(d); err != nil {
+				return err
+			}
+			if window {
+				return errors.New("cannot be used together with window or rate: the calendar sets the zone's windows")
+			}
+			calendar = true
+			return nil
+		}},
+		"rate": notWithCalendar(option{args: "<n>/<duration>", parse: func(d *caddyfile.Dispenser) error {
 			if eventsOrWindow {
 				return errors.New("cannot be used together with events or window")
 			}
@@ -181,7 +204,7 @@ func (z *Zone) options(block string) map[string]option {
 			}
 			z.MaxEvents, z.Window, err = parseRate(v)
 			return err
-		}},
+		}}),
 		"burst": positiveOption(&z.Burst),
 		"cost":  positiveOption(&z.Cost),
 		"max_delay": {args: "<duration>", parse: func(d *caddyfile.Dispenser) error {
@@ -190,7 +213,7 @@ func (z *Zone) options(block string) map[string]option {
 		}},
 		"store":       stringOption("memory | redis", &z.Store),
 		"fail":        stringOption("open | closed | local", &z.Fail),
-		"tier":        {args: "<placeholder> { <value> <n>/<duration> ... }", parse: z.parseTier},
+		"tier":        {args: "<placeholder> { <value> <n>/<duration | period> ... }", parse: z.parseTier},
 		"missing_key": stringOption("ip | deny | skip", &z.MissingKey),
 		"ipv4_prefix": intOption(&z.IPv4Prefix, ipv4PrefixBound),
 		"ipv6_prefix": intOption(&z.IPv6Prefix, ipv6PrefixBound),
@@ -213,7 +236,25 @@ func (z *Zone) options(block string) map[string]option {
 	}
 }
 
-// parseTier reads `tier <placeholder> { <value> <n>/<duration> ... }`.
+// parseCalendar reads `calendar day | week | month [<time zone>]`.
+func (z *Zone) parseCalendar(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) < 1 || len(args) > 2 {
+		return errArgCount
+	}
+	c := &CalendarConfig{Period: args[0]}
+	if len(args) == 2 {
+		c.TimeZone = args[1]
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	z.Calendar = c
+	return nil
+}
+
+// parseTier reads `tier <placeholder> { <value> <n>/<duration> ... }`;
+// a calendar zone's tiers are written <n>/day, <n>/week or <n>/month.
 func (z *Zone) parseTier(d *caddyfile.Dispenser) error {
 	placeholder, err := oneArg(d)
 	if err != nil {
@@ -232,8 +273,8 @@ func (z *Zone) parseTier(d *caddyfile.Dispenser) error {
 		if err != nil {
 			return fmt.Errorf("value '%s' takes <n>/<duration>", value)
 		}
-		var tl TierLimit
-		if tl.MaxEvents, tl.Window, err = parseRate(rate); err != nil {
+		tl, err := parseTierRate(rate)
+		if err != nil {
 			return fmt.Errorf("value '%s': %w", value, err)
 		}
 		t.Limits[value] = tl
@@ -282,9 +323,9 @@ func parseRate(v string) (int64, caddy.Duration, error) {
 	if !ok {
 		return 0, 0, fmt.Errorf("want <events>/<duration>, like 100/1m or 5/s, got %q", v)
 	}
-	events, err := strconv.ParseInt(n, 10, 64)
-	if err != nil || events <= 0 {
-		return 0, 0, fmt.Errorf("events must be a positive integer, got %q", v)
+	events, err := parseEvents(n, v)
+	if err != nil {
+		return 0, 0, err
 	}
 	window, err := parseRateWindow(per)
 	if err != nil || window <= 0 {
@@ -294,6 +335,28 @@ func parseRate(v string) (int64, caddy.Duration, error) {
 		return 0, 0, err
 	}
 	return events, caddy.Duration(window), nil
+}
+
+// parseEvents reads the <n> of rate v.
+func parseEvents(n, v string) (int64, error) {
+	events, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || events <= 0 {
+		return 0, fmt.Errorf("events must be a positive integer, got %q", v)
+	}
+	return events, nil
+}
+
+// parseTierRate reads a tier's <n>/<duration>, or its <n>/day, <n>/week
+// or <n>/month (a calendar zone's).
+func parseTierRate(v string) (TierLimit, error) {
+	if n, per, ok := strings.Cut(v, "/"); ok && validPeriod(per) == nil {
+		events, err := parseEvents(n, v)
+		return TierLimit{MaxEvents: events, Period: per}, err
+	}
+	var tl TierLimit
+	var err error
+	tl.MaxEvents, tl.Window, err = parseRate(v)
+	return tl, err
 }
 
 func parseRateWindow(s string) (time.Duration, error) {

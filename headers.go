@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -46,6 +47,17 @@ const (
 // "<zone>";q=<quota>;w=<window seconds, rounded up, at least 1>.
 func policyItem(name string, p limiter.Policy) string {
 	q, w := p.Quota()
+	return formatPolicyItem(name, p, q, w)
+}
+
+// policyItemAt is a calendar zone's member of RateLimit-Policy for a
+// decision at t: its w is the length of the calendar window t falls in.
+func policyItemAt(name string, p limiter.Policy, t time.Time) string {
+	q, w := p.QuotaAt(t)
+	return formatPolicyItem(name, p, q, w)
+}
+
+func formatPolicyItem(name string, p limiter.Policy, q int64, w time.Duration) string {
 	b := appendSFString(nil, name)
 	b = append(b, ";q="...)
 	b = strconv.AppendInt(b, q, 10)
@@ -56,6 +68,20 @@ func policyItem(name string, p limiter.Policy) string {
 		b = appendSFString(b, unit)
 	}
 	return string(b)
+}
+
+// policyItemOf is the RateLimit-Policy member of o's zone: made once, or
+// for a calendar zone, that of the window o was decided in.
+func (h *Handler) policyItemOf(o *outcome) string {
+	c := o.limit.calendar
+	if c == nil {
+		return o.limit.policyItem
+	}
+	t := o.d.At()
+	if t.IsZero() { // a refusal no store made: missing_key deny
+		t = h.now()
+	}
+	return c.at(t)
 }
 
 // appendSFString writes s as an RFC 9651 structured-field String. Zone
@@ -149,7 +175,7 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 				if i > 0 {
 					b = append(b, ", "...)
 				}
-				b = append(b, ev.outcomes[i].limit.policyItem...)
+				b = append(b, h.policyItemOf(&ev.outcomes[i])...)
 			}
 			field(hdrPolicy, len(b))
 		}
@@ -159,7 +185,7 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 	start := 0
 	for i := range n {
 		if ends[i] < 0 {
-			vals[i] = ev.outcomes[0].limit.policyItem
+			vals[i] = h.policyItemOf(&ev.outcomes[0])
 		} else {
 			vals[i], start = all[start:ends[i]], ends[i]
 		}

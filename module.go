@@ -138,6 +138,12 @@ type Zone struct {
 	// Redis, as a slot lapses a window after its last renewal (default 1m).
 	Window caddy.Duration `json:"window,omitempty"`
 
+	// Calendar, instead of Window, makes a fixed_window zone's windows a
+	// time zone's calendar days, weeks (from Monday) or months, so
+	// max_events per month resets on the 1st at local midnight. A zone
+	// with a calendar and no algorithm is a fixed_window zone.
+	Calendar *CalendarConfig `json:"calendar,omitempty"`
+
 	// Burst is the capacity of a token or leaky bucket. Default: max_events.
 	Burst int64 `json:"burst,omitempty"`
 
@@ -216,7 +222,19 @@ type Tier struct {
 // max_delay apply, and a bucket's burst is the tier's events.
 type TierLimit struct {
 	MaxEvents int64          `json:"max_events"`
-	Window    caddy.Duration `json:"window"`
+	Window    caddy.Duration `json:"window,omitempty"`
+	// Period, in a calendar zone and instead of Window, is the tier's
+	// calendar window, "day", "week" or "month", in the zone's time zone.
+	Period string `json:"period,omitempty"`
+}
+
+// CalendarConfig is a zone's calendar windows.
+type CalendarConfig struct {
+	// Period is "day", "week" (from Monday) or "month".
+	Period string `json:"period"`
+	// TimeZone is the IANA name of the time zone whose midnights begin
+	// windows ("Europe/Berlin", "America/New_York"). Default: UTC.
+	TimeZone string `json:"time_zone,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.

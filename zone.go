@@ -74,6 +74,8 @@ type limit struct {
 	quotaText  string
 	window     time.Duration
 	policyItem string
+	// calendar, for a calendar limit, makes its policyItem per window.
+	calendar *calendarPolicy
 	// local decides for a redis zone with `fail local` while Redis is away.
 	local limiter.Store
 	// remote is set when store answers over the network, so a request
@@ -98,7 +100,11 @@ func (z *Zone) policy() limiter.Policy {
 	}
 	if p.Algorithm == "" {
 		p.Algorithm = limiter.SlidingWindowLog
+		if z.Calendar != nil {
+			p.Algorithm = limiter.FixedWindow
+		}
 	}
+	p.Calendar = z.Calendar.calendar()
 	if p.Window == 0 {
 		p.Window = p.Algorithm.Traits().DefaultWindow
 	}
@@ -119,6 +125,9 @@ func (z *Zone) validate(name string) error {
 		return err
 	}
 	if err := windowBound.check(z.Window); err != nil {
+		return err
+	}
+	if err := z.validateCalendar(); err != nil {
 		return err
 	}
 	p := z.policy()
@@ -176,6 +185,21 @@ func (z *Zone) validate(name string) error {
 	}
 	if _, err := parseKeyTemplate(z.Key); err != nil {
 		return fmt.Errorf("key: %w", err)
+	}
+	return nil
+}
+
+// validateCalendar checks a calendar and that it is the zone's only
+// window; which algorithms take one is the policy's to say.
+func (z *Zone) validateCalendar() error {
+	if z.Calendar == nil {
+		return nil
+	}
+	if err := z.Calendar.validate(); err != nil {
+		return fmt.Errorf("calendar: %w", err)
+	}
+	if z.Window != 0 {
+		return errors.New("calendar replaces window: give one or the other")
 	}
 	return nil
 }
@@ -249,6 +273,9 @@ func (z *Zone) validateTier(p limiter.Policy) error {
 		return fmt.Errorf("tier: %w", errNoTierValue)
 	}
 	for value, tl := range z.Tier.Limits {
+		if err := z.checkTierWindow(tl); err != nil {
+			return fmt.Errorf("tier %q: %w", value, err)
+		}
 		tp := tierPolicy(p, tl)
 		if err := windowBound.check(tl.Window); err != nil {
 			return fmt.Errorf("tier %q: %w", value, err)
@@ -277,10 +304,29 @@ func parseTierKey(placeholder string) (keyTemplate, error) {
 	return k, nil
 }
 
+// checkTierWindow refuses a tier whose window is not of the zone's kind:
+// a calendar zone's tiers count per day, week or month (in the zone's
+// time zone), any other zone's per a duration.
+func (z *Zone) checkTierWindow(tl TierLimit) error {
+	switch {
+	case z.Calendar == nil && tl.Period != "":
+		return fmt.Errorf("a period (%s) needs a calendar zone: give this zone a calendar, or the tier a duration such as 1000/1h", tl.Period)
+	case z.Calendar != nil && (tl.Period == "" || tl.Window != 0):
+		return fmt.Errorf("a calendar zone's tiers count per calendar day, week or month: write <n>/%s", z.Calendar.Period)
+	case tl.Period != "":
+		return validPeriod(tl.Period)
+	}
+	return nil
+}
+
 // tierPolicy is the zone's policy with a tier's quota: the algorithm and
-// max_delay stay, a bucket's burst becomes the tier's events.
+// max_delay stay, a bucket's burst becomes the tier's events, and a
+// calendar zone's tier keeps its time zone with its own period.
 func tierPolicy(p limiter.Policy, tl TierLimit) limiter.Policy {
 	p.Events, p.Window, p.Burst = tl.MaxEvents, time.Duration(tl.Window), 0
+	if p.Calendar != nil {
+		p.Calendar = &limiter.Calendar{Period: limiter.Period(tl.Period), Location: p.Calendar.Location}
+	}
 	return p
 }
 
@@ -372,6 +418,9 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limit, error) {
 	q, w := p.Quota()
 	l := limit{policy: p, traits: p.Algorithm.Traits(), quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
+	if p.Calendar != nil {
+		l.calendar = &calendarPolicy{name: name, policy: p}
+	}
 	state := limiter.StateID(name, tier)
 	if cfg.Store != storeRedis {
 		mem, key, err := loadMemoryStore(state, p, h.MaxKeys, h.clock)
