@@ -73,6 +73,7 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 
 		{"rate_limit", "arguments", "max_keys", "max_keys"},
 		{"zone api", "arguments", "burst", "burst"},
+		{"zone api", "arguments", "calendar", "calendar"},
 		{"redis", "arguments", "timeout", "timeout"},
 		{"jwt", "arguments", "issuer", "issuer"},
 
@@ -83,6 +84,8 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 
 		{"rate_limit", "value", "max_keys", "max_keys many"},
 		{"zone api", "value", "cost", "cost many"},
+		{"zone api", "value", "calendar", "calendar day"},
+		{"zone api", "value", "calendar", "calendar day Nowhere/Else"},
 		{"redis", "value", "pool_size", "pool_size many"},
 		{"jwt", "value", "leeway", "leeway soon"},
 
