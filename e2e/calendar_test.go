@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+	_ "time/tzdata" // the candidate zones below, whatever the host has
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+)
+
+// calendarZone picks a time zone whose local midnight is at least an hour
+// away, so a test's day does not end while it runs, and says when its
+// current day began and ends.
+func calendarZone(t *testing.T) (name string, start, end time.Time) {
+	t.Helper()
+	for _, name := range []string{"Europe/Berlin", "America/New_York", "Asia/Tokyo", "Pacific/Honolulu"} {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now().In(loc)
+		start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, loc)
+		end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, loc)
+		if time.Until(end) >= time.Hour {
+			return name, start, end
+		}
+	}
+	t.Fatal("no candidate time zone is an hour from midnight") // they are hours apart
+	return "", time.Time{}, time.Time{}
+}
+
+// TestCalendarDay: a `calendar day <zone>` zone, in memory and in Redis,
+// admits its events per local day and then refuses, and its headers count
+// down to the local midnight of the configured time zone: X-RateLimit-Reset
+// is that midnight, RateLimit's t and Retry-After the seconds until it,
+// and RateLimit-Policy's w the length of the current local day. The Redis
+// zone's key lives until that midnight.
+func TestCalendarDay(t *testing.T) {
+	t.Parallel()
+	tz, start, end := calendarZone(t)
+	srv := redistest.Start(t)
+	zone := func(name, store string) string {
+		return fmt.Sprintf(`
+	handle /%[1]s {
+		rate_limit {
+			zone %[1]s {
+				key header X-Client
+				events 3
+				calendar day %[2]s
+				store %[3]s
+			}
+			redis {
+				url redis://%[4]s
+				timeout %[5]s
+			}
+		}
+		respond "ok"
+	}`, name, tz, store, srv.Addr(), redisTimeout)
+	}
+	inst := caddyproc.Start(t, globals+"\nhttp://{{http}} {"+zone("cal_memory", "memory")+zone("cal_redis", "redis")+"\n}\n")
+	c := newClient(t)
+	day := int64(end.Sub(start) / time.Second)
+	for _, name := range []string{"cal_memory", "cal_redis"} {
+		t.Run(name, func(t *testing.T) {
+			url := inst.URL("/" + name)
+			rs := expectCodes(t, name, c, url, []int{200, 200, 200, 429}, clientHeader("calendar-client")...)
+			wantRemaining(t, name, rs[:3], name, 2, 1, 0)
+			for i, r := range rs {
+				if got := intHeader(t, r, "X-RateLimit-Reset"); got != end.Unix() {
+					t.Errorf("response %d: X-RateLimit-Reset %d, want %d (midnight in %s, %s)", i+1, got, end.Unix(), tz, end)
+				}
+				left := int64(time.Until(end)/time.Second) + 1
+				if tp := intParam(t, zoneParams(t, r, "RateLimit", name), "t"); tp < left-5 || tp > left+5 {
+					t.Errorf("response %d: RateLimit t=%d, want about %d, the seconds to midnight in %s", i+1, tp, left, tz)
+				}
+				policy := zoneParams(t, r, "RateLimit-Policy", name)
+				if q, w := intParam(t, policy, "q"), intParam(t, policy, "w"); q != 3 || w != day {
+					t.Errorf("response %d: RateLimit-Policy q=%d w=%d, want q=3 w=%d (today in %s)", i+1, q, w, day, tz)
+				}
+			}
+			left := int64(time.Until(end)/time.Second) + 1
+			checkDenial(t, rs[3], name, left-5, left+5)
+			// Another client has a day of its own.
+			expectCodes(t, name+" other client", c, url, []int{200}, clientHeader("other-client")...)
+		})
+	}
+	keys, err := srv.Client(t).Keys(context.Background(), "floodgate:cal_redis:{*").Result()
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("keys of cal_redis: %v, %v; want one per client", keys, err)
+	}
+	ttl := redisReply(t, srv, "PTTL", func(ctx context.Context) (time.Duration, error) {
+		return srv.Client(t).PTTL(ctx, keys[0]).Result()
+	})
+	if left := time.Until(end); ttl < left-5*time.Second || ttl > left+5*time.Second {
+		t.Errorf("key %s lives %v more, want until midnight in %s, %v away", keys[0], ttl, tz, left)
+	}
+	if t.Failed() {
+		t.Logf("caddy log:\n%s", inst.Log())
+	}
+}
