@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 	_ "time/tzdata" // the candidate zones below, whatever the host has
@@ -96,6 +98,83 @@ func TestCalendarDay(t *testing.T) {
 	})
 	if left := time.Until(end); ttl < left-5*time.Second || ttl > left+5*time.Second {
 		t.Errorf("key %s lives %v more, want until midnight in %s, %v away", keys[0], ttl, tz, left)
+	}
+	if t.Failed() {
+		t.Logf("caddy log:\n%s", inst.Log())
+	}
+}
+
+// readmeCaddyfile is the first caddyfile block of the README section that
+// heading opens, with its site address (`:8080 {`) served on the harness's
+// listener, so a test runs the example as the README shows it.
+func readmeCaddyfile(t *testing.T, heading string) string {
+	t.Helper()
+	raw, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(raw), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("README has no %q", heading)
+	}
+	_, block, ok := strings.Cut(section, "```caddyfile\n")
+	if !ok {
+		t.Fatalf("README's %q has no caddyfile block", heading)
+	}
+	block, _, _ = strings.Cut(block, "```")
+	if !strings.HasPrefix(block, ":8080 {\n") {
+		t.Fatalf("README's %q example does not open with `:8080 {`:\n%s", heading, block)
+	}
+	return globals + "\nhttp://{{http}} {\n" + strings.TrimPrefix(block, ":8080 {\n")
+}
+
+// TestCalendarReadmeExample runs the README's "Calendar quotas" example as
+// written: each API key is counted per calendar month of its customer's
+// time zone, on its plan, and a request without a key is refused.
+func TestCalendarReadmeExample(t *testing.T) {
+	t.Parallel()
+	inst := caddyproc.Start(t, readmeCaddyfile(t, "### Calendar quotas"))
+	c := newClient(t)
+	for _, tc := range []struct {
+		key, zone, tz string
+		quota         int64
+	}{
+		{"key-acme", "monthly_eu", "Europe/Berlin", 1_000_000},
+		{"key-initech", "monthly_us", "America/New_York", 10_000},
+		{"key-unknown", "monthly_eu", "Europe/Berlin", 10_000},
+	} {
+		loc, err := time.LoadLocation(tc.tz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now().In(loc)
+		r := get(t, c, inst.URL("/"), "X-API-Key", tc.key)
+		after := time.Now().In(loc)
+		if r.code != 200 {
+			t.Fatalf("%s: status %d", tc.key, r.code)
+		}
+		// The month the request was decided in: the one it was sent in,
+		// unless the next began before the answer came.
+		month := func(now time.Time) (time.Time, time.Time) {
+			return time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, loc), time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, loc)
+		}
+		start, end := month(before)
+		if intHeader(t, r, "X-RateLimit-Reset") != end.Unix() {
+			start, end = month(after)
+		}
+		policy := zoneParams(t, r, "RateLimit-Policy", tc.zone)
+		if q, w := intParam(t, policy, "q"), intParam(t, policy, "w"); q != tc.quota || w != int64(end.Sub(start)/time.Second) {
+			t.Errorf("%s: RateLimit-Policy %q, want q=%d w=%d (this month in %s)", tc.key, r.header.Get("RateLimit-Policy"), tc.quota, int64(end.Sub(start)/time.Second), tc.tz)
+		}
+		if got := intHeader(t, r, "X-RateLimit-Reset"); got != end.Unix() {
+			t.Errorf("%s: X-RateLimit-Reset %d, want %d (the 1st of next month in %s)", tc.key, got, end.Unix(), tc.tz)
+		}
+		if got := intHeader(t, r, "X-RateLimit-Remaining"); got != tc.quota-1 {
+			t.Errorf("%s: X-RateLimit-Remaining %d, want %d", tc.key, got, tc.quota-1)
+		}
+	}
+	if r := get(t, c, inst.URL("/")); r.code != 429 {
+		t.Errorf("a request without an API key: status %d, want 429 (missing_key deny)", r.code)
 	}
 	if t.Failed() {
 		t.Logf("caddy log:\n%s", inst.Log())
