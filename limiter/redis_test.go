@@ -693,6 +693,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 		{Algorithm: SlidingWindowCounter, Events: 11, Window: 1234567 * time.Microsecond},
 		{Algorithm: SlidingWindowCounter, Events: 20_000, Window: 24 * time.Hour},
 		{Algorithm: Concurrency, Events: 3, Window: time.Hour},
+		{Algorithm: FixedWindow, Events: 9, Calendar: &Calendar{Period: Day, Location: mustLoad(t, "Europe/Berlin")}},
 	}
 	for i, p := range policies {
 		t.Run(p.String(), func(t *testing.T) {
@@ -712,6 +713,10 @@ func TestRedisMatchesMemory(t *testing.T) {
 			span := 2*p.Window.Microseconds()/p.Events + 2
 			if p.Algorithm == Concurrency {
 				span = 1000
+			}
+			if p.Calendar != nil {
+				// Calendar days, from a week before Berlin's 23-hour day.
+				span, now = 3*time.Hour.Microseconds(), time.Date(2026, 3, 22, 0, 0, 0, 0, time.UTC).UnixMicro()
 			}
 			// Costs up to a twentieth of the quota exhaust large quotas too.
 			maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
