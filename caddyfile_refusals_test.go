@@ -18,6 +18,9 @@ const refusalSite = `rate_limit {
 		rate 5/s
 		store redis
 		key jwt_claim sub
+		count_response {
+			status 401
+		}
 	}
 	redis {
 		url redis://127.0.0.1:6379
@@ -34,10 +37,11 @@ var refusalBlocks = []struct {
 	name       string
 	open, last int
 }{
-	{"rate_limit", 1, 13},
-	{"zone api", 2, 5},
-	{"redis", 7, 8},
-	{"jwt", 10, 11},
+	{"rate_limit", 1, 16},
+	{"zone api", 2, 8},
+	{"zone api: count_response", 5, 6},
+	{"redis", 10, 11},
+	{"jwt", 13, 14},
 }
 
 // refusalKinds are the shapes of the refusals every block words alike,
@@ -70,11 +74,14 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"zone api", "unknown", "bogus", "bogus 1"},
 		{"redis", "unknown", "bogus", "bogus 1"},
 		{"jwt", "unknown", "bogus", "bogus 1"},
+		{"zone api: count_response", "unknown", "bogus", "bogus 1"},
 
 		{"rate_limit", "arguments", "max_keys", "max_keys"},
 		{"zone api", "arguments", "burst", "burst"},
 		{"redis", "arguments", "timeout", "timeout"},
 		{"jwt", "arguments", "issuer", "issuer"},
+		{"zone api: count_response", "arguments", "status", "status"},
+		{"zone api", "arguments", "response_cost", "response_cost X-Tokens keep please"},
 
 		{"rate_limit", "arguments", "log_key", "log_key yes"},
 		{"zone api", "arguments", "algorithm", "algorithm token_bucket leaky_bucket"},
@@ -85,8 +92,11 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"zone api", "value", "cost", "cost many"},
 		{"redis", "value", "pool_size", "pool_size many"},
 		{"jwt", "value", "leeway", "leeway soon"},
+		{"zone api: count_response", "value", "status", "status 4x"},
+		{"zone api", "value", "cost", "cost {http.request.header.X-Cost"},
 
 		{"zone api", "block", "", "burst 3"},
+		{"zone api", "block", "", "algorithm concurrency"},
 		{"redis", "block", "", "addresses 127.0.0.1:6379"},
 		{"jwt", "block", "", "public_key key.pem"},
 	}
