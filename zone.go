@@ -49,8 +49,8 @@ type zone struct {
 	responseCost  *ResponseCost
 	watches       bool
 	dryRun        bool
-	fail     string
-	limit    limit
+	fail          string
+	limit         limit
 	// tierKey picks a tier's limit from tiers; requests whose value is
 	// not listed use limit.
 	tierKey *keyTemplate
