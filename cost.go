@@ -95,9 +95,10 @@ type ResponseCost struct {
 	// Keep passes the header on to the client; by default it is removed.
 	Keep bool `json:"keep,omitempty"`
 
-	// trailerKey is Header in canonical form, as trailers set after the
-	// body are named (http.TrailerPrefix + key).
-	trailerKey string
+	// field is Header in canonical form, as a response header map keys
+	// it; trailerField is how a trailer of that name is set after the
+	// body (http.TrailerPrefix + field).
+	field, trailerField string
 }
 
 // owes reports whether an algorithm can settle a cost after the response:

@@ -96,13 +96,13 @@ func (ev *evaluation) serveWatched(w http.ResponseWriter, r *http.Request, next 
 func (ev *evaluation) readResponseHeader(hdr http.Header) {
 	for i := range ev.outcomes {
 		if rc := ev.outcomes[i].zone.responseCost; rc != nil {
-			ev.outcomes[i].reported = hdr.Get(rc.Header)
+			ev.outcomes[i].reported = firstValue(hdr, rc.field)
 		}
 	}
 	for i := range ev.outcomes {
 		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
-			hdr.Del(rc.Header)
-			unannounceTrailer(hdr, rc.Header)
+			delete(hdr, rc.field)
+			unannounceTrailer(hdr, rc.field)
 		}
 	}
 }
@@ -129,20 +129,27 @@ func unannounceTrailer(hdr http.Header, name string) {
 	hdr["Trailer"] = []string{strings.Join(kept, ", ")}
 }
 
+// firstValue is hdr's first value for key, which is in canonical form.
+func firstValue(hdr http.Header, key string) string {
+	if vals := hdr[key]; len(vals) > 0 {
+		return vals[0]
+	}
+	return ""
+}
+
 // settle gives back, or takes more of, what the zones took up front, now
 // that the response is known: a count_response zone gives the units back
 // when the response does not match; a response_cost zone takes the
 // difference to the cost the response reports, or gives it back.
 func (ev *evaluation) settle(r *http.Request, status int, hdr http.Header) {
-	var ctx context.Context
+	// Not the request's context, which ends with the client's connection:
+	// what the response settles must reach the store all the same.
+	ctx := context.Background()
 	for i := range ev.outcomes {
 		o := &ev.outcomes[i]
 		z := o.zone
 		if !z.watches || !o.d.Allowed {
 			continue
-		}
-		if ctx == nil {
-			ctx = context.WithoutCancel(r.Context())
 		}
 		if z.countResponse != nil && !z.countResponse.Match(status, hdr) {
 			if o.taken {
@@ -160,8 +167,8 @@ func (ev *evaluation) settle(r *http.Request, status int, hdr http.Header) {
 	for i := range ev.outcomes {
 		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
 			// A trailer the handlers set after the body.
-			hdr.Del(rc.Header)
-			delete(hdr, http.TrailerPrefix+rc.trailerKey)
+			delete(hdr, rc.field)
+			delete(hdr, rc.trailerField)
 		}
 	}
 }
@@ -173,8 +180,8 @@ func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
 	rc, m := o.zone.responseCost, o.zone.metrics
 	v := o.reported
 	if v == "" {
-		if v = hdr.Get(rc.Header); v == "" {
-			v = strings.Join(hdr[http.TrailerPrefix+rc.trailerKey], ",")
+		if v = firstValue(hdr, rc.field); v == "" {
+			v = firstValue(hdr, rc.trailerField)
 		}
 	}
 	if v == "" {

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -368,5 +369,47 @@ func TestResponseShapedRefusedWhereUnsettled(t *testing.T) {
 		if err == nil || err.Error() != want {
 			t.Errorf("%s with %s: %v, want %q", tc.alg, name, err, want)
 		}
+	}
+}
+
+// BenchmarkHandlerShapes is one allowed request through a zone that
+// settles its cost by the response, against the same zone without: what
+// count_response (a response that does not count, so its unit is given
+// back), a cost placeholder and response_cost (a reported cost one above
+// the up-front one, so one more unit is charged) add per request. Every
+// variant's upstream writes the same header.
+func BenchmarkHandlerShapes(b *testing.B) {
+	const zone = "rate_limit {\n zone z {\n  key ip\n  algorithm token_bucket\n  rate 1000000000/1s\n%s }\n}"
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("X-Tokens", "2")
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	for _, tc := range []struct{ name, options string }{
+		{"plain", ""},
+		{"count_response", "  count_response {\n   status 401\n  }\n"},
+		{"cost_placeholder", "  cost {http.request.header.X-Cost}\n"},
+		{"response_cost", "  response_cost X-Tokens\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := provisionHandler(b, fmt.Sprintf(zone, tc.options))
+			base, _ := newKeyRequest("198.51.100.9", map[string]string{"X-Cost": "1"})
+			reqs := make([]*http.Request, benchPrepared)
+			benchRequests(reqs, []*http.Request{base})
+			w := httptest.NewRecorder()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if i%benchPrepared == 0 && i > 0 {
+					b.StopTimer()
+					benchRequests(reqs, []*http.Request{base})
+					b.StartTimer()
+				}
+				clear(w.Header())
+				if err := h.ServeHTTP(w, reqs[i%benchPrepared], next); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -359,7 +359,8 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 	z.countResponse = cfg.CountResponse
 	if cfg.ResponseCost != nil {
 		rc := *cfg.ResponseCost
-		rc.trailerKey = http.CanonicalHeaderKey(rc.Header)
+		rc.field = http.CanonicalHeaderKey(rc.Header)
+		rc.trailerField = http.TrailerPrefix + rc.field
 		z.responseCost = &rc
 	}
 	z.watches = z.countResponse != nil || z.responseCost != nil
