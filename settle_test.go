@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
@@ -411,5 +414,74 @@ func BenchmarkHandlerShapes(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestShapesJSON: the JSON forms of cost, count_response and
+// response_cost, as `caddy adapt` writes them and as an operator may, and
+// their refusals, which name the zone as the Caddyfile's do.
+func TestShapesJSON(t *testing.T) {
+	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+	out, _, err := adapter.Adapt([]byte(`:8080 {
+	rate_limit {
+		zone a {
+			rate 5/1m
+			cost 2
+			count_response {
+				status 4xx 503
+				header X-Login-Failed
+			}
+		}
+		zone b {
+			algorithm token_bucket
+			rate 100/1m
+			cost {http.request.header.X-Estimate}
+			response_cost X-Tokens keep
+		}
+	}
+	respond "ok"
+}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`"cost":2,`,
+		`"count_response":{"headers":{"X-Login-Failed":[]},"status_code":[4,503]}`,
+		`"cost":"{http.request.header.X-Estimate}"`,
+		`"response_cost":{"header":"X-Tokens","keep":true}`,
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("adapted JSON lacks %s:\n%s", want, out)
+		}
+	}
+	for _, tc := range []struct{ zone, want string }{
+		{`"cost":"3"`, ""},
+		{`"cost":"{vars.cost}","count_response":{"status_code":[401]},"response_cost":{"header":"X-T"}`, ""},
+		{`"cost":"many"`, `zone "z": cost must be a positive integer or a placeholder, got "many"`},
+		{`"cost":-1`, `zone "z": cost must be positive, got -1`},
+		{`"cost":"{vars.cost"`, `zone "z": cost: unclosed placeholder`},
+		{`"count_response":{}`, `zone "z": count_response needs a status or a header to match`},
+		{`"count_response":{"status_code":[7]}`, `zone "z": count_response: status 7 is neither a code`},
+		{`"response_cost":{"header":""}`, `zone "z": response_cost needs a header name`},
+		{`"response_cost":{"header":"X T"}`, `zone "z": response_cost: "X T" is not a header field name`},
+		{`"algorithm":"concurrency","count_response":{"status_code":[401]}`, `zone "z": count_response applies only to`},
+		{`"algorithm":"leaky_bucket","response_cost":{"header":"X"}`, `zone "z": response_cost applies only to`},
+	} {
+		var h Handler
+		raw := fmt.Sprintf(`{"rate_limits":{"z":{"max_events":5,"window":"1m",%s}}}`, tc.zone)
+		if err := json.Unmarshal([]byte(raw), &h); err != nil {
+			t.Fatalf("%s: %v", tc.zone, err)
+		}
+		err := h.validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", tc.zone, err)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+			t.Errorf("%s: refusal %v, want one starting %q", tc.zone, err, tc.want)
+		}
+	}
+	var h Handler
+	if err := json.Unmarshal([]byte(`{"rate_limits":{"z":{"max_events":5,"window":"1m","cost":[1]}}}`), &h); err == nil {
+		t.Error("a cost that is a list was accepted")
 	}
 }
