@@ -18,12 +18,40 @@ import (
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+	httpcaddyfile.RegisterHandlerDirective("rate_limit_status", parseStatusCaddyfile)
+	// It answers, as respond does: after rate_limit and the directives that
+	// authenticate (basic_auth, forward_auth), which can then guard it,
+	// and after handle and route, so it can stand inside either.
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit_status", httpcaddyfile.Before, "respond")
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var handler Handler
 	err := handler.UnmarshalCaddyfile(h.Dispenser)
 	return &handler, err
+}
+
+func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler StatusHandler
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return &handler, err
+}
+
+// UnmarshalCaddyfile parses the rate_limit_status directive, which takes
+// zone names and no block (an empty one is accepted):
+//
+//	rate_limit_status [<matcher>] [<zone>...]
+func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	line := d.Line()
+	s.Zones = d.RemainingArgs()
+	if err := parseBlock(d, "rate_limit_status", nil); err != nil {
+		return err
+	}
+	if err := s.validate(); err != nil {
+		return refuseAt(d, line, "rate_limit_status: %v", err)
+	}
+	return nil
 }
 
 // UnmarshalCaddyfile parses the rate_limit directive; README.md has the
@@ -658,5 +686,8 @@ func compatOption(dst *json.RawMessage) option {
 	}}
 }
 
-// Interface guard
-var _ caddyfile.Unmarshaler = (*Handler)(nil)
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler = (*StatusHandler)(nil)
+)

@@ -309,7 +309,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		interval = time.Minute
 	}
 	h.sweeper = startSweeper(interval, h.zones)
-	zones.add(h)
+	zones.add(h, ctx.Done())
 	h.warmRedis()
 	return nil
 }
