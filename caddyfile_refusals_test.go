@@ -55,8 +55,8 @@ var refusalKinds = map[string]string{
 	"block":     `^%[1]s: [^']+, at Testfile:%[3]d$`,
 }
 
-// TestCaddyfileRefusalsReadAlike: the rate_limit, zone, redis and jwt
-// blocks refuse a repeated option, an unknown one, a missing or an extra
+// TestCaddyfileRefusalsReadAlike: the rate_limit, zone, redis, jwt and
+// rate_limit_status blocks refuse a repeated option, an unknown one, a missing or an extra
 // argument and a bad value in the same words, naming the block and the
 // option, at the option's line; and a block whose options contradict each
 // other at the line that opens it. The adapter, which `caddy adapt` and
@@ -147,34 +147,26 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 	if _, err := parseDirective(t, "rate_limit {\n\tjitter 0.1\n}"); err == nil || !want.MatchString(err.Error()) {
 		t.Errorf("refusal %v does not read as %s", err, want)
 	}
-}
 
-// TestCaddyfileRepeatableOptions: the options that may be given more than
-// once (a rate_limit's zones, a zone's matchers) still may, while a zone
-// name given twice is refused like a repeated option.
-func TestCaddyfileRepeatableOptions(t *testing.T) {
-	h, err := parseDirective(t, `rate_limit {
-		zone a {
-			match {
-				path /a/*
-			}
-			match {
-				method POST
-			}
-			rate 5/s
+	// rate_limit_status takes zone names and no options: an option in a
+	// block is unknown, at its line; a name given twice is refused as
+	// rate_limit refuses a zone declared twice, at the directive's line.
+	// Directly and through the adapter.
+	for _, tc := range []struct{ input, want string }{
+		{"rate_limit_status api {\n\tbogus 1\n}", fmt.Sprintf(refusalKinds["unknown"], "rate_limit_status", "bogus", 2)},
+		{"rate_limit_status api {\n\tzones api\n}", fmt.Sprintf(refusalKinds["unknown"], "rate_limit_status", "zones", 2)},
+		{"rate_limit_status api login api", "^rate_limit_status: zone 'api' specified twice, at Testfile:1$"},
+	} {
+		want := regexp.MustCompile(tc.want)
+		var s StatusHandler
+		if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err == nil || !want.MatchString(err.Error()) {
+			t.Errorf("%q: refusal %v does not read as %s", tc.input, err, want)
 		}
-		zone b {
-			rate 5/s
+		// One line down in a site.
+		adapted := regexp.MustCompile(strings.NewReplacer("^", "", "Testfile:1$", "Caddyfile:2$", "Testfile:2$", "Caddyfile:3$").Replace(tc.want))
+		adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+		if _, _, err := adapter.Adapt([]byte(":8080 {\n"+tc.input+"\n}"), nil); err == nil || !adapted.MatchString(err.Error()) {
+			t.Errorf("%q: adapter refusal %v does not read as %s", tc.input, err, adapted)
 		}
-	}`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(h.RateLimits) != 2 || len(h.RateLimits["a"].MatcherSetsRaw) != 2 {
-		t.Fatalf("parsed %d zones, zone a with %d matcher sets; want 2 and 2", len(h.RateLimits), len(h.RateLimits["a"].MatcherSetsRaw))
-	}
-	_, err = parseDirective(t, "rate_limit {\n zone a {\n  rate 5/s\n }\n zone a {\n  rate 5/s\n }\n}")
-	if want := "rate_limit: zone 'a' specified twice, at Testfile:5"; err == nil || err.Error() != want {
-		t.Errorf("refusal %v, want %q", err, want)
 	}
 }

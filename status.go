@@ -81,7 +81,7 @@ func (s *StatusHandler) validate() error {
 			return err
 		}
 		if slices.Contains(s.Zones[:i], name) {
-			return fmt.Errorf("zone '%s' named twice", name)
+			return fmt.Errorf("zone '%s' specified twice", name)
 		}
 	}
 	return nil
