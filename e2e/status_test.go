@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -182,5 +184,69 @@ func TestClientStatus(t *testing.T) {
 	wantStatus(t, "after the reload", got, "status_red", 20, 16, 3600)
 	if len(got) != 2 {
 		t.Errorf("after the reload: answered %+v, want the two zones once each", got)
+	}
+}
+
+// statusExample is the README's rate_limit_status example, which it shows
+// from its opening brace on.
+const statusExample = "../examples/rate-limit-status.Caddyfile"
+
+// TestClientStatusExample runs the README's example as written: the README
+// shows the file, `caddy adapt` takes it, and on the harness's ports its
+// status answers as the README says, for a pro key and for no key.
+func TestClientStatusExample(t *testing.T) {
+	t.Parallel()
+	example, err := os.ReadFile(statusExample)
+	if err != nil {
+		t.Fatalf("the README's example: %v", err)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := string(example[strings.Index(string(example), "{\n"):])
+	if !strings.Contains(string(readme), "```caddyfile\n"+shown+"```\n") {
+		t.Errorf("the README does not show %s as it is", statusExample)
+	}
+
+	cmd := exec.Command(caddyproc.Binary(t), "adapt", "--config", statusExample, "--adapter", "caddyfile", "--validate")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("caddy adapt: %v\n%s", err, stderr.String())
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatalf("caddy adapt output is not JSON: %v\n%s", err, out)
+	}
+	// The harness's ports: the example's own may be taken, and :8080
+	// listens beyond loopback.
+	cfg["admin"] = map[string]any{"listen": "{{admin}}"}
+	servers := jsonPath(t, cfg, "apps", "http", "servers")
+	if len(servers) != 1 {
+		t.Fatalf("the example has %d servers; this test expects one", len(servers))
+	}
+	for _, s := range servers {
+		s.(map[string]any)["listen"] = []string{"{{http}}"}
+	}
+	runnable, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := caddyproc.StartJSON(t, string(runnable))
+	c := newClient(t)
+	pro := []string{"X-API-Key", "key-abc"}
+	expectCodes(t, "three API requests", c, inst.URL("/api/orders"), []int{200, 200, 200}, pro...)
+	got, _ := askStatus(t, c, inst.URL("/rate_limit"), []string{"key-abc", "127.0.0.1"}, pro...)
+	wantStatus(t, "the pro key", got, "api", 1000, 997, 3600)
+	// per_ip refills a token a second: at least 7 of its 10 are left.
+	if z := got["per_ip"]; z.Limit != 10 || z.Window != 10 || z.Remaining < 7 || z.Remaining > 10 {
+		t.Errorf("per_ip: %+v, want limit 10, window 10, at least 7 left", z)
+	}
+	got, _ = askStatus(t, c, inst.URL("/rate_limit"), []string{"127.0.0.1"})
+	wantStatus(t, "no key", got, "api", 100, 100, 3600)
+	if len(got) != 2 {
+		t.Errorf("no key: answered %+v, want api and per_ip", got)
 	}
 }
