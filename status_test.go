@@ -470,3 +470,21 @@ func TestStatusCaddyfile(t *testing.T) {
 		at = i
 	}
 }
+
+// TestStatusJSONRefusals: in JSON as in the Caddyfile, a zone name given
+// twice, or one no zone can have, is refused when the config loads.
+func TestStatusJSONRefusals(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"zones":["api","login","api"]}`: "zone 'api' specified twice",
+		`{"zones":["caf\u00e9"]}`:         "only printable ASCII",
+		`{"zones":[""]}`:                  "a zone needs a name",
+	} {
+		var s StatusHandler
+		if err := json.Unmarshal([]byte(raw), &s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Provision(newConfig(t)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want a refusal with %q", raw, err, want)
+		}
+	}
+}
