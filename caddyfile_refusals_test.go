@@ -55,9 +55,9 @@ var refusalKinds = map[string]string{
 	"block":     `^%[1]s: [^']+, at Testfile:%[3]d$`,
 }
 
-// TestCaddyfileRefusalsReadAlike: the rate_limit, zone, redis, jwt and
-// rate_limit_status blocks refuse a repeated option, an unknown one, a missing or an extra
-// argument and a bad value in the same words, naming the block and the
+// TestCaddyfileRefusalsReadAlike: the rate_limit, zone, redis and jwt
+// blocks, and rate_limit_status, refuse a repeated option, an unknown one,
+// a missing or an extra argument and a bad value in the same words, naming the block and the
 // option, at the option's line; and a block whose options contradict each
 // other at the line that opens it. The adapter, which `caddy adapt` and
 // the admin API's /load run, passes each refusal on as it is.
@@ -168,5 +168,35 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		if _, _, err := adapter.Adapt([]byte(":8080 {\n"+tc.input+"\n}"), nil); err == nil || !adapted.MatchString(err.Error()) {
 			t.Errorf("%q: adapter refusal %v does not read as %s", tc.input, err, adapted)
 		}
+	}
+}
+
+// TestCaddyfileRepeatableOptions: the options that may be given more than
+// once (a rate_limit's zones, a zone's matchers) still may, while a zone
+// name given twice is refused like a repeated option.
+func TestCaddyfileRepeatableOptions(t *testing.T) {
+	h, err := parseDirective(t, `rate_limit {
+		zone a {
+			match {
+				path /a/*
+			}
+			match {
+				method POST
+			}
+			rate 5/s
+		}
+		zone b {
+			rate 5/s
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.RateLimits) != 2 || len(h.RateLimits["a"].MatcherSetsRaw) != 2 {
+		t.Fatalf("parsed %d zones, zone a with %d matcher sets; want 2 and 2", len(h.RateLimits), len(h.RateLimits["a"].MatcherSetsRaw))
+	}
+	_, err = parseDirective(t, "rate_limit {\n zone a {\n  rate 5/s\n }\n zone a {\n  rate 5/s\n }\n}")
+	if want := "rate_limit: zone 'a' specified twice, at Testfile:5"; err == nil || err.Error() != want {
+		t.Errorf("refusal %v, want %q", err, want)
 	}
 }
