@@ -382,3 +382,45 @@ func redisCount(t *testing.T, r *Redis, key string) int64 {
 	}
 	return n
 }
+
+// TestNearCacheRenewalSeesDebt: a charge on one instance reaches the store
+// at once; another instance may still spend the units its lease holds (the
+// store counted them before the charge), but the renewal of its lease gives
+// its leftover back and is refused while the key owes.
+func TestNearCacheRenewalSeesDebt(t *testing.T) {
+	ctx := context.Background()
+	p := Policy{Algorithm: FixedWindow, Events: 10, Window: time.Minute}
+	clock := testutil.NewClock(time.UnixMicro(alignedBase(p)))
+	shared, err := NewMemory(p, MemoryOptions{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caches := make([]*NearCache, 2)
+	for i := range caches {
+		if caches[i], err = NewNearCache(shared, p, NearCacheOptions{LeaseFraction: 1, Clock: clock, manualSweep: true}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = caches[i].Close(ctx) })
+	}
+	holder, charger := caches[0], caches[1]
+	for range 4 { // leases of 1, 2 and 4: the store counts 7, 3 held
+		if d, _ := holder.Take(ctx, "k", 1); !d.Allowed {
+			t.Fatalf("take refused: %+v", d)
+		}
+	}
+	if d, err := charger.Charge(ctx, "k", 6); err != nil || d.Granted() != 6 || d.Remaining != 0 || d.Source != SourceStore {
+		t.Fatalf("charge of 6 on the other instance: %+v %v; want all 6 from the store, none remaining", d, err)
+	}
+	if d, _ := holder.Take(ctx, "k", 1); !d.Allowed || d.Source != SourceLease {
+		t.Fatalf("a unit the lease held was refused: %+v", d)
+	}
+	clock.Advance(LeaseLifetime) // the lease lapses with 2 units left
+	d, err := holder.Take(ctx, "k", 1)
+	if err != nil || d.Allowed {
+		t.Fatalf("the renewal was granted while the key owes: %+v %v", d, err)
+	}
+	// The renewal gave the 2 back: 7 + 6 − 2 = 11, so 2 more back leave 1.
+	if sd, _ := shared.Refund(ctx, "k", 2, d); sd.Remaining != 1 {
+		t.Fatalf("the store has %d left after 2 of its 11 came back, want 1", sd.Remaining)
+	}
+}
