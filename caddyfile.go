@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -17,12 +18,40 @@ import (
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+	httpcaddyfile.RegisterHandlerDirective("rate_limit_status", parseStatusCaddyfile)
+	// It answers, as respond does: after rate_limit and the directives that
+	// authenticate (basic_auth, forward_auth), which can then guard it,
+	// and after handle and route, so it can stand inside either.
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit_status", httpcaddyfile.Before, "respond")
 }
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var handler Handler
 	err := handler.UnmarshalCaddyfile(h.Dispenser)
 	return &handler, err
+}
+
+func parseStatusCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler StatusHandler
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return &handler, err
+}
+
+// UnmarshalCaddyfile parses the rate_limit_status directive, which takes
+// zone names and no block (an empty one is accepted):
+//
+//	rate_limit_status [<matcher>] [<zone>...]
+func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	line := d.Line()
+	s.Zones = d.RemainingArgs()
+	if err := parseBlock(d, "rate_limit_status", nil); err != nil {
+		return err
+	}
+	if err := s.validate(); err != nil {
+		return refuseAt(d, line, "rate_limit_status: %v", err)
+	}
+	return nil
 }
 
 // UnmarshalCaddyfile parses the rate_limit directive; README.md has the
@@ -206,7 +235,37 @@ func (z *Zone) options(block string) map[string]option {
 			return err
 		}}),
 		"burst": positiveOption(&z.Burst),
-		"cost":  positiveOption(&z.Cost),
+		"cost": {args: "<n> | <placeholder>", parse: func(d *caddyfile.Dispenser) error {
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			c := Cost(v)
+			if !c.isTemplate() {
+				if n, err := strconv.ParseInt(v, 10, 64); err != nil || n <= 0 {
+					return fmt.Errorf("want a positive integer or a placeholder, got %q", v)
+				}
+			} else if _, err := c.template(); err != nil {
+				return err
+			}
+			z.Cost = c
+			return nil
+		}},
+		"count_response": {args: blockArgs, parse: func(d *caddyfile.Dispenser) error {
+			return z.parseCountResponse(d, block+": count_response")
+		}},
+		"response_cost": {args: "<header> [keep]", parse: func(d *caddyfile.Dispenser) error {
+			args := d.RemainingArgs()
+			if len(args) == 0 || len(args) > 2 || (len(args) == 2 && args[1] != "keep") {
+				return errArgCount
+			}
+			rc := &ResponseCost{Header: args[0], Keep: len(args) == 2}
+			if err := rc.validate(); err != nil {
+				return err
+			}
+			z.ResponseCost = rc
+			return nil
+		}},
 		"max_delay": {args: "<duration>", parse: func(d *caddyfile.Dispenser) error {
 			z.MaxDelay = new(caddy.Duration)
 			return durationOption(z.MaxDelay, maxDelayBound).parse(d)
@@ -251,6 +310,80 @@ func (z *Zone) parseCalendar(d *caddyfile.Dispenser) error {
 	}
 	z.Calendar = c
 	return nil
+}
+
+// parseCountResponse reads `count_response { status <code|Nxx>...;
+// header <field> [<value>] }` into Caddy's response matcher: a header
+// without a value must be present, `!<field>` absent. block names it in
+// refusals.
+func (z *Zone) parseCountResponse(d *caddyfile.Dispenser, block string) error {
+	if d.NextArg() {
+		return errArgCount
+	}
+	m := new(caddyhttp.ResponseMatcher)
+	err := parseBlock(d, block, map[string]option{
+		"status": {args: "<code|Nxx>...", repeats: true, parse: func(d *caddyfile.Dispenser) error {
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return errArgCount
+			}
+			for _, a := range args {
+				code, err := parseStatus(a)
+				if err != nil {
+					return err
+				}
+				m.StatusCode = append(m.StatusCode, code)
+			}
+			return nil
+		}},
+		"header": {args: "<field> [<value>]", repeats: true, parse: func(d *caddyfile.Dispenser) error {
+			args := d.RemainingArgs()
+			if len(args) == 0 || len(args) > 2 {
+				return errArgCount
+			}
+			if m.Headers == nil {
+				m.Headers = http.Header{}
+			}
+			field, absent := strings.CutPrefix(args[0], "!")
+			field = http.CanonicalHeaderKey(field)
+			switch {
+			case field == "":
+				return fmt.Errorf("%q is not a header field name", args[0])
+			case absent && len(args) == 2:
+				return fmt.Errorf("!%s matches a missing header, which has no value", field)
+			case absent:
+				m.Headers[field] = nil
+			case len(args) == 1:
+				if m.Headers[field] == nil {
+					m.Headers[field] = []string{} // present, any value
+				}
+			default:
+				m.Headers[field] = append(m.Headers[field], args[1])
+			}
+			return nil
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	if err := validateCountResponse(m); err != nil {
+		return err
+	}
+	z.CountResponse = m
+	return nil
+}
+
+// parseStatus reads a status code (401) or class (4xx) as Caddy's
+// response matcher takes it: a class is its first digit.
+func parseStatus(s string) (int, error) {
+	if len(s) == 3 && strings.HasSuffix(s, "xx") {
+		s = s[:1]
+	}
+	code, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("status %q is neither a code (401) nor a class (4xx)", s)
+	}
+	return code, nil
 }
 
 // parseTier reads `tier <placeholder> { <value> <n>/<duration> ... }`;
@@ -616,5 +749,8 @@ func compatOption(dst *json.RawMessage) option {
 	}}
 }
 
-// Interface guard
-var _ caddyfile.Unmarshaler = (*Handler)(nil)
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler = (*StatusHandler)(nil)
+)

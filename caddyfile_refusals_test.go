@@ -18,6 +18,9 @@ const refusalSite = `rate_limit {
 		rate 5/s
 		store redis
 		key jwt_claim sub
+		count_response {
+			status 401
+		}
 	}
 	redis {
 		url redis://127.0.0.1:6379
@@ -34,10 +37,11 @@ var refusalBlocks = []struct {
 	name       string
 	open, last int
 }{
-	{"rate_limit", 1, 13},
-	{"zone api", 2, 5},
-	{"redis", 7, 8},
-	{"jwt", 10, 11},
+	{"rate_limit", 1, 16},
+	{"zone api", 2, 8},
+	{"zone api: count_response", 5, 6},
+	{"redis", 10, 11},
+	{"jwt", 13, 14},
 }
 
 // refusalKinds are the shapes of the refusals every block words alike,
@@ -52,8 +56,8 @@ var refusalKinds = map[string]string{
 }
 
 // TestCaddyfileRefusalsReadAlike: the rate_limit, zone, redis and jwt
-// blocks refuse a repeated option, an unknown one, a missing or an extra
-// argument and a bad value in the same words, naming the block and the
+// blocks, and rate_limit_status, refuse a repeated option, an unknown one,
+// a missing or an extra argument and a bad value in the same words, naming the block and the
 // option, at the option's line; and a block whose options contradict each
 // other at the line that opens it. The adapter, which `caddy adapt` and
 // the admin API's /load run, passes each refusal on as it is.
@@ -70,12 +74,15 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"zone api", "unknown", "bogus", "bogus 1"},
 		{"redis", "unknown", "bogus", "bogus 1"},
 		{"jwt", "unknown", "bogus", "bogus 1"},
+		{"zone api: count_response", "unknown", "bogus", "bogus 1"},
 
 		{"rate_limit", "arguments", "max_keys", "max_keys"},
 		{"zone api", "arguments", "burst", "burst"},
 		{"zone api", "arguments", "calendar", "calendar"},
 		{"redis", "arguments", "timeout", "timeout"},
 		{"jwt", "arguments", "issuer", "issuer"},
+		{"zone api: count_response", "arguments", "status", "status"},
+		{"zone api", "arguments", "response_cost", "response_cost X-Tokens keep please"},
 
 		{"rate_limit", "arguments", "log_key", "log_key yes"},
 		{"zone api", "arguments", "algorithm", "algorithm token_bucket leaky_bucket"},
@@ -88,8 +95,11 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"zone api", "value", "calendar", "calendar day Nowhere/Else"},
 		{"redis", "value", "pool_size", "pool_size many"},
 		{"jwt", "value", "leeway", "leeway soon"},
+		{"zone api: count_response", "value", "status", "status 4x"},
+		{"zone api", "value", "cost", "cost {http.request.header.X-Cost"},
 
 		{"zone api", "block", "", "burst 3"},
+		{"zone api", "block", "", "algorithm concurrency"},
 		{"redis", "block", "", "addresses 127.0.0.1:6379"},
 		{"jwt", "block", "", "public_key key.pem"},
 	}
@@ -139,6 +149,28 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 	want := regexp.MustCompile(fmt.Sprintf(refusalKinds["block"], "rate_limit", "", 1))
 	if _, err := parseDirective(t, "rate_limit {\n\tjitter 0.1\n}"); err == nil || !want.MatchString(err.Error()) {
 		t.Errorf("refusal %v does not read as %s", err, want)
+	}
+
+	// rate_limit_status takes zone names and no options: an option in a
+	// block is unknown, at its line; a name given twice is refused as
+	// rate_limit refuses a zone declared twice, at the directive's line.
+	// Directly and through the adapter.
+	for _, tc := range []struct{ input, want string }{
+		{"rate_limit_status api {\n\tbogus 1\n}", fmt.Sprintf(refusalKinds["unknown"], "rate_limit_status", "bogus", 2)},
+		{"rate_limit_status api {\n\tzones api\n}", fmt.Sprintf(refusalKinds["unknown"], "rate_limit_status", "zones", 2)},
+		{"rate_limit_status api login api", "^rate_limit_status: zone 'api' specified twice, at Testfile:1$"},
+	} {
+		want := regexp.MustCompile(tc.want)
+		var s StatusHandler
+		if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err == nil || !want.MatchString(err.Error()) {
+			t.Errorf("%q: refusal %v does not read as %s", tc.input, err, want)
+		}
+		// One line down in a site.
+		adapted := regexp.MustCompile(strings.NewReplacer("^", "", "Testfile:1$", "Caddyfile:2$", "Testfile:2$", "Caddyfile:3$").Replace(tc.want))
+		adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+		if _, _, err := adapter.Adapt([]byte(":8080 {\n"+tc.input+"\n}"), nil); err == nil || !adapted.MatchString(err.Error()) {
+			t.Errorf("%q: adapter refusal %v does not read as %s", tc.input, err, adapted)
+		}
 	}
 }
 

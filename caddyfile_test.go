@@ -55,7 +55,7 @@ func TestCaddyfileZoneOptions(t *testing.T) {
 	}
 	if api.Key != "{http.request.header.X-API-Key}" || api.Algorithm != "token_bucket" ||
 		api.MaxEvents != 100 || time.Duration(api.Window) != time.Minute || api.Burst != 20 ||
-		api.Cost != 2 || api.MissingKey != "deny" || api.IPv4Prefix != 24 || api.IPv6Prefix != 56 ||
+		api.Cost != "2" || api.MissingKey != "deny" || api.IPv4Prefix != 24 || api.IPv6Prefix != 56 ||
 		!api.DryRun || len(api.MatcherSetsRaw) != 1 {
 		t.Fatalf("zone api parsed as %+v", api)
 	}

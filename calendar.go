@@ -91,3 +91,17 @@ func (c *calendarPolicy) at(t time.Time) string {
 	c.cur.Store(it)
 	return it.item
 }
+
+// windowAt is the window RateLimit-Policy reports for l at t: the one
+// made once, or for a calendar limit the length of the calendar window t
+// falls in (now, for the zero t of a decision no store timed).
+func (l *limit) windowAt(t time.Time) time.Duration {
+	if l.calendar == nil {
+		return l.window
+	}
+	if t.IsZero() {
+		t = time.Now()
+	}
+	_, w := l.policy.QuotaAt(t)
+	return w
+}

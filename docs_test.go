@@ -297,3 +297,26 @@ func TestDesignLayoutComplete(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMEIncludesExamples: every example Caddyfile under examples/,
+// which the end-to-end tests run as written, appears whole in a README
+// code block, so what the README shows is what was tested.
+func TestREADMEIncludesExamples(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("examples/*.Caddyfile")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples/*.Caddyfile (%v)", err)
+	}
+	for _, f := range files {
+		example, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(readme), "```caddyfile\n"+string(example)+"```\n") {
+			t.Errorf("README.md does not show %s whole in a caddyfile code block", f)
+		}
+	}
+}

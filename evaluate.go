@@ -30,11 +30,16 @@ type outcome struct {
 	// store decided: the limit's own, or its local fallback.
 	store limiter.Store
 	key   string
-	d     limiter.Decision
+	// cost is what the request took up front.
+	cost int64
+	d    limiter.Decision
 	// taken is true when the store consumed units that must be refunded
 	// if the request is refused, or when it finishes for an algorithm
 	// that releases on finish.
 	taken bool
+	// reported is the zone's response_cost header as the response
+	// header was written.
+	reported string
 }
 
 // evaluation is every zone's decision on one request.
@@ -53,6 +58,9 @@ type evaluation struct {
 	// claims is the request's token as this handler's jwt block verifies
 	// it, which keys and tiers read directly; nil without a jwt block.
 	claims *jwtClaims
+	// watches is set when a zone that admitted the request settles its
+	// cost by the response (count_response, response_cost).
+	watches bool
 }
 
 // candidate is a zone that matches a request, its limit and its key.
@@ -60,6 +68,8 @@ type candidate struct {
 	zone  *zone
 	limit *limit
 	key   string
+	// cost is the request's cost in this zone.
+	cost int64
 	// missingDeny is set when the key is missing and the zone refuses
 	// such requests.
 	missingDeny bool
@@ -76,12 +86,30 @@ type candidate struct {
 // decisions are measured (metrics or samples).
 func (c *candidate) take(ctx context.Context) {
 	if !c.zone.timed {
-		c.d, c.err = c.limit.store.Take(ctx, c.key, c.zone.cost)
+		c.d, c.err = takeCost(ctx, c.limit.store, c.key, c.cost)
 		return
 	}
 	start := sinceStart()
-	c.d, c.err = c.limit.store.Take(ctx, c.key, c.zone.cost)
+	c.d, c.err = takeCost(ctx, c.limit.store, c.key, c.cost)
 	c.took = sinceStart() - start
+}
+
+// takeCost asks s to take cost units of key. A request of cost 0 (a
+// per-request cost may be 0) takes nothing, yet passes only while the key
+// has a unit left, so a key that is spent or owes is refused whatever
+// cost its requests claim: it takes a unit and gives it back at once.
+func takeCost(ctx context.Context, s limiter.Store, key string, cost int64) (limiter.Decision, error) {
+	if cost > 0 {
+		return s.Take(ctx, key, cost)
+	}
+	d, err := s.Take(ctx, key, 1)
+	if err != nil || !d.Allowed {
+		return d, err
+	}
+	if st, err := s.Refund(context.WithoutCancel(ctx), key, 1, d); err == nil {
+		d.Remaining, d.ResetAfter = st.Remaining, st.ResetAfter
+	}
+	return d, nil
 }
 
 // processStart anchors sinceStart.
@@ -100,7 +128,7 @@ var evaluations = sync.Pool{New: func() any {
 
 func getEvaluation() *evaluation {
 	ev := evaluations.Get().(*evaluation)
-	ev.denied, ev.hold, ev.failed, ev.claims = -1, 0, nil, nil
+	ev.denied, ev.hold, ev.failed, ev.claims, ev.watches = -1, 0, nil, nil, false
 	return ev
 }
 
@@ -180,6 +208,9 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 		}
 	}
 	c.key = key
+	if err := h.requestCost(r, repl, claims, c); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -227,8 +258,8 @@ func (c *candidate) remoteTake() bool { return c.limit.remote && !c.missingDeny 
 func (ev *evaluation) refundEarly(ctx context.Context, from int) {
 	for i := from; i < len(ev.candidates); i++ {
 		c := &ev.candidates[i]
-		if c.early && c.err == nil && c.d.Allowed {
-			_, _ = c.limit.store.Refund(context.WithoutCancel(ctx), c.key, c.zone.cost, c.d)
+		if c.early && c.err == nil && c.d.Allowed && c.cost > 0 {
+			_, _ = c.limit.store.Refund(context.WithoutCancel(ctx), c.key, c.cost, c.d)
 		}
 	}
 }
@@ -271,14 +302,17 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 			return true
 		case z.fail == failLocal && l.local != nil:
 			store = l.local
-			if d, err = store.Take(r.Context(), c.key, z.cost); err != nil {
+			if d, err = takeCost(r.Context(), store, c.key, c.cost); err != nil {
 				return false
 			}
 		default: // open: this zone does not limit, nor report
 			return false
 		}
 	}
-	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, d: d, taken: d.Allowed})
+	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, cost: c.cost, d: d, taken: d.Allowed && c.cost > 0})
+	if d.Allowed && z.watches {
+		ev.watches = true
+	}
 	z.metrics.count(d.Allowed, z.dryRun, d.Source)
 	z.hot.Add(maphash.String(hotSeed, c.key), c.key, !d.Allowed)
 	if z.timed {
@@ -313,7 +347,7 @@ func (ev *evaluation) refund(r *http.Request, finished bool) {
 			ctx = context.WithoutCancel(r.Context())
 		}
 		// Report the state after the refund, not the units it gave back.
-		if st, err := o.store.Refund(ctx, o.key, o.zone.cost, o.d); err == nil {
+		if st, err := o.store.Refund(ctx, o.key, o.cost, o.d); err == nil {
 			o.d.Remaining, o.d.ResetAfter = st.Remaining, st.ResetAfter
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/textproto"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -52,6 +53,9 @@ type keyPart struct {
 	text        string
 	placeholder bool
 	claim       bool
+	// header is, for {http.request.header.<field>}, the field in canonical
+	// form, read from the request as the replacer would read it.
+	header string
 }
 
 // parseKeyTemplate compiles a key; empty means the client IP. Braces
@@ -86,7 +90,11 @@ func parseKeyTemplate(s string) (keyTemplate, error) {
 				return keyTemplate{}, fmt.Errorf("malformed placeholder {%s} in %q", name, s)
 			}
 			flush()
-			t.parts = append(t.parts, keyPart{text: name, placeholder: true, claim: strings.HasPrefix(name, "jwt.")})
+			part := keyPart{text: name, placeholder: true, claim: strings.HasPrefix(name, "jwt.")}
+			if field, ok := strings.CutPrefix(name, requestHeaderPrefix); ok && field != "" {
+				part.header = textproto.CanonicalMIMEHeaderKey(field)
+			}
+			t.parts = append(t.parts, part)
 			i += end + 1
 		case c == '}':
 			return keyTemplate{}, fmt.Errorf("unopened } in %q", s)
@@ -140,8 +148,28 @@ func (t *keyTemplate) value(r *http.Request, repl *caddy.Replacer, claims *jwtCl
 	if p.claim && claims != nil {
 		return t.maskIP(claims.claim(p.text[len("jwt."):]))
 	}
+	if p.header != "" {
+		return t.maskIP(requestHeader(r, p.header))
+	}
 	v, _ := repl.GetString(p.text)
 	return t.maskIP(v)
+}
+
+// requestHeaderPrefix starts Caddy's request header placeholders.
+const requestHeaderPrefix = "http.request.header."
+
+// requestHeader is what {http.request.header.<field>} gives for r, field
+// in canonical form: its values joined by commas. Read here, it skips the
+// replacer's providers and the boxing of the value.
+func requestHeader(r *http.Request, field string) string {
+	vals := r.Header[field]
+	switch len(vals) {
+	case 0:
+		return ""
+	case 1:
+		return vals[0]
+	}
+	return strings.Join(vals, ",")
 }
 
 // typed is the key the zone evaluates for a request whose placeholders

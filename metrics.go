@@ -20,13 +20,31 @@ type zoneMetrics struct {
 	// decisionSeconds times each decision of the zone, a Redis round trip
 	// included.
 	decisionSeconds prometheus.Observer
+	// responseCosts counts a response_cost zone's responses by what their
+	// cost was (see responseCostResult); nil for other zones.
+	responseCosts []prometheus.Counter
 }
+
+// responseCostResult is what a response said of its cost.
+type responseCostResult int
+
+// The results of reading a response's cost, in responseCostResults' order.
+const (
+	responseCostRead    responseCostResult = iota // an integer within the quota
+	responseCostCapped                            // above the quota: the quota is charged
+	responseCostMissing                           // no such header or trailer: the up-front cost stands
+	responseCostInvalid                           // not an integer from 0 up: the up-front cost stands
+)
+
+// responseCostResults label the results on /metrics.
+var responseCostResults = []string{"read", "capped", "missing", "invalid"}
 
 // metricVecs are the handler's metric families on Caddy's registry.
 type metricVecs struct {
 	decisions     *prometheus.CounterVec
 	storeFailures *prometheus.CounterVec
 	local         *prometheus.CounterVec
+	responseCosts *prometheus.CounterVec
 	seconds       *prometheus.HistogramVec
 }
 
@@ -44,6 +62,7 @@ var metricFamilies = &metricVecs{
 	decisions:     counterVec("decisions_total", "Rate-limit decisions by zone and result (allowed, denied, dry_run_denied).", "result"),
 	storeFailures: counterVec("store_failures_total", "Store errors and timeouts by zone and the fail mode that applied.", "fail"),
 	local:         counterVec("local_decisions_total", "Decisions of redis zones made in memory without a round trip, by zone and source (lease, deny_cache).", "source"),
+	responseCosts: counterVec("response_costs_total", "Responses of response_cost zones by zone and what their cost header said: read, capped (above the quota, which is charged), missing or invalid (the up-front cost stands).", "result"),
 	seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
@@ -72,7 +91,7 @@ func registerMetrics(ctx caddy.Context) (*metricVecs, error) {
 		return nil, nil
 	}
 	m := metricFamilies
-	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.seconds, zoneGauges} {
+	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.responseCosts, m.seconds, zoneGauges} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) || are.ExistingCollector != c {
@@ -90,12 +109,14 @@ func (m *metricVecs) forgetZone(name string) {
 	m.decisions.DeletePartialMatch(labels)
 	m.storeFailures.DeletePartialMatch(labels)
 	m.local.DeletePartialMatch(labels)
+	m.responseCosts.DeletePartialMatch(labels)
 	m.seconds.DeletePartialMatch(labels)
 }
 
-// forZone resolves a zone's counters, and its decision-time histogram when
-// the zone is timed (a redis zone); a nil receiver gives nil (no metrics).
-func (m *metricVecs) forZone(name, fail string, timed bool) *zoneMetrics {
+// forZone resolves a zone's counters, its decision-time histogram when
+// the zone is timed (a redis zone) and its response-cost counters when it
+// reads costs from responses; a nil receiver gives nil (no metrics).
+func (m *metricVecs) forZone(name, fail string, timed, responseCost bool) *zoneMetrics {
 	if m == nil {
 		return nil
 	}
@@ -109,6 +130,11 @@ func (m *metricVecs) forZone(name, fail string, timed bool) *zoneMetrics {
 	}
 	if timed {
 		zm.decisionSeconds = m.seconds.WithLabelValues(name)
+	}
+	if responseCost {
+		for _, result := range responseCostResults {
+			zm.responseCosts = append(zm.responseCosts, m.responseCosts.WithLabelValues(name, result))
+		}
 	}
 	return zm
 }
@@ -192,6 +218,13 @@ func (zm *zoneMetrics) count(allowed, dryRun bool, source limiter.Source) {
 		zm.dryRunDenied.Inc()
 	default:
 		zm.denied.Inc()
+	}
+}
+
+// responseCost records what a response said of its cost; safe on nil.
+func (zm *zoneMetrics) responseCost(r responseCostResult) {
+	if zm != nil && int(r) < len(zm.responseCosts) {
+		zm.responseCosts[r].Inc()
 	}
 }
 

@@ -147,8 +147,24 @@ type Zone struct {
 	// Burst is the capacity of a token or leaky bucket. Default: max_events.
 	Burst int64 `json:"burst,omitempty"`
 
-	// Cost is how many units one request consumes. Default: 1.
-	Cost int64 `json:"cost,omitempty"`
+	// Cost is how many units one request consumes: a whole number, or a
+	// placeholder evaluated per request ("{http.request.header.X-Batch-Size}",
+	// "{vars.cost}") whose value must be an integer from 0 to the limit's
+	// quota, else the request is refused with 400. Default: 1.
+	Cost Cost `json:"cost,omitempty"`
+
+	// CountResponse counts only the requests whose response it matches
+	// (Caddy's response matcher: status codes or classes, headers), such
+	// as failed logins. A request still needs its cost to be available
+	// and takes it up front, so parallel requests cannot overshoot; the
+	// units are given back when the response does not match. Not for
+	// concurrency or leaky_bucket.
+	CountResponse *caddyhttp.ResponseMatcher `json:"count_response,omitempty"`
+
+	// ResponseCost learns a request's real cost from its response: the
+	// integer value of a header or trailer, such as the tokens an LLM API
+	// used. See ResponseCost. Not for concurrency or leaky_bucket.
+	ResponseCost *ResponseCost `json:"response_cost,omitempty"`
 
 	// MaxDelay is, for leaky_bucket, the longest a request may be held to
 	// space requests out. Default: (burst-1)/rate, which admits burst
@@ -295,7 +311,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.releaseShared()
 			return fmt.Errorf("zone %q: %w", name, err)
 		}
-		z.metrics = metrics.forZone(name, z.fail, z.limit.remote)
+		z.metrics = metrics.forZone(name, z.fail, z.limit.remote, z.responseCost != nil)
 		// A memory decision takes well under the histogram's first
 		// bucket (5 µs), so only zones that ask over the network are
 		// timed for it; samples report every zone's duration.
@@ -311,7 +327,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		interval = time.Minute
 	}
 	h.sweeper = startSweeper(interval, h.zones)
-	zones.add(h)
+	zones.add(h, ctx.Done())
 	h.warmRedis()
 	return nil
 }
@@ -459,6 +475,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	defer ev.done(r)
+	if ev.watches {
+		return ev.serveWatched(w, r, next)
+	}
 	return next.ServeHTTP(w, r)
 }
 

@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"slices"
 	"sync"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/jwtauth"
 )
 
 // zones is every zone of the handlers provisioned and not yet cleaned up,
@@ -12,12 +14,20 @@ import (
 var zones = &zoneRegistry{byName: map[string][]registered{}}
 
 // registered is a zone with the settings of its handler that the admin API
-// needs.
+// and rate_limit_status need.
 type registered struct {
 	zone   *zone
 	logKey bool
 	// metrics is false when the handler disabled its metrics.
 	metrics bool
+	// jwt is the handler's verifier, nil without a jwt block:
+	// rate_limit_status reads a client's claims as the zone's own handler
+	// does.
+	jwt *jwtauth.Verifier
+	// config identifies the config the handler was loaded with (its
+	// context's Done channel, one per config load), so rate_limit_status
+	// answers from its own config while a replaced one is still draining.
+	config <-chan struct{}
 }
 
 type zoneRegistry struct {
@@ -25,12 +35,13 @@ type zoneRegistry struct {
 	byName map[string][]registered
 }
 
-// add lists h's zones.
-func (reg *zoneRegistry) add(h *Handler) {
+// add lists h's zones, loaded with the config whose context's Done
+// channel is config.
+func (reg *zoneRegistry) add(h *Handler, config <-chan struct{}) {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
 	for _, z := range h.zones {
-		reg.byName[z.name] = append(reg.byName[z.name], registered{zone: z, logKey: h.LogKey, metrics: !h.DisableMetrics})
+		reg.byName[z.name] = append(reg.byName[z.name], registered{zone: z, logKey: h.LogKey, metrics: !h.DisableMetrics, jwt: h.jwt, config: config})
 	}
 }
 

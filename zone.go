@@ -40,10 +40,17 @@ type zone struct {
 	matchers caddyhttp.MatcherSets
 	key      keyTemplate
 	missing  string
-	cost     int64
-	dryRun   bool
-	fail     string
-	limit    limit
+	// cost is every request's cost, unless costTemplate gives each its own.
+	cost         int64
+	costTemplate *keyTemplate
+	// countResponse and responseCost settle a request's cost once its
+	// response is known (see settle.go); watches is set when either is.
+	countResponse *caddyhttp.ResponseMatcher
+	responseCost  *ResponseCost
+	watches       bool
+	dryRun        bool
+	fail          string
+	limit         limit
 	// tierKey picks a tier's limit from tiers; requests whose value is
 	// not listed use limit.
 	tierKey *keyTemplate
@@ -146,11 +153,19 @@ func (z *Zone) validate(name string) error {
 			return err
 		}
 	}
-	if z.Cost < 0 {
-		return fmt.Errorf("cost must be positive, got %d", z.Cost)
+	c, err := z.Cost.constant()
+	if err != nil {
+		return err
 	}
-	if c := z.cost(); c > p.MaxCost() {
+	if z.Cost.isTemplate() {
+		if _, err := z.Cost.template(); err != nil {
+			return err
+		}
+	} else if c > p.MaxCost() {
 		return fmt.Errorf("cost %d exceeds what the zone can ever admit (%d): every request would be refused", c, p.MaxCost())
+	}
+	if err := z.validateResponseShaped(p); err != nil {
+		return err
 	}
 	switch z.Store {
 	case "", storeMemory:
@@ -283,7 +298,7 @@ func (z *Zone) validateTier(p limiter.Policy) error {
 		if err := tp.Validate(); err != nil {
 			return fmt.Errorf("tier %q: %w", value, err)
 		}
-		if c := z.cost(); c > tp.MaxCost() {
+		if c, _ := z.Cost.constant(); !z.Cost.isTemplate() && c > tp.MaxCost() {
 			return fmt.Errorf("tier %q: cost %d exceeds what the tier can ever admit (%d)", value, c, tp.MaxCost())
 		}
 	}
@@ -330,11 +345,30 @@ func tierPolicy(p limiter.Policy, tl TierLimit) limiter.Policy {
 	return p
 }
 
-func (z *Zone) cost() int64 {
-	if z.Cost == 0 {
-		return 1
+// validateResponseShaped checks count_response and response_cost, which
+// give units back or take more once the response is known: only the
+// algorithms that count units taken, not those that hold requests or
+// slots.
+func (z *Zone) validateResponseShaped(p limiter.Policy) error {
+	if z.CountResponse == nil && z.ResponseCost == nil {
+		return nil
 	}
-	return z.Cost
+	if !owes(p.Algorithm.Traits()) {
+		option := "count_response"
+		if z.CountResponse == nil {
+			option = "response_cost"
+		}
+		return fmt.Errorf("%s applies only to token_bucket, fixed_window, sliding_window_log and sliding_window_counter, not %s", option, p.Algorithm)
+	}
+	if z.CountResponse != nil {
+		if err := validateCountResponse(z.CountResponse); err != nil {
+			return err
+		}
+	}
+	if z.ResponseCost != nil {
+		return z.ResponseCost.validate()
+	}
+	return nil
 }
 
 // validZoneName refuses names that cannot be written as a structured-field
@@ -355,11 +389,27 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 	z := &zone{
 		name:     name,
 		missing:  cfg.MissingKey,
-		cost:     cfg.cost(),
 		dryRun:   cfg.DryRun,
 		exceeded: fmt.Errorf("rate limit exceeded in zone %q", name),
 	}
 	z.placeholder = name
+	var err error
+	if z.cost, err = cfg.Cost.constant(); err != nil {
+		return nil, err
+	}
+	if cfg.Cost.isTemplate() {
+		if z.costTemplate, err = cfg.Cost.template(); err != nil {
+			return nil, err
+		}
+	}
+	z.countResponse = cfg.CountResponse
+	if cfg.ResponseCost != nil {
+		rc := *cfg.ResponseCost
+		rc.field = http.CanonicalHeaderKey(rc.Header)
+		rc.trailerField = http.TrailerPrefix + rc.field
+		z.responseCost = &rc
+	}
+	z.watches = z.countResponse != nil || z.responseCost != nil
 	z.hot = hotkeys.New(hotKeysCapacity, h.clock)
 	if z.missing == "" {
 		z.missing = missingIP
@@ -377,7 +427,6 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 			return nil, fmt.Errorf("loading matchers: %w", err)
 		}
 	}
-	var err error
 	if z.key, err = parseKeyTemplate(cfg.Key); err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}

@@ -3,8 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
+	"net/http"
 	"testing"
 	"time"
 	_ "time/tzdata" // the candidate zones below, whatever the host has
@@ -104,36 +103,16 @@ func TestCalendarDay(t *testing.T) {
 	}
 }
 
-// readmeCaddyfile is the first caddyfile block of the README section that
-// heading opens, with its site address (`:8080 {`) served on the harness's
-// listener, so a test runs the example as the README shows it.
-func readmeCaddyfile(t *testing.T, heading string) string {
-	t.Helper()
-	raw, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(raw), "\n"+heading+"\n")
-	if !ok {
-		t.Fatalf("README has no %q", heading)
-	}
-	_, block, ok := strings.Cut(section, "```caddyfile\n")
-	if !ok {
-		t.Fatalf("README's %q has no caddyfile block", heading)
-	}
-	block, _, _ = strings.Cut(block, "```")
-	if !strings.HasPrefix(block, ":8080 {\n") {
-		t.Fatalf("README's %q example does not open with `:8080 {`:\n%s", heading, block)
-	}
-	return globals + "\nhttp://{{http}} {\n" + strings.TrimPrefix(block, ":8080 {\n")
-}
-
-// TestCalendarReadmeExample runs the README's "Calendar quotas" example as
-// written: each API key is counted per calendar month of its customer's
-// time zone, on its plan, and a request without a key is refused.
-func TestCalendarReadmeExample(t *testing.T) {
+// TestExampleCalendarQuota runs examples/calendar-quota.Caddyfile, which
+// the README's "Calendar quotas" shows, as written: each API key is
+// counted per calendar month of its customer's time zone, on its plan, and
+// a request without a key is refused.
+func TestExampleCalendarQuota(t *testing.T) {
 	t.Parallel()
-	inst := caddyproc.Start(t, readmeCaddyfile(t, "### Calendar quotas"))
+	upstream := newLoopbackServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}))
+	inst := startExample(t, "calendar-quota.Caddyfile", upstream)
 	c := newClient(t)
 	for _, tc := range []struct {
 		key, zone, tz string

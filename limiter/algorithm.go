@@ -58,6 +58,12 @@ type Traits struct {
 	// requests (Leaser): the admissions of a window or a bucket, not
 	// requests held or in flight.
 	Leases bool
+	// Charges is set when a store can take units past the limit
+	// (Charger), for a cost known only after the response: the
+	// algorithms whose state can owe, so that time repays the overdraft.
+	// A leaky bucket's units are waits already served and a concurrency
+	// slot is a request in flight, so neither can owe.
+	Charges bool
 	// QuotaUnit names the unit of the quota for the IETF RateLimit-Policy
 	// field (its qu parameter); empty means the field's default, requests.
 	QuotaUnit string
@@ -119,7 +125,7 @@ type algorithm struct {
 var algorithmTable = []*algorithm{
 	{
 		name:      TokenBucket,
-		Traits:    Traits{Bucket: true, Leases: true},
+		Traits:    Traits{Bucket: true, Leases: true, Charges: true},
 		newTables: func() memoryTables { return newShardSet[tokenBucketState]() },
 		scripts:   mustScripts("bucket.lua", "token_bucket.lua", "bucket_save.lua"),
 		keySuffix: "tb",
@@ -143,7 +149,7 @@ var algorithmTable = []*algorithm{
 	},
 	{
 		name:                FixedWindow,
-		Traits:              Traits{Leases: true},
+		Traits:              Traits{Leases: true, Charges: true},
 		newTables:           func() memoryTables { return newShardSet[fixedWindowState]() },
 		scripts:             mustScripts("window.lua", "fixed_window.lua"),
 		calendarScripts:     mustScripts("calendar_window.lua"),
@@ -154,7 +160,7 @@ var algorithmTable = []*algorithm{
 	},
 	{
 		name:      SlidingWindowLog,
-		Traits:    Traits{Leases: true},
+		Traits:    Traits{Leases: true, Charges: true},
 		newTables: func() memoryTables { return newShardSet[slidingLogState]() },
 		scripts:   mustScripts("sliding_window_log.lua"),
 		keySuffix: "swl",
@@ -166,7 +172,7 @@ var algorithmTable = []*algorithm{
 	},
 	{
 		name:                SlidingWindowCounter,
-		Traits:              Traits{Leases: true},
+		Traits:              Traits{Leases: true, Charges: true},
 		newTables:           func() memoryTables { return newShardSet[slidingCounterState]() },
 		scripts:             mustScripts("window.lua", "sliding_window_counter.lua"),
 		keySuffix:           "swc",

@@ -84,6 +84,31 @@ func BenchmarkMemoryTake(b *testing.B) {
 	}
 }
 
+// BenchmarkMemoryCharge is one charge of a unit on an existing key from a
+// single goroutine, the call a response that cost more than its admission
+// took makes after BenchmarkMemoryTake's: it should cost about as much.
+func BenchmarkMemoryCharge(b *testing.B) {
+	keys := benchKeySet()
+	for _, a := range Algorithms {
+		if !a.Traits().Charges {
+			continue
+		}
+		b.Run(string(a), func(b *testing.B) {
+			m := benchStore(b, benchPolicy(a), keys)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				if _, err := m.Charge(ctx, keys[i&(benchKeys-1)], 1); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+}
+
 // BenchmarkMemoryTakeParallel is BenchmarkMemoryTake from GOMAXPROCS
 // goroutines, each walking the key set from its own offset. Target for
 // token_bucket on 2 cores: at least 1.5× the single-goroutine throughput.

@@ -86,7 +86,9 @@ func loadAlgorithmCases(t testing.TB) []algorithmCase {
 type caseStore func(t *testing.T, p Policy) (Store, func(us int64))
 
 // runAlgorithmCases steps every case through stores made by open and checks
-// each decision: allowed and remaining exactly, reset and retry_after within
+// each decision (a take's; a release's, a Refund of part or all of the last
+// admission; a charge's, Charger.Charge, past the limit if need be):
+// allowed and remaining exactly, reset and retry_after within
 // the file's 1000 µs tolerance. Every step is compared, boundary steps
 // included, since the stores use exact arithmetic. After each step, Peek
 // must report the same remaining and reset, and (the next step checks)
@@ -106,9 +108,16 @@ func runAlgorithmCases(t *testing.T, open caseStore) {
 				setNow(st.T)
 				var d Decision
 				var err error
-				if st.Op == "release" {
+				switch st.Op {
+				case "release":
 					d, err = store.Refund(ctx, "k", cost, last)
-				} else {
+				case "charge":
+					ch, ok := store.(Charger)
+					if !ok {
+						t.Fatalf("step %d: a %T cannot charge", i, store)
+					}
+					d, err = ch.Charge(ctx, "k", cost)
+				default:
 					d, err = store.Take(ctx, "k", cost)
 					if d.Allowed {
 						last = d

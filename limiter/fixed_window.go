@@ -74,6 +74,20 @@ func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Decision {
 	return Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: left, at: now, granted: granted}
 }
 
+// charge takes cost units whether or not the window has them: the count
+// goes past L, up to 2L at most (the key owes at most one quota; the part
+// of a charge beyond is forgiven), and requests are refused until the
+// window ends. A debt does not carry into the next window, which starts
+// from zero as it always does.
+func (s *fixedWindowState) charge(p *params, now, cost int64) Decision {
+	now, end := s.roll(p, now)
+	before := s.count
+	s.count = max(s.count, min(s.count+cost, 2*p.l))
+	d := s.status(p, now, end)
+	d.at, d.granted = now, s.count-before
+	return d
+}
+
 func (s *fixedWindowState) refund(p *params, now, cost int64, taken Decision) Decision {
 	now, end := s.roll(p, now)
 	if s.holds(p, taken.admission(), end) {

@@ -71,6 +71,7 @@ type memoryTables interface {
 	take(key uint64, p *params, clock *memoryClock, cost int64) Decision
 	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
 	takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Decision, bool)
+	charge(key uint64, p *params, clock *memoryClock, cost int64) (Decision, bool)
 	forget(key uint64, p *params, clock *memoryClock) bool
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
@@ -140,6 +141,19 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Deci
 	d, ok := m.tables.takeUpTo(maphash.String(m.seed, key), &m.p, &m.clock, cost, want)
 	if !ok {
 		return Decision{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
+	}
+	return d, nil
+}
+
+// Charge implements Charger for the algorithms whose Traits say Charges;
+// for the others, and for a cost outside 1..MaxCost, it fails.
+func (m *Memory) Charge(_ context.Context, key string, cost int64) (Decision, error) {
+	if most := m.policy.MaxCost(); cost < 1 || cost > most {
+		return Decision{}, fmt.Errorf("memory store: charge of %d outside 1..%d", cost, most)
+	}
+	d, ok := m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost)
+	if !ok {
+		return Decision{}, fmt.Errorf("memory store: %s cannot charge past its limit", m.policy.Algorithm)
 	}
 	return d, nil
 }
@@ -264,6 +278,21 @@ func (set *shardSet[S, PS]) takeUpTo(key uint64, p *params, clock *memoryClock, 
 	defer sh.mu.Unlock()
 	st := any(PS(&sh.cells[sh.get(key)].st)).(upToTaker)
 	return st.takeUpTo(p, clock.now(), cost, want), true
+}
+
+// overdrawer is the per-key state of an algorithm that can owe.
+type overdrawer interface {
+	charge(p *params, now, cost int64) Decision
+}
+
+func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) (Decision, bool) {
+	if _, ok := any(PS(nil)).(overdrawer); !ok {
+		return Decision{}, false
+	}
+	sh := set.lock(key)
+	defer sh.mu.Unlock()
+	st := any(PS(&sh.cells[sh.get(key)].st)).(overdrawer)
+	return st.charge(p, clock.now(), cost), true
 }
 
 func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision {

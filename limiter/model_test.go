@@ -48,6 +48,11 @@ func TestModel(t *testing.T) {
 	t.Cleanup(func() {
 		t.Logf("model totals: %d schedules, %d steps, %d admissions, %d failed schedules, %v",
 			totals.schedules.Load(), totals.steps.Load(), totals.admissions.Load(), totals.failed.Load(), time.Since(totals.start).Round(time.Millisecond))
+		t.Logf("model charges: %d (%d paid from a lease, %d overdrawn in the store, %d cut short by the cap); %d partial refunds",
+			totals.charges.Load(), totals.paid.Load(), totals.overdrawn.Load(), totals.capped.Load(), totals.partial.Load())
+		if !replay && *modelSkipFlag == "" && (totals.paid.Load() == 0 || totals.overdrawn.Load() == 0 || totals.capped.Load() == 0 || totals.partial.Load() == 0) {
+			t.Error("the schedules should charge from leases, overdraw, reach the cap and refund in part")
+		}
 	})
 	totals.start = time.Now()
 	backends := []struct {
@@ -96,7 +101,7 @@ var (
 )
 
 // modelStepKinds are the steps -model.skip can leave out.
-var modelStepKinds = []string{"refund", "sweep", "back", "slow", "reset", "limit", "quiet", "edge", "janitor"}
+var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "limit", "quiet", "edge", "janitor"}
 
 // modelSkips reports whether -model.skip leaves out kind.
 func modelSkips(kind string) bool {
@@ -198,6 +203,11 @@ func modelSeedFor(backend string, c modelCase, i int, base uint64) uint64 {
 type modelTotals struct {
 	start                                time.Time
 	schedules, steps, admissions, failed atomic.Int64
+	// charges counts Charge steps; paid those a lease paid (in part or
+	// whole), overdrawn those that took units from the store past its
+	// limit, capped those the cap on debt cut short; partial counts
+	// refunds of part of an admission.
+	charges, paid, overdrawn, capped, partial atomic.Int64
 }
 
 // modelCase is one algorithm with leases of fraction (0: none).
@@ -326,6 +336,11 @@ type modelAdmission struct {
 	// A token bucket's refund keeps its admission, marked refunded, and
 	// adds a credit of its units at the refund's time.
 	refunded, credit bool
+	// charged marks the units of a Charge, never refunded: paid from a
+	// lease (counted by the store at the grant, within the limit like a
+	// take's) or, overdrawn, taken from the store past the limit, which
+	// the checks allow on top of it (see modelRun.charge).
+	charged, overdrawn bool
 }
 
 // modelKeyState is what the reference keeps per policy generation and key.
@@ -454,9 +469,21 @@ func (s *modelSlowLeaser) Renew(ctx context.Context, back Refund, cost, want int
 	return d, err
 }
 
+// Charge makes the slow leaser a Charger, as the store it stands for is.
+func (s *modelSlowLeaser) Charge(ctx context.Context, key string, cost int64) (Decision, error) {
+	ch, ok := s.Leaser.(Charger)
+	if !ok {
+		return Decision{}, fmt.Errorf("a %T cannot charge", s.Leaser)
+	}
+	d, err := ch.Charge(ctx, key, cost)
+	s.answered()
+	return d, err
+}
+
 // modelRun is one schedule.
 type modelRun struct {
 	t       *testing.T
+	totals  *modelTotals
 	ctx     context.Context
 	c       modelCase
 	seed    uint64
@@ -521,7 +548,7 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 	// Somewhere in a window, so boundaries fall anywhere in the schedule.
 	start := time.Unix(1_800_000_000, 0).Add(time.Duration(rng.Int64N(int64(time.Hour))) / time.Microsecond * time.Microsecond)
 	m := &modelRun{
-		t: t, ctx: context.Background(), c: c, seed: seed, rng: rng,
+		t: t, totals: totals, ctx: context.Background(), c: c, seed: seed, rng: rng,
 		clock: testutil.NewClock(start), start: start.UnixMicro(), hwm: start.UnixMicro(),
 		clients: clients, keys: []string{"alice", "bob"}, stats: stats, back: modelBackFor(c.alg),
 		prefix: fmt.Sprintf("fgmodel-%d-%d:", modelPrefixSeq.Add(1), seed),
@@ -673,6 +700,10 @@ func (m *modelRun) doStep() {
 			inst, key = m.lastTake.inst, m.lastTake.key
 		}
 		m.lastTake = modelGrant{inst: inst, key: key, gen: uint64(gi)}
+		if r >= 390 && g.p.Algorithm.Traits().Charges && !modelSkips("charge") {
+			m.charge(gi, inst, key)
+			break
+		}
 		m.take(gi, inst, key, m.rng.IntN(5) == 0 && !modelSkips("slow"))
 	case r < 530:
 		if !modelSkips("refund") {
@@ -976,6 +1007,98 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		gi, inst, key, cost, slowNote, a.id, d.Source, d.granted, d.leaseGen, d.Remaining, m.rel(a.spend), m.rel(a.store))
 }
 
+// charge charges key on instance inst of generation gi up to the whole
+// quota, as the root does when a response costs more than was taken for
+// it: the instance's lease pays what it can (units the store counted at
+// the grant: spent like a take's), and the rest is taken from the store
+// past the limit, an overdraft, which the checks allow on top of the
+// limit where it was counted (its window, span or bucket). Charged units
+// are never refunded.
+func (m *modelRun) charge(gi, inst int, key string) {
+	g := m.gens[gi]
+	cost := 1 + m.rng.Int64N(g.quota)
+	cache, st := g.caches[inst], g.stores[inst]
+	before, gen, _ := cache.lease(key)
+	st.decided = 0
+	d, err := cache.Charge(m.ctx, key, cost)
+	m.observe()
+	if err != nil {
+		m.fail("gen %d instance %d: charge %s %d: %v", gi, inst, key, cost, err)
+		return
+	}
+	after, genAfter, _ := cache.lease(key)
+	var paid int64
+	if genAfter == gen { // a charge never takes a new lease
+		paid = before - after
+	}
+	over := d.Granted() - paid
+	// A charge is cut short only by the cap on debt, which leaves the key
+	// owing.
+	if paid < 0 || over < 0 || d.Granted() > cost || (d.Granted() < cost && d.Remaining > 0) {
+		m.fail("gen %d instance %d: charge %s %d: %d charged, %d of them from the lease, remaining %d", gi, inst, key, cost, d.Granted(), paid, d.Remaining)
+		return
+	}
+	m.totals.charges.Add(1)
+	if paid > 0 {
+		m.totals.paid.Add(1)
+	}
+	if over > 0 {
+		m.totals.overdrawn.Add(1)
+	}
+	if d.Granted() < cost {
+		m.totals.capped.Add(1)
+	}
+	ks := g.keys[key]
+	prev := ks.hwm
+	if st.decided != 0 {
+		ks.hwm = max(ks.hwm, st.decided)
+	}
+	now := m.clock.Now().UnixMicro()
+	var note []string
+	if paid > 0 {
+		lg := modelGrant{inst, key, gen}
+		at, ok := g.grants[lg]
+		if !ok {
+			m.fail("gen %d instance %d: a charge paid from lease %d of %s, which the model never saw granted", gi, inst, gen, key)
+			return
+		}
+		a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: paid, d: d, epoch: ks.epoch, leased: true, charged: true}
+		m.nextID++
+		// As a take spent from the lease (modelRun.take).
+		a.spend, a.store, a.raw = max(now, at, prev, g.refunded[lg]), at, g.rawGrants[lg]
+		if g.p.Algorithm == FixedWindow || g.p.Algorithm == SlidingWindowCounter {
+			a.spend = max(now, at, g.refunded[lg])
+		}
+		if g.p.Algorithm == FixedWindow && a.spend/g.w != a.store/g.w {
+			m.fail("gen %d instance %d: #%d charged at %s to a lease of the window [%s, %s)",
+				gi, inst, a.id, m.rel(a.spend), m.rel(a.store/g.w*g.w), m.rel((a.store/g.w+1)*g.w))
+		}
+		m.adm = append(m.adm, a)
+		note = append(note, fmt.Sprintf("#%d: %d from the lease at %s", a.id, paid, m.rel(a.spend)))
+	}
+	if over > 0 {
+		if st.decided == 0 {
+			m.fail("gen %d instance %d: %d units charged to the store, which was never asked", gi, inst, over)
+			return
+		}
+		a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: over, d: d, epoch: ks.epoch, charged: true, overdrawn: true}
+		m.nextID++
+		// As a take the store decided (modelRun.take).
+		a.spend = d.at
+		if a.spend == 0 {
+			a.spend = st.decided
+		}
+		a.raw = a.spend
+		if g.p.Algorithm != FixedWindow && g.p.Algorithm != SlidingWindowCounter {
+			a.spend = max(a.spend, prev)
+		}
+		a.store = a.spend
+		m.adm = append(m.adm, a)
+		note = append(note, fmt.Sprintf("#%d: %d from the store at %s", a.id, over, m.rel(a.spend)))
+	}
+	m.logf("gen %d inst %d charge %s %d: %d charged (%s), remaining %d", gi, inst, key, cost, d.Granted(), strings.Join(note, "; "), d.Remaining)
+}
+
 // refund gives back a random earlier admission, which may be long past:
 // its lease may have been renewed, expired or given back since.
 // modelBucketRefundDelay is the longest a schedule waits to refund a token
@@ -988,7 +1111,7 @@ func (m *modelRun) refund() {
 	var open []int
 	now := m.clock.Now().UnixMicro()
 	for i, a := range m.adm {
-		if a.refunded || a.credit {
+		if a.refunded || a.credit || a.charged {
 			continue
 		}
 		// A bucket's refund credits tokens when it is made, so one long
@@ -1006,6 +1129,20 @@ func (m *modelRun) refund() {
 	i := open[m.rng.IntN(len(open))]
 	a := m.adm[i]
 	g := m.gens[a.gen]
+	if a.cost > 1 && g.p.Algorithm.Traits().Charges && m.rng.IntN(2) == 0 && !modelSkips("partial") {
+		// Part of the admission back, as when a response cost less than
+		// was taken for it: the rest stays live, and may come back later.
+		// (A concurrency slot is released whole, and is never priced
+		// after its response.)
+		rest := *a
+		rest.id = m.nextID
+		m.nextID++
+		a.cost = 1 + m.rng.Int64N(a.cost-1)
+		rest.cost -= a.cost
+		m.adm = append(m.adm, &rest)
+		m.totals.partial.Add(1)
+		m.logf("gen %d inst %d: #%d split for a partial refund: %d back, %d kept as #%d", a.gen, a.inst, a.id, a.cost, rest.cost, rest.id)
+	}
 	var d Decision
 	var err error
 	toStore := true
@@ -1412,22 +1549,25 @@ func (m *modelRun) checkKey(gi int, g *modelGen, key string, ks *modelKeyState) 
 		// Units spent in any aligned window [kW, (k+1)W): at most L.
 		for i := 0; i < len(live); {
 			win := live[i].spend / g.w
-			var n int64
+			var n, over int64
 			j := i
 			for ; j < len(live) && live[j].spend/g.w == win; j++ {
 				n += live[j].cost
+				if live[j].overdrawn {
+					over += live[j].cost
+				}
 			}
 			back, steps := ks.backAllowance(win)
 			switch {
 			case ks.allowance(win*g.w) > 0:
 			case back == 0:
-				m.stats.note(float64(n - g.l))
+				m.stats.note(float64(n - over - g.l))
 			default:
-				m.stats.noteBack(float64(n-g.l), float64(back))
+				m.stats.noteBack(float64(n-over-g.l), float64(back))
 			}
-			if n > g.l+ks.allowance(win*g.w)+back {
-				m.fail("gen %d %s: %d units spent in window [%s, %s), limit %d (reset allowance %d, step-back allowance %d of steps %v): admissions %s",
-					gi, key, n, m.rel(win*g.w), m.rel((win+1)*g.w), g.l, ks.allowance(win*g.w), back, steps, ids(live[i:j]))
+			if n > g.l+ks.allowance(win*g.w)+back+over {
+				m.fail("gen %d %s: %d units spent in window [%s, %s), limit %d (overdrawn %d, reset allowance %d, step-back allowance %d of steps %v): admissions %s",
+					gi, key, n, m.rel(win*g.w), m.rel((win+1)*g.w), g.l, over, ks.allowance(win*g.w), back, steps, ids(live[i:j]))
 				return
 			}
 			i = j
@@ -1444,27 +1584,33 @@ func (m *modelRun) checkKey(gi int, g *modelGen, key string, ks *modelKeyState) 
 			}
 			delta, steps := m.backDelta(a.spend-g.w+1, a.spend)
 			w := max(0, g.w-delta)
-			var n, nw int64
+			var n, nw, over, overW int64
 			first := j + 1
 			for i := j; i >= 0 && live[i].spend > a.spend-g.w; i-- {
 				nw += live[i].cost
+				if live[i].overdrawn {
+					overW += live[i].cost
+				}
 				if live[i].spend > a.spend-w {
 					n += live[i].cost
 					first = i
+					if live[i].overdrawn {
+						over += live[i].cost
+					}
 				}
 			}
 			reset := ks.allowance(a.spend - w)
 			switch {
 			case reset > 0:
 			case delta == 0:
-				m.stats.note(float64(n - g.l))
+				m.stats.note(float64(n - over - g.l))
 			default:
-				m.stats.noteBack(float64(nw-g.l), float64(nw-n))
+				m.stats.noteBack(float64(nw-overW-g.l), float64(nw-overW-n+over))
 			}
-			if n > g.l+reset {
-				m.fail("gen %d %s: %d units spent in (%s, %s], limit %d in W − δ = %v after steps back of δ = %v (steps %v) (reset allowance %d): admissions %s",
+			if n > g.l+reset+over {
+				m.fail("gen %d %s: %d units spent in (%s, %s], limit %d in W − δ = %v after steps back of δ = %v (steps %v) (overdrawn %d, reset allowance %d): admissions %s",
 					gi, key, n, m.rel(a.spend-w), m.rel(a.spend), g.l, time.Duration(w)*time.Microsecond,
-					time.Duration(delta)*time.Microsecond, steps, reset, ids(live[first:j+1]))
+					time.Duration(delta)*time.Microsecond, steps, over, reset, ids(live[first:j+1]))
 				return
 			}
 		}
@@ -1501,10 +1647,15 @@ func (m *modelRun) checkBucket(gi int, g *modelGen, key string, ks *modelKeyStat
 	if m.c.fraction > 0 {
 		slackW += g.l * LeaseLifetime.Microseconds()
 	}
-	// prefix[k] is W × the units of live[:k].
-	prefix := make([]int64, len(live)+1)
+	// prefix[k] is W × the units of live[:k], overs[k] W × those of them
+	// overdrawn by charges.
+	prefix, overs := make([]int64, len(live)+1), make([]int64, len(live)+1)
 	for k, a := range live {
 		prefix[k+1] = prefix[k] + a.cost*g.w
+		overs[k+1] = overs[k]
+		if a.overdrawn {
+			overs[k+1] += a.cost * g.w
+		}
 	}
 	for j, b := range live {
 		if j+1 < len(live) && live[j+1].spend == b.spend {
@@ -1515,20 +1666,21 @@ func (m *modelRun) checkBucket(gi int, g *modelGen, key string, ks *modelKeyStat
 				continue // the first admission at a's time opens the span
 			}
 			lhs := prefix[j+1] - prefix[i] - g.l*(b.spend-a.spend) // n×W − L×(b−a)
+			over := overs[j+1] - overs[i]
 			extra := ks.allowance(a.spend)
 			delta, steps := m.backDelta(a.spend, b.spend)
 			switch {
 			case extra > 0:
 			case delta == 0:
-				m.stats.note(float64(lhs-g.b*g.w) / float64(g.w))
+				m.stats.note(float64(lhs-over-g.b*g.w) / float64(g.w))
 			default:
 				// The lease slack counts in the allowance here.
-				m.stats.noteBack(float64(lhs-g.b*g.w)/float64(g.w), float64(g.l*delta+slackW)/float64(g.w))
+				m.stats.noteBack(float64(lhs-over-g.b*g.w)/float64(g.w), float64(g.l*delta+slackW)/float64(g.w))
 			}
-			if lhs > g.b*g.w+slackW+extra*g.w+g.l*delta {
-				m.fail("gen %d %s: %.3f units spent in [%s, %s], bound B + r(b−a) = %.3f, slack %.3f (reset allowance %d, step-back allowance r×δ = %.3f for δ = %v of steps %v): admissions %s",
+			if lhs > g.b*g.w+slackW+extra*g.w+g.l*delta+over {
+				m.fail("gen %d %s: %.3f units spent in [%s, %s], bound B + r(b−a) = %.3f, slack %.3f (overdrawn %.3f, reset allowance %d, step-back allowance r×δ = %.3f for δ = %v of steps %v): admissions %s",
 					gi, key, float64(prefix[j+1]-prefix[i])/float64(g.w), m.rel(a.spend), m.rel(b.spend),
-					float64(g.b*g.w+g.l*(b.spend-a.spend))/float64(g.w), float64(slackW)/float64(g.w), extra,
+					float64(g.b*g.w+g.l*(b.spend-a.spend))/float64(g.w), float64(slackW)/float64(g.w), float64(over)/float64(g.w), extra,
 					float64(g.l*delta)/float64(g.w), time.Duration(delta)*time.Microsecond, steps, ids(live[i:j+1]))
 				return
 			}
@@ -1546,6 +1698,9 @@ func ids(as []*modelAdmission) string {
 		src := "store"
 		if a.leased {
 			src = "lease"
+		}
+		if a.charged {
+			src += " (a charge)"
 		}
 		fmt.Fprintf(&b, "#%d inst %d cost %d by %s", a.id, a.inst, a.cost, src)
 	}

@@ -68,7 +68,9 @@ type NearCacheOptions struct {
 // limit; under-admission is bounded by what other instances hold in leases,
 // for at most LeaseLifetime. docs/design.md says more.
 type NearCache struct {
-	store    Leaser
+	store Leaser
+	// charger is store as a Charger, nil when it cannot charge.
+	charger  Charger
 	leasing  bool
 	maxLease int64
 	quota    int64
@@ -169,6 +171,9 @@ func NewNearCache(store Leaser, p Policy, opts NearCacheOptions) (*NearCache, er
 		onGiveBackError: opts.OnGiveBackError,
 		stop:            make(chan struct{}),
 		stopped:         make(chan struct{}),
+	}
+	if params.alg.Charges {
+		c.charger, _ = store.(Charger)
 	}
 	if params.alg.leaseEndsWithWindow {
 		if params.cal != nil {
@@ -441,6 +446,47 @@ func (c *NearCache) takesBack(k *nearKey, taken Decision, now int64) bool {
 	return !c.logsLeasesAhead || k.grant.admission()-k.grant.at >= LeaseLifetime.Microseconds()
 }
 
+// Charge implements Charger. The units the key's lease here still holds
+// pay first: the store counted them when it granted the lease, so spending
+// them on the charge owes nothing, as spending them on requests would not,
+// and a charge the lease covers costs no round trip. The rest is taken
+// from the store directly, past its limit if need be (an overdraft, which
+// a lease never holds), so every instance sees the debt at its next
+// round trip; a later lease is refused until time has repaid it. Units
+// other instances hold in leases were counted before the charge and stay
+// theirs to spend: with the charge they are what the store admits in the
+// window. An error from the store means the lease's part was charged and
+// the rest was not.
+func (c *NearCache) Charge(ctx context.Context, key string, cost int64) (Decision, error) {
+	if c.charger == nil {
+		return Decision{}, errors.New("near cache: the store cannot charge past its limit")
+	}
+	var paid int64
+	if c.leasing && cost > 0 && !c.closed.Load() {
+		now := c.clock.now()
+		sh := c.shard(key)
+		sh.mu.Lock()
+		if k := sh.keys[key]; k != nil && k.units > 0 && now < k.expires {
+			k.used = now
+			paid = min(k.units, cost)
+			k.units -= paid
+			if paid == cost {
+				d := c.leaseDecision(k, now)
+				d.granted = paid
+				sh.mu.Unlock()
+				return d, nil
+			}
+		}
+		sh.mu.Unlock()
+	}
+	d, err := c.charger.Charge(ctx, key, cost-paid)
+	if err != nil {
+		return Decision{}, fmt.Errorf("near cache: %w", err)
+	}
+	d.granted += paid
+	return d, nil
+}
+
 // Peek implements Store: the store's state plus what this instance's
 // lease of the key still holds, as a lease decision reports it.
 func (c *NearCache) Peek(ctx context.Context, key string) (Decision, error) {
@@ -580,3 +626,5 @@ func (c *NearCache) Len() int { return int(c.keys.Load()) }
 var _ Leaser = (*Redis)(nil)
 var _ Leaser = (*Memory)(nil)
 var _ Store = (*NearCache)(nil)
+var _ Charger = (*NearCache)(nil)
+var _ Charger = (*Memory)(nil)

@@ -282,6 +282,29 @@ func (r *Redis) TakeUpTo(ctx context.Context, key string, cost, want int64) (Dec
 	return d, nil
 }
 
+// Charge implements Charger with one script run, for the algorithms whose
+// Traits say Charges: the script's cost argument is "c" and the count (see
+// lua/prelude.lua), and Redis TIME is the clock, as for a take.
+func (r *Redis) Charge(ctx context.Context, key string, cost int64) (Decision, error) {
+	if !r.p.alg.Charges {
+		return Decision{}, fmt.Errorf("redis store for zone %q: %s cannot charge past its limit", r.zone, r.policy.Algorithm)
+	}
+	if err := r.checkCost(cost); err != nil {
+		return Decision{}, err
+	}
+	ctx = r.deadlines.bound(ctx, r.timeout)
+	call := r.callOn(ctx, r.Key(key), cost, nil)
+	call.args[0] = "c" + strconv.FormatInt(cost, 10)
+	reply, err := r.runCall(call)
+	if err == nil {
+		var d Decision
+		if d, err = decodeReply(reply); err == nil {
+			return d, nil
+		}
+	}
+	return Decision{}, fmt.Errorf("redis store for zone %q: charge: %w", r.zone, err)
+}
+
 // checkLease refuses a lease the policy cannot grant.
 func (r *Redis) checkLease(cost, want int64) error {
 	if !r.p.alg.Leases {
@@ -470,7 +493,10 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-var _ Store = (*Redis)(nil)
+var (
+	_ Store   = (*Redis)(nil)
+	_ Charger = (*Redis)(nil)
+)
 
 // Up reports whether decisions go to Redis now: false while the store's
 // breaker has stopped asking a failing Redis.

@@ -721,6 +721,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			// Costs up to a twentieth of the quota exhaust large quotas too.
 			maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
 			outcomes, leases, renewals, many := map[bool]int{}, map[bool]int{}, map[bool]int{}, 0
+			charges, partial := map[bool]int{}, 0
 			for step := range 400 {
 				if rng.IntN(2) == 0 {
 					now += rng.Int64N(span)
@@ -770,11 +771,30 @@ func TestRedisMatchesMemory(t *testing.T) {
 							memTaken, redTaken, costs = append(memTaken, dm), append(redTaken, dr), append(costs, dm.Granted())
 						}
 						renewals[dm.Allowed]++
+					case p.Algorithm.Traits().Charges && costs[j] > 1 && rng.IntN(3) == 0:
+						// Part of an admission back, as when a response
+						// costs less than was taken for it; the rest may be
+						// given back later.
+						back := 1 + rng.Int64N(costs[j]-1)
+						dm, errm = mem.Refund(ctx, "k", back, memTaken[j])
+						dr, errr = red.Refund(ctx, "k", back, redTaken[j])
+						costs[j] -= back
+						partial++
 					default:
 						dm, errm = mem.Refund(ctx, "k", costs[j], memTaken[j])
 						dr, errr = red.Refund(ctx, "k", costs[j], redTaken[j])
 						forget(j)
 					}
+				} else if p.Algorithm.Traits().Charges && rng.IntN(8) == 0 {
+					// A charge of up to the whole quota, past the limit if
+					// need be, so debts reach their cap.
+					cost := 1 + rng.Int64N(p.MaxCost())
+					dm, errm = mem.Charge(ctx, "k", cost)
+					dr, errr = red.Charge(ctx, "k", cost)
+					if dm.Granted() != dr.Granted() {
+						t.Fatalf("step %d: charge of %d: memory charged %d, redis %d", step, cost, dm.Granted(), dr.Granted())
+					}
+					charges[dm.Granted() < cost]++
 				} else {
 					cost := 1 + rng.Int64N(maxCost)
 					if leasing && rng.IntN(3) == 0 {
@@ -815,6 +835,9 @@ func TestRedisMatchesMemory(t *testing.T) {
 			}
 			if many == 0 {
 				t.Error("no refunds of several admissions in one call")
+			}
+			if p.Algorithm.Traits().Charges && (charges[true] == 0 || charges[false] == 0 || partial == 0) {
+				t.Errorf("%d charges cut short by the cap, %d whole, %d partial refunds: the steps should exercise each", charges[true], charges[false], partial)
 			}
 		})
 	}

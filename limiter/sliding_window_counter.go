@@ -73,6 +73,21 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 	return rest + p.w
 }
 
+// charge takes cost units into the current window whether or not they
+// fit: cur goes past L, up to 2L at most (the key owes at most one quota
+// per window; the part of a charge beyond is forgiven, which also keeps
+// every product the script forms within 4×L×W). Requests are refused
+// until est has decayed: through this window's end, and in the next as
+// the charged window's weight falls.
+func (s *slidingCounterState) charge(p *params, now, cost int64) Decision {
+	now = s.roll(p, now)
+	before := s.cur
+	s.cur = max(s.cur, min(s.cur+cost, 2*p.l))
+	d := s.status(p, now)
+	d.at, d.granted = now, s.cur-before
+	return d
+}
+
 func (s *slidingCounterState) refund(p *params, now, cost int64, taken Decision) Decision {
 	now = s.roll(p, now)
 	switch windowIndex(p, taken.admission()) {

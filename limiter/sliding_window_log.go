@@ -82,6 +82,27 @@ func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
 	return d
 }
 
+// charge logs cost units at now whether or not the window has them: the
+// log holds more than L, up to 2L units at most (the key owes at most one
+// quota; the part of a charge beyond is forgiven), and requests are
+// refused until enough of the oldest entries have left the window. Like
+// an admission, the entry is stamped max(now, newest entry), so the log
+// stays ordered (after a lease logged ahead, or a clock stepped back).
+func (s *slidingLogState) charge(p *params, now, cost int64) Decision {
+	now = max(now, 0)
+	s.expire(p, now)
+	units := max(0, min(cost, 2*p.l-s.total))
+	at := now
+	if n := len(s.ents); n > s.head {
+		at = max(at, logAt(s.ents[n-1]))
+	}
+	s.push(at, units)
+	s.total += units
+	d := s.status(p, now)
+	d.at, d.mark, d.granted = now, at, units
+	return d
+}
+
 // retryAfter is how long until the oldest entries holding at least need
 // units have left the window.
 func (s *slidingLogState) retryAfter(p *params, now, need int64) int64 {

@@ -53,6 +53,25 @@ type Leaser interface {
 	RefundMany(ctx context.Context, refunds []Refund) error
 }
 
+// Charger is a store that can take units past its limit. A request whose
+// real cost is known only after its response (the tokens an upstream
+// reports using) was admitted on an estimate; the rest of its cost has
+// been spent already and must be counted even when the limit no longer
+// has it, or a client could spend any amount behind a small estimate. The
+// algorithms whose Traits say Charges implement it.
+type Charger interface {
+	// Charge takes cost more units of key now, whether or not the limit
+	// has them: the key then owes, and its requests are refused until
+	// time repays the debt. It returns the key's state afterwards
+	// (Remaining 0 while in debt; Granted, the units charged). A key owes
+	// at most one quota (Policy.MaxCost) beyond its limit, so the debt
+	// stays bounded and its arithmetic exact: the part of a charge beyond
+	// that is forgiven, and Granted is less than cost. cost is from 1 to
+	// MaxCost. An error means nothing was charged, except through a
+	// NearCache, where the part its lease paid was.
+	Charge(ctx context.Context, key string, cost int64) (Decision, error)
+}
+
 // Refund is one give-back of RefundMany or Renew: Cost units of Key that the
 // admission Taken consumed.
 type Refund struct {

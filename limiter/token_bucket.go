@@ -44,6 +44,27 @@ func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Decision {
 	}
 }
 
+// charge takes cost tokens whether or not the bucket holds them: tokens go
+// below zero, down to −B at most (debt ≤ 2×B×W: the bucket owes at most
+// one burst, and the part of a charge beyond that is forgiven). Requests
+// are refused until the refill has repaid the debt and brought their
+// cost. debt⁺ = max(debt, min(debt + c×W, 2×B×W)); granted is the tokens
+// charged, ⌈(debt⁺ − debt)/W⌉. The max keeps a debt a clock stepped back
+// has already put beyond the cap (debt bounds it by maxAhead).
+func (s *tokenBucketState) charge(p *params, now, cost int64) Decision {
+	debt := s.debt(p, now)
+	full := p.b * p.w
+	next := max(debt, min(debt+cost*p.w, 2*full))
+	s.setDebt(p, now, next)
+	return Decision{
+		Allowed:    true,
+		Remaining:  max(0, (full-next)/p.w),
+		ResetAfter: microseconds(ceilDiv(next, p.l)),
+		at:         now,
+		granted:    ceilDiv(next-debt, p.w),
+	}
+}
+
 func (s *tokenBucketState) refund(p *params, now, cost int64, _ Decision) Decision {
 	debt := s.bucketState.refund(p, now, cost)
 	return Decision{Allowed: true, Remaining: max(0, (p.b*p.w-debt)/p.w), ResetAfter: microseconds(ceilDiv(debt, p.l))}

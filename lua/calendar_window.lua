@@ -24,7 +24,8 @@
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 -- A lease (ARGV[8], want >= cost) takes what the window has left, up to
--- want, when it has at least cost, and its reply adds the units granted.
+-- want, when it has at least cost, and its reply adds the units granted;
+-- so does a charge's, with the units charged.
 
 local s1, s2, s3, s4 = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local win, ends
@@ -84,6 +85,15 @@ if op == 'return' then
     reset = left
   end
   return {1, math.max(0, l - count), reset, 0, now}
+end
+
+if op == 'charge' then
+  -- Taken whether or not the window has them, up to 2L (see
+  -- fixed_window.lua); the reply adds the units charged.
+  local was = count
+  count = math.max(count, math.min(count + cost, 2 * l))
+  save()
+  return {1, math.max(0, l - count), left, 0, now, count - was}
 end
 
 if count + cost > l then

@@ -12,7 +12,8 @@
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 -- A lease (ARGV[5], want >= cost) takes what the window has left, up to
--- want, when it has at least cost, and its reply adds the units granted.
+-- want, when it has at least cost, and its reply adds the units granted;
+-- so does a charge's, with the units charged.
 
 local win, count, behind = index(now), 0, false
 local v = redis.call('GET', KEYS[1])
@@ -55,6 +56,15 @@ if op == 'return' then
     reset = left
   end
   return {1, math.max(0, l - count), reset, 0, now}
+end
+
+if op == 'charge' then
+  -- Taken whether or not the window has them: the count goes past L, up
+  -- to 2L (limiter/fixed_window.go); the reply adds the units charged.
+  local was = count
+  count = math.max(count, math.min(count + cost, 2 * l))
+  save()
+  return {1, math.max(0, l - count), left, 0, now, count - was}
 end
 
 if count + cost > l then

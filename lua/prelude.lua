@@ -3,7 +3,9 @@
 -- single atomic EVALSHA; what every algorithm needs is written once, here.
 --
 -- ARGV[1..4]: cost (units to take; negated, units to give back; 0, none:
--- the state as it stands), now (µs;
+-- the state as it stands; "c" and a count, units to charge: taken whether
+-- or not the limit has them, limiter's Charge, in the scripts of the
+-- algorithms that can owe), now (µs;
 -- "" = Redis TIME, the only value outside tests), L, W. Further arguments
 -- are the algorithm's. A test that sets now also steps it far from the wall
 -- clock, so its keys live 10 minutes longer than their state needs (pad,
@@ -14,7 +16,9 @@
 -- few arguments: each one is a string Redis parses and Lua interns.
 
 local cost, op = tonumber(ARGV[1]), 'take'
-if cost <= 0 then
+if not cost then
+  cost, op = tonumber(string.sub(ARGV[1], 2)), 'charge'
+elseif cost <= 0 then
   -- A cost of 0 gives nothing back: a look at the state (limiter's Peek).
   cost, op = -cost, 'return'
 end

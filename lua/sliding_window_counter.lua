@@ -14,7 +14,8 @@
 --
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
 -- A lease (ARGV[5], want >= cost) takes the most units that fit, up to
--- want, when cost fits, and its reply adds the units granted.
+-- want, when cost fits, and its reply adds the units granted; so does a
+-- charge's, with the units charged.
 
 -- Roll the stored counts forward to the window now falls in.
 local win, prev, cur, behind = index(now), 0, 0, false
@@ -75,7 +76,22 @@ if op == 'return' then
   return status(1, 0)
 end
 
-if prev * (w - e) + (cur + cost) * w > l * w then
+if op == 'charge' then
+  -- Taken whether or not they fit: cur goes past L, up to 2L
+  -- (limiter/sliding_window_counter.go), so prev and cur stay within 2L
+  -- and est within 4 x L x W, which limiter/redis.go keeps exact.
+  local was = cur
+  cur = math.max(cur, math.min(cur + cost, 2 * l))
+  save()
+  local reply = status(1, 0)
+  reply[6] = cur - was
+  return reply
+end
+
+-- cur + cost > L first: after a charge, cur and prev reach 2L, and the
+-- product (cur + cost) x W alone could leave the exact range; past L the
+-- request is refused whatever prev holds.
+if cur + cost > l or prev * (w - e) + (cur + cost) * w > l * w then
   -- The least x with est(now + x) + c <= L, nothing else arriving.
   local rest = w - e
   local retry

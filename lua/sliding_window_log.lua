@@ -15,7 +15,8 @@
 -- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}
 -- and, for an admission, the units granted and the time they are logged
 -- at. A lease (ARGV[6], want >= cost) takes what the window has left, up
--- to want, when it has at least cost. A lease of more than the cost is
+-- to want, when it has at least cost. A charge replies as an admission
+-- does, its granted the units charged. A lease of more than the cost is
 -- logged a lifetime ahead, at the latest time it may be spent, so no
 -- window-long span of spend times holds more than L (see
 -- limiter/sliding_window_log.go).
@@ -71,14 +72,21 @@ end
 
 if op == 'return' then
   local at = tonumber(ARGV[6])
-  if at > cutoff and redis.call('LREM', key, -cost, string.format('%d', at)) > 0 then
+  -- cost > 0: LREM with a count of 0 removes every match, and a look
+  -- (cost 0, naming no admission: time 0) must remove nothing.
+  if cost > 0 and at > cutoff and redis.call('LREM', key, -cost, string.format('%d', at)) > 0 then
     expire()
   end
   return status(1, 0, now)
 end
 
 local count = redis.call('LLEN', key)
-if count + cost > l then
+if op == 'charge' then
+  -- Logged whether or not the window has room: the log holds more than
+  -- L, up to 2L (limiter/sliding_window_log.go); cost becomes the units
+  -- charged, and the reply's granted says so.
+  cost = math.max(0, math.min(cost, 2 * l - count))
+elseif count + cost > l then
   -- When enough of the oldest entries have left for cost units to fit.
   local need = count + cost - l
   local retry = w

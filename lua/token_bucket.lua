@@ -14,7 +14,8 @@
 -- A lease (ARGV[7], want >= cost) takes as many tokens as the bucket
 -- holds, up to want, when it holds at least cost; it is refused exactly
 -- as a take of cost is. Its reply adds the decision time and the units
--- granted: {1, remaining, reset µs, 0, now µs, granted}.
+-- granted: {1, remaining, reset µs, 0, now µs, granted}. A charge
+-- replies in the same shape, with the tokens it charged.
 
 local b = tonumber(ARGV[5])
 local debt, full = queued, b * w
@@ -23,6 +24,14 @@ if op == 'return' then
   if debt < 0 then
     debt = 0
   end
+elseif op == 'charge' then
+  -- Taken whether or not the bucket holds them: tokens fall to -B at
+  -- most (debt <= 2 x B x W), the rest is forgiven; cost becomes the
+  -- tokens charged (limiter/token_bucket.go). A debt a clock stepped
+  -- back put beyond the cap stays.
+  local was = debt
+  debt = math.max(debt, math.min(debt + cost * w, 2 * full))
+  cost = math.max(0, ceil((debt - was) / w))
 else
   local need = debt + cost * w
   if need > full then
@@ -38,6 +47,6 @@ else
   debt = need
 end
 local reply = {1, math.max(0, floor((full - debt) / w)), ceil(debt / l), 0}
-if ARGV[7] and op == 'take' then
+if (ARGV[7] and op == 'take') or op == 'charge' then
   reply[5], reply[6] = now, cost
 end

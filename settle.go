@@ -1,0 +1,219 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// responseWatch passes a response through to the client while noting what
+// the zones that settle a request's cost afterwards need of it: the status
+// and, when the header is written, the response_cost values, which it
+// removes unless the zone keeps them. A request whose zones settle nothing
+// is served without it.
+type responseWatch struct {
+	caddyhttp.ResponseWriterWrapper
+	ev          *evaluation
+	status      int
+	wroteHeader bool
+}
+
+// WriteHeader notes the final status and the header's costs; informational
+// statuses (1xx but 101) are passed on, as more follow them.
+func (w *responseWatch) WriteHeader(code int) {
+	if !w.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.wroteHeader, w.status = true, code
+		w.ev.readResponseHeader(w.Header())
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Write writes the header first, as net/http would, so it is seen.
+func (w *responseWatch) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// ReadFrom writes the header first, then copies as the wrapped writer does
+// (a file server's sendfile).
+func (w *responseWatch) ReadFrom(r io.Reader) (int64, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError writes the header first, then flushes; http.ResponseController
+// finds it before it would unwrap to the writer beneath.
+func (w *responseWatch) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for handlers that assert http.Flusher.
+func (w *responseWatch) Flush() { _ = w.FlushError() }
+
+// finalStatus is the response's status once the handlers after this one
+// returned err: what they wrote, or for an error the status Caddy's error
+// handling will answer with.
+func (w *responseWatch) finalStatus(err error) int {
+	if w.wroteHeader {
+		return w.status
+	}
+	if err == nil {
+		return http.StatusOK
+	}
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		return he.StatusCode
+	}
+	return http.StatusInternalServerError
+}
+
+// serveWatched hands r to next through a responseWatch, then settles what
+// the zones took by the response.
+func (ev *evaluation) serveWatched(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	rw := &responseWatch{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ev: ev}
+	err := next.ServeHTTP(rw, r)
+	ev.settle(r, rw.finalStatus(err), w.Header())
+	return err
+}
+
+// readResponseHeader notes the response_cost values of the response's
+// header as it is written, then removes them unless kept, from the header
+// and from its Trailer announcement (a trailer is read in settle).
+func (ev *evaluation) readResponseHeader(hdr http.Header) {
+	for i := range ev.outcomes {
+		if rc := ev.outcomes[i].zone.responseCost; rc != nil {
+			ev.outcomes[i].reported = firstValue(hdr, rc.field)
+		}
+	}
+	for i := range ev.outcomes {
+		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
+			delete(hdr, rc.field)
+			unannounceTrailer(hdr, rc.field)
+		}
+	}
+}
+
+// unannounceTrailer removes name from the response's Trailer field, so a
+// trailer this handler removes is not promised to the client.
+func unannounceTrailer(hdr http.Header, name string) {
+	vals := hdr["Trailer"]
+	if len(vals) == 0 {
+		return
+	}
+	var kept []string
+	for _, v := range vals {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" && !strings.EqualFold(f, name) {
+				kept = append(kept, f)
+			}
+		}
+	}
+	if len(kept) == 0 {
+		hdr.Del("Trailer")
+		return
+	}
+	hdr["Trailer"] = []string{strings.Join(kept, ", ")}
+}
+
+// firstValue is hdr's first value for key, which is in canonical form.
+func firstValue(hdr http.Header, key string) string {
+	if vals := hdr[key]; len(vals) > 0 {
+		return vals[0]
+	}
+	return ""
+}
+
+// settle gives back, or takes more of, what the zones took up front, now
+// that the response is known: a count_response zone gives the units back
+// when the response does not match; a response_cost zone takes the
+// difference to the cost the response reports, or gives it back.
+func (ev *evaluation) settle(r *http.Request, status int, hdr http.Header) {
+	// Not the request's context, which ends with the client's connection:
+	// what the response settles must reach the store all the same.
+	ctx := context.Background()
+	for i := range ev.outcomes {
+		o := &ev.outcomes[i]
+		z := o.zone
+		if !z.watches || !o.d.Allowed {
+			continue
+		}
+		if z.countResponse != nil && !z.countResponse.Match(status, hdr) {
+			if o.taken {
+				o.taken = false
+				if _, err := o.store.Refund(ctx, o.key, o.cost, o.d); err != nil {
+					z.metrics.failure()
+				}
+			}
+			continue
+		}
+		if rc := z.responseCost; rc != nil {
+			o.chargeResponse(ctx, hdr)
+		}
+	}
+	for i := range ev.outcomes {
+		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
+			// A trailer the handlers set after the body.
+			delete(hdr, rc.field)
+			delete(hdr, rc.trailerField)
+		}
+	}
+}
+
+// chargeResponse settles o by the cost its response reports, in the header
+// (read as it was written) or in a trailer: the difference to the cost
+// taken up front is taken, past the limit if need be, or given back.
+func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
+	rc, m := o.zone.responseCost, o.zone.metrics
+	v := o.reported
+	if v == "" {
+		if v = firstValue(hdr, rc.field); v == "" {
+			v = firstValue(hdr, rc.trailerField)
+		}
+	}
+	if v == "" {
+		m.responseCost(responseCostMissing)
+		return
+	}
+	final, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || final < 0 {
+		m.responseCost(responseCostInvalid)
+		return
+	}
+	if most := o.limit.policy.MaxCost(); final > most {
+		final = most
+		m.responseCost(responseCostCapped)
+	} else {
+		m.responseCost(responseCostRead)
+	}
+	switch diff := final - o.cost; {
+	case diff > 0:
+		c, ok := o.store.(interface {
+			Charge(context.Context, string, int64) (limiter.Decision, error)
+		})
+		if !ok {
+			return // validate allows response_cost only where stores charge
+		}
+		if _, err := c.Charge(ctx, o.key, diff); err != nil {
+			m.failure()
+		}
+	case diff < 0 && o.taken:
+		o.taken = false
+		if _, err := o.store.Refund(ctx, o.key, -diff, o.d); err != nil {
+			m.failure()
+		}
+	}
+}

@@ -1,0 +1,487 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// answer is a next handler that writes status, with the given header
+// fields, and a body.
+func answer(status int, fields ...string) caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		for i := 0; i+1 < len(fields); i += 2 {
+			w.Header().Set(fields[i], fields[i+1])
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte("body"))
+		return nil
+	})
+}
+
+// remaining is the zone's remaining count in r's RateLimit field.
+func remainingIn(t *testing.T, hdr http.Header, zone string) string {
+	t.Helper()
+	for _, item := range strings.Split(hdr.Get("RateLimit"), ",") {
+		item = strings.TrimSpace(item)
+		if rest, ok := strings.CutPrefix(item, `"`+zone+`";r=`); ok {
+			r, _, _ := strings.Cut(rest, ";")
+			return r
+		}
+	}
+	t.Fatalf("no %s in RateLimit %q", zone, hdr.Get("RateLimit"))
+	return ""
+}
+
+// TestCountResponseCountsOnlyMatches: any number of successes pass; the
+// N+1th failure in the window is refused, whatever came between.
+func TestCountResponseCountsOnlyMatches(t *testing.T) {
+	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
+		t.Run(alg, func(t *testing.T) {
+			h := provisionHandler(t, fmt.Sprintf(`rate_limit {
+				zone logins {
+					algorithm %s
+					rate 3/1h
+					count_response {
+						status 401 403
+					}
+				}
+			}`, alg))
+			ip := "198.51.100.40"
+			send := func(next caddyhttp.Handler) int {
+				r, _ := newKeyRequest(ip, nil)
+				_, code := serve(h, r, next)
+				return code
+			}
+			for i := range 10 {
+				if code := send(answer(200)); code != 200 {
+					t.Fatalf("success %d: status %d", i+1, code)
+				}
+			}
+			for i := range 2 {
+				if code := send(answer(401)); code != 401 {
+					t.Fatalf("failure %d: status %d, want 401", i+1, code)
+				}
+				if code := send(answer(200)); code != 200 {
+					t.Fatalf("success after failure %d: status %d", i+1, code)
+				}
+			}
+			if code := send(answer(401)); code != 401 {
+				t.Fatalf("failure 3: status %d, want 401", code)
+			}
+			// Spent: every request needs a unit up front, so after the
+			// third failure none passes, a login that would succeed
+			// included, until the window lets one go.
+			if code := send(answer(401)); code != 429 {
+				t.Fatalf("the 4th failure: status %d, want 429", code)
+			}
+			if code := send(answer(200)); code != 429 {
+				t.Fatalf("a request after 3 failures: status %d, want 429", code)
+			}
+		})
+	}
+}
+
+// TestCountResponseHeadersAndErrors: a header match counts, and a handler
+// error counts by the status Caddy will answer with.
+func TestCountResponseHeadersAndErrors(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone z {
+			algorithm fixed_window
+			rate 2/1h
+			count_response {
+				status 5xx
+				header X-Login-Failed
+			}
+		}
+	}`)
+	fails := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("upstream down"))
+	})
+	r, _ := newKeyRequest("198.51.100.41", nil)
+	// 5xx without the header does not match: both must match.
+	if _, code := serve(h, r, fails); code != 502 {
+		t.Fatalf("status %d", code)
+	}
+	r, _ = newKeyRequest("198.51.100.41", nil)
+	w, _ := serve(h, r, answer(200, "X-Login-Failed", "1"))
+	if got := remainingIn(t, w.Header(), "z"); got != "1" {
+		t.Fatalf("remaining %s after an uncounted 502: want 1 (the up-front unit)", got)
+	}
+	r, _ = newKeyRequest("198.51.100.41", nil)
+	w, _ = serve(h, r, answer(200))
+	if got := remainingIn(t, w.Header(), "z"); got != "1" {
+		t.Fatalf("remaining %s: neither response matched, want 1", got)
+	}
+
+	h = provisionHandler(t, `rate_limit {
+		zone e {
+			algorithm fixed_window
+			rate 1/1h
+			count_response {
+				status 502
+			}
+		}
+	}`)
+	for i, want := range []int{502, 429} {
+		r, _ := newKeyRequest("198.51.100.42", nil)
+		if _, code := serve(h, r, fails); code != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, code, want)
+		}
+	}
+}
+
+// TestCountResponseParallelNeverOvershoots: failures that run at once take
+// their units up front, so no more than the limit of them pass.
+func TestCountResponseParallelNeverOvershoots(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone logins {
+			algorithm sliding_window_log
+			rate 5/1h
+			count_response {
+				status 401
+			}
+		}
+	}`)
+	var passed atomic.Int64
+	slow401 := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		passed.Add(1)
+		time.Sleep(20 * time.Millisecond)
+		w.WriteHeader(http.StatusUnauthorized)
+		return nil
+	})
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, _ := newKeyRequest("198.51.100.43", nil)
+			serve(h, r, slow401)
+		}()
+	}
+	wg.Wait()
+	if n := passed.Load(); n != 5 {
+		t.Fatalf("%d failures reached the upstream, want exactly 5", n)
+	}
+}
+
+// TestRequestCostPlaceholder: each request takes the cost its placeholder
+// gives; a value that is not an integer from 0 to the quota is refused
+// with 400 and takes nothing; 0 passes while a unit is left.
+func TestRequestCostPlaceholder(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone batch {
+			algorithm fixed_window
+			rate 10/1h
+			cost {http.request.header.X-Batch-Size}
+		}
+	}`)
+	send := func(size string) (http.Header, int) {
+		hdr := map[string]string{}
+		if size != "<none>" {
+			hdr["X-Batch-Size"] = size
+		}
+		r, _ := newKeyRequest("198.51.100.44", hdr)
+		w, code := serve(h, r, okHandler)
+		return w.Header(), code
+	}
+	hdr, code := send("3")
+	if code != 200 || remainingIn(t, hdr, "batch") != "7" || hdr.Get("X-RateLimit-Remaining") != "7" {
+		t.Fatalf("cost 3: status %d, RateLimit %q", code, hdr.Get("RateLimit"))
+	}
+	for _, bad := range []string{"<none>", "", "abc", "-1", "1.5", "11", "99999999999999999999", " 2"} {
+		if _, code := send(bad); code != 400 {
+			t.Errorf("cost %q: status %d, want 400", bad, code)
+		}
+	}
+	hdr, code = send("0")
+	if code != 200 || remainingIn(t, hdr, "batch") != "7" {
+		t.Fatalf("cost 0: status %d, RateLimit %q; want 200 and nothing taken", code, hdr.Get("RateLimit"))
+	}
+	if hdr, code = send("7"); code != 200 || remainingIn(t, hdr, "batch") != "0" {
+		t.Fatalf("cost 7: status %d, RateLimit %q", code, hdr.Get("RateLimit"))
+	}
+	if _, code = send("0"); code != 429 {
+		t.Fatalf("cost 0 on a spent key: status %d, want 429", code)
+	}
+}
+
+// TestRequestCostAgainstTier: the bound on a per-request cost is the
+// quota of the limit that applies, a tier's included.
+func TestRequestCostAgainstTier(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone batch {
+			algorithm fixed_window
+			rate 10/1h
+			cost {http.request.header.X-Batch-Size}
+			tier {http.request.header.X-Plan} {
+				big 100/1h
+			}
+		}
+	}`)
+	r, _ := newKeyRequest("198.51.100.45", map[string]string{"X-Batch-Size": "50"})
+	if _, code := serve(h, r, okHandler); code != 400 {
+		t.Fatalf("cost 50 on the zone's limit of 10: status %d, want 400", code)
+	}
+	r, _ = newKeyRequest("198.51.100.45", map[string]string{"X-Batch-Size": "50", "X-Plan": "big"})
+	if w, code := serve(h, r, okHandler); code != 200 || remainingIn(t, w.Header(), "batch") != "50" {
+		t.Fatalf("cost 50 on the big tier: status %d, RateLimit %q", code, w.Header().Get("RateLimit"))
+	}
+}
+
+// TestResponseCostSettles: the response's header is the final cost: the
+// difference is taken or given back, and the header is removed unless
+// kept; a missing or invalid value leaves the up-front cost.
+func TestResponseCostSettles(t *testing.T) {
+	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
+		t.Run(alg, func(t *testing.T) {
+			h := provisionHandler(t, fmt.Sprintf(`rate_limit {
+				zone tokens {
+					algorithm %s
+					rate 100/1h
+					cost 10
+					response_cost X-Tokens
+				}
+			}`, alg))
+			ip := "198.51.100.46"
+			peek := func() string {
+				r, _ := newKeyRequest(ip, nil)
+				w, code := serve(h, r, answer(200, "X-Tokens", "10"))
+				if code != 200 {
+					t.Fatalf("peek: status %d", code)
+				}
+				return remainingIn(t, w.Header(), "tokens") // after taking 10
+			}
+			r, _ := newKeyRequest(ip, nil)
+			w, _ := serve(h, r, answer(200, "X-Tokens", "25"))
+			if w.Header().Get("X-Tokens") != "" {
+				t.Fatalf("X-Tokens reached the client")
+			}
+			// 25 spent; the next request shows 100-25-10.
+			if got := peek(); got != "65" {
+				t.Fatalf("remaining %s after a response of 25, want 65", got)
+			}
+			r, _ = newKeyRequest(ip, nil)
+			serve(h, r, answer(200, "X-Tokens", "4")) // takes 10, gives 6 back
+			if got := peek(); got != "51" {
+				t.Fatalf("remaining %s after a response of 4, want 51 (75-4-10-10)", got)
+			}
+			for _, v := range []string{"", "many", "-3"} {
+				r, _ = newKeyRequest(ip, nil)
+				serve(h, r, answer(200, "X-Tokens", v)) // the up-front 10 stands
+			}
+			if got := peek(); got != "11" {
+				t.Fatalf("remaining %s after three unread costs, want 11 (61-30-10-10)", got)
+			}
+		})
+	}
+}
+
+// TestResponseCostDebt: a cost beyond what is left is taken all the same;
+// the key owes and is refused until time repays it.
+func TestResponseCostDebt(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone tokens {
+			algorithm fixed_window
+			rate 100/1h
+			response_cost X-Tokens keep
+		}
+	}`)
+	ip := "198.51.100.47"
+	r, _ := newKeyRequest(ip, nil)
+	w, _ := serve(h, r, answer(200, "X-Tokens", "90"))
+	if w.Header().Get("X-Tokens") != "90" {
+		t.Fatalf("keep: X-Tokens %q", w.Header().Get("X-Tokens"))
+	}
+	r, _ = newKeyRequest(ip, nil)
+	serve(h, r, answer(200, "X-Tokens", "100")) // 10 left, takes 100: owes 90
+	r, _ = newKeyRequest(ip, nil)
+	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != 429 {
+		t.Fatalf("a key that owes: status %d, want 429", code)
+	}
+}
+
+// TestResponseCostTrailer: a cost sent as a trailer after a streamed body
+// settles as a header does, and is removed from the trailers and their
+// announcement unless kept.
+func TestResponseCostTrailer(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone tokens {
+			algorithm token_bucket
+			rate 100/1h
+			response_cost X-Tokens
+		}
+	}`)
+	streams := func(announce bool) caddyhttp.Handler {
+		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			if announce {
+				w.Header().Set("Trailer", "X-Tokens, X-Other")
+			}
+			w.WriteHeader(200)
+			_, _ = w.Write([]byte("chunk"))
+			_ = http.NewResponseController(w).Flush()
+			if announce {
+				w.Header().Set("X-Tokens", "30")
+			} else {
+				w.Header().Set(http.TrailerPrefix+"X-Tokens", "30")
+			}
+			return nil
+		})
+	}
+	ip := "198.51.100.48"
+	for i, announce := range []bool{true, false} {
+		r, _ := newKeyRequest(ip, nil)
+		w, _ := serve(h, r, streams(announce))
+		if got := w.Header().Get("Trailer"); announce && got != "X-Other" {
+			t.Errorf("Trailer %q, want X-Other alone", got)
+		}
+		if w.Header().Get("X-Tokens") != "" || w.Header().Get(http.TrailerPrefix+"X-Tokens") != "" {
+			t.Errorf("the X-Tokens trailer reached the client: %v", w.Header())
+		}
+		r, _ = newKeyRequest(ip, nil)
+		w, _ = serve(h, r, answer(200, "X-Tokens", "0"))
+		if got, want := remainingIn(t, w.Header(), "tokens"), fmt.Sprint(100-30*(i+1)-i-1); got != want {
+			t.Fatalf("remaining %s after a trailer of 30, want %s", got, want)
+		}
+	}
+}
+
+// TestResponseShapedRefusedWhereUnsettled: concurrency and leaky_bucket
+// cannot give units back by the response, nor owe; both are refused.
+func TestResponseShapedRefusedWhereUnsettled(t *testing.T) {
+	for _, tc := range []struct{ alg, option string }{
+		{"concurrency", "count_response {\n status 401\n }"},
+		{"leaky_bucket", "count_response {\n status 401\n }"},
+		{"concurrency", "response_cost X-Tokens"},
+		{"leaky_bucket", "response_cost X-Tokens"},
+	} {
+		input := fmt.Sprintf("rate_limit {\n zone z {\n  algorithm %s\n  rate 5/1s\n  %s\n }\n}", tc.alg, tc.option)
+		_, err := parseDirective(t, input)
+		name, _, _ := strings.Cut(tc.option, " ")
+		want := fmt.Sprintf("zone z: %s applies only to token_bucket, fixed_window, sliding_window_log and sliding_window_counter, not %s, at Testfile:2", name, tc.alg)
+		if err == nil || err.Error() != want {
+			t.Errorf("%s with %s: %v, want %q", tc.alg, name, err, want)
+		}
+	}
+}
+
+// BenchmarkHandlerShapes is one allowed request through a zone that
+// settles its cost by the response, against the same zone without: what
+// count_response (a response that does not count, so its unit is given
+// back), a cost placeholder and response_cost (a reported cost one above
+// the up-front one, so one more unit is charged) add per request. Every
+// variant's upstream writes the same header.
+func BenchmarkHandlerShapes(b *testing.B) {
+	const zone = "rate_limit {\n zone z {\n  key ip\n  algorithm token_bucket\n  rate 1000000000/1s\n%s }\n}"
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("X-Tokens", "2")
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	for _, tc := range []struct{ name, options string }{
+		{"plain", ""},
+		{"count_response", "  count_response {\n   status 401\n  }\n"},
+		{"cost_placeholder", "  cost {http.request.header.X-Cost}\n"},
+		{"response_cost", "  response_cost X-Tokens\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := provisionHandler(b, fmt.Sprintf(zone, tc.options))
+			base, _ := newKeyRequest("198.51.100.9", map[string]string{"X-Cost": "1"})
+			reqs := make([]*http.Request, benchPrepared)
+			benchRequests(reqs, []*http.Request{base})
+			w := httptest.NewRecorder()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if i%benchPrepared == 0 && i > 0 {
+					b.StopTimer()
+					benchRequests(reqs, []*http.Request{base})
+					b.StartTimer()
+				}
+				clear(w.Header())
+				if err := h.ServeHTTP(w, reqs[i%benchPrepared], next); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestShapesJSON: the JSON forms of cost, count_response and
+// response_cost, as `caddy adapt` writes them and as an operator may, and
+// their refusals, which name the zone as the Caddyfile's do.
+func TestShapesJSON(t *testing.T) {
+	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+	out, _, err := adapter.Adapt([]byte(`:8080 {
+	rate_limit {
+		zone a {
+			rate 5/1m
+			cost 2
+			count_response {
+				status 4xx 503
+				header X-Login-Failed
+			}
+		}
+		zone b {
+			algorithm token_bucket
+			rate 100/1m
+			cost {http.request.header.X-Estimate}
+			response_cost X-Tokens keep
+		}
+	}
+	respond "ok"
+}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`"cost":2,`,
+		`"count_response":{"headers":{"X-Login-Failed":[]},"status_code":[4,503]}`,
+		`"cost":"{http.request.header.X-Estimate}"`,
+		`"response_cost":{"header":"X-Tokens","keep":true}`,
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("adapted JSON lacks %s:\n%s", want, out)
+		}
+	}
+	for _, tc := range []struct{ zone, want string }{
+		{`"cost":"3"`, ""},
+		{`"cost":"{vars.cost}","count_response":{"status_code":[401]},"response_cost":{"header":"X-T"}`, ""},
+		{`"cost":"many"`, `zone "z": cost must be a positive integer or a placeholder, got "many"`},
+		{`"cost":-1`, `zone "z": cost must be positive, got -1`},
+		{`"cost":"{vars.cost"`, `zone "z": cost: unclosed placeholder`},
+		{`"count_response":{}`, `zone "z": count_response needs a status or a header to match`},
+		{`"count_response":{"status_code":[7]}`, `zone "z": count_response: status 7 is neither a code`},
+		{`"response_cost":{"header":""}`, `zone "z": response_cost needs a header name`},
+		{`"response_cost":{"header":"X T"}`, `zone "z": response_cost: "X T" is not a header field name`},
+		{`"algorithm":"concurrency","count_response":{"status_code":[401]}`, `zone "z": count_response applies only to`},
+		{`"algorithm":"leaky_bucket","response_cost":{"header":"X"}`, `zone "z": response_cost applies only to`},
+	} {
+		var h Handler
+		raw := fmt.Sprintf(`{"rate_limits":{"z":{"max_events":5,"window":"1m",%s}}}`, tc.zone)
+		if err := json.Unmarshal([]byte(raw), &h); err != nil {
+			t.Fatalf("%s: %v", tc.zone, err)
+		}
+		err := h.validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", tc.zone, err)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+			t.Errorf("%s: refusal %v, want one starting %q", tc.zone, err, tc.want)
+		}
+	}
+	var h Handler
+	if err := json.Unmarshal([]byte(`{"rate_limits":{"z":{"max_events":5,"window":"1m","cost":[1]}}}`), &h); err == nil {
+		t.Error("a cost that is a list was accepted")
+	}
+}
