@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -37,8 +38,9 @@ func calendarZone(t *testing.T) (name string, start, end time.Time) {
 // admits its events per local day and then refuses, and its headers count
 // down to the local midnight of the configured time zone: X-RateLimit-Reset
 // is that midnight, RateLimit's t and Retry-After the seconds until it,
-// and RateLimit-Policy's w the length of the current local day. The Redis
-// zone's key lives until that midnight.
+// and RateLimit-Policy's w the length of the current local day, as
+// rate_limit_status says too. The Redis zone's key lives until that
+// midnight.
 func TestCalendarDay(t *testing.T) {
 	t.Parallel()
 	tz, start, end := calendarZone(t)
@@ -61,7 +63,8 @@ func TestCalendarDay(t *testing.T) {
 		respond "ok"
 	}`, name, tz, store, srv.Addr(), redisTimeout)
 	}
-	inst := caddyproc.Start(t, globals+"\nhttp://{{http}} {"+zone("cal_memory", "memory")+zone("cal_redis", "redis")+"\n}\n")
+	status := "\n\thandle /status {\n\t\trate_limit_status\n\t}"
+	inst := caddyproc.Start(t, globals+"\nhttp://{{http}} {"+zone("cal_memory", "memory")+zone("cal_redis", "redis")+status+"\n}\n")
 	c := newClient(t)
 	day := int64(end.Sub(start) / time.Second)
 	for _, name := range []string{"cal_memory", "cal_redis"} {
@@ -87,6 +90,23 @@ func TestCalendarDay(t *testing.T) {
 			// Another client has a day of its own.
 			expectCodes(t, name+" other client", c, url, []int{200}, clientHeader("other-client")...)
 		})
+	}
+	// The client's own status: a day's window, and the reset at midnight.
+	var st struct {
+		Zones []struct {
+			Zone                            string
+			Limit, Remaining, Reset, Window int64
+		}
+	}
+	r := get(t, c, inst.URL("/status"), clientHeader("calendar-client")...)
+	if err := json.Unmarshal([]byte(r.body), &st); err != nil || len(st.Zones) != 2 {
+		t.Fatalf("rate_limit_status: %d %q (%v), want both zones", r.code, r.body, err)
+	}
+	for _, z := range st.Zones {
+		left := int64(time.Until(end)/time.Second) + 1
+		if z.Limit != 3 || z.Remaining != 0 || z.Window != day || z.Reset < left-5 || z.Reset > left+5 {
+			t.Errorf("rate_limit_status for %s: %+v, want limit 3, remaining 0, window %d, reset about %d", z.Zone, z, day, left)
+		}
 	}
 	keys, err := srv.Client(t).Keys(context.Background(), "floodgate:cal_redis:{*").Result()
 	if err != nil || len(keys) != 2 {
