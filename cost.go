@@ -12,8 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // Cost is a zone's cost per request as configured: a whole number of
@@ -100,10 +98,6 @@ type ResponseCost struct {
 	// body (http.TrailerPrefix + field).
 	field, trailerField string
 }
-
-// owes reports whether an algorithm can settle a cost after the response:
-// give units back, or take more past its limit.
-func owes(t limiter.Traits) bool { return t.Leases }
 
 // validate refuses a header name that no response could carry.
 func (rc *ResponseCost) validate() error {

@@ -201,9 +201,7 @@ func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
 	}
 	switch diff := final - o.cost; {
 	case diff > 0:
-		c, ok := o.store.(interface {
-			Charge(context.Context, string, int64) (limiter.Decision, error)
-		})
+		c, ok := o.store.(limiter.Charger)
 		if !ok {
 			return // validate allows response_cost only where stores charge
 		}

@@ -350,7 +350,7 @@ func TestResponseCostTrailer(t *testing.T) {
 		}
 		r, _ = newKeyRequest(ip, nil)
 		w, _ = serve(h, r, answer(200, "X-Tokens", "0"))
-		if got, want := remainingIn(t, w.Header(), "tokens"), fmt.Sprint(100-30*(i+1)-i-1); got != want {
+		if got, want := remainingIn(t, w.Header(), "tokens"), fmt.Sprint(100-30*(i+1)-1); got != want {
 			t.Fatalf("remaining %s after a trailer of 30, want %s", got, want)
 		}
 	}

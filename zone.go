@@ -353,7 +353,7 @@ func (z *Zone) validateResponseShaped(p limiter.Policy) error {
 	if z.CountResponse == nil && z.ResponseCost == nil {
 		return nil
 	}
-	if !owes(p.Algorithm.Traits()) {
+	if !p.Algorithm.Traits().Charges {
 		option := "count_response"
 		if z.CountResponse == nil {
 			option = "response_cost"
