@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
@@ -197,4 +198,40 @@ func BenchmarkHandlerCalendarWindow(b *testing.B) {
 	h := provisionHandler(b, "rate_limit {\n zone bench_cal {\n  key ip\n  events 10000000\n  calendar day Europe/Berlin\n }\n}")
 	r, _ := newKeyRequest("198.51.100.9", nil)
 	benchServeFresh(b, h, []*http.Request{r})
+}
+
+// TestCalendarResponseCost: a calendar zone settles a cost by the
+// response as any fixed window does; a key that owes is refused until
+// its local day ends, and the next day starts at zero.
+func TestCalendarResponseCost(t *testing.T) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := testutil.NewClock(time.Date(2026, 6, 1, 22, 0, 0, 0, tokyo))
+	h := provisionHandlerAt(t, `rate_limit {
+		zone cal_tokens {
+			key ip
+			events 100
+			calendar day Asia/Tokyo
+			response_cost X-Tokens
+		}
+	}`, clock)
+	ip := "198.51.100.77"
+	step := func(next caddyhttp.Handler, wantCode int, wantRemaining string) {
+		t.Helper()
+		r, _ := newKeyRequest(ip, nil)
+		w, code := serve(h, r, next)
+		if code != wantCode {
+			t.Fatalf("status %d, want %d", code, wantCode)
+		}
+		if got := remainingIn(t, w.Header(), "cal_tokens"); got != wantRemaining {
+			t.Fatalf("remaining %s, want %s", got, wantRemaining)
+		}
+	}
+	step(answer(200, "X-Tokens", "30"), 200, "99") // the headers are written before the response
+	step(answer(200, "X-Tokens", "150"), 200, "69")
+	step(answer(200, "X-Tokens", "1"), 429, "0") // owes: 1+30+150 of 100
+	clock.Set(time.Date(2026, 6, 2, 0, 0, 0, 0, tokyo))
+	step(answer(200, "X-Tokens", "1"), 200, "99")
 }
