@@ -275,3 +275,39 @@ func TestCalendarRedisWindowsAroundTheInstance(t *testing.T) {
 		t.Fatalf("windows three days ahead: %v, want an error", err)
 	}
 }
+
+// TestCalendarMemorySweepAndReset: a memory store keeps a key while its
+// calendar window counts units, forgets it once the window has ended, and
+// Reset reports state only while the window holds some.
+func TestCalendarMemorySweepAndReset(t *testing.T) {
+	ctx := context.Background()
+	ny := mustLoad(t, "America/New_York")
+	clock := testutil.NewClock(time.Date(2026, 12, 31, 23, 0, 0, 0, ny))
+	m, err := NewMemory(Policy{Algorithm: FixedWindow, Events: 3, Calendar: &Calendar{Period: Month, Location: ny}}, MemoryOptions{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b"} {
+		if d, _ := m.Take(ctx, k, 1); !d.Allowed || d.ResetAfter != time.Hour {
+			t.Fatalf("take %s: %+v, want an admission resetting at New York's new year, an hour away", k, d)
+		}
+	}
+	if n := m.Sweep(); n != 0 || m.Len() != 2 {
+		t.Fatalf("swept %d in the window, %d kept; want 0 and 2", n, m.Len())
+	}
+	if existed, _ := m.Reset(ctx, "a"); !existed {
+		t.Fatal("reset of a counting key: no state")
+	}
+	clock.Set(time.Date(2027, 1, 1, 0, 0, 0, 0, ny))
+	if d, _ := m.Peek(ctx, "b"); d.Remaining != 3 || d.ResetAfter != 0 {
+		t.Fatalf("peek in the new month: %+v, want a fresh key", d)
+	}
+	if existed, _ := m.Reset(ctx, "b"); existed {
+		t.Fatal("reset of a key whose month ended: state reported")
+	}
+	m.Take(ctx, "c", 1)
+	clock.Set(time.Date(2027, 2, 1, 0, 0, 0, 0, ny))
+	if n := m.Sweep(); n != 1 || m.Len() != 0 {
+		t.Fatalf("swept %d after the month, %d kept; want 1 and 0", n, m.Len())
+	}
+}
