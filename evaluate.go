@@ -40,6 +40,10 @@ type outcome struct {
 	// reported is the zone's response_cost header as the response
 	// header was written.
 	reported string
+	// counted is set once the response matched the zone's count_response,
+	// and settled once the response settled what the zone took (see
+	// outcome.settle).
+	counted, settled bool
 }
 
 // evaluation is every zone's decision on one request.

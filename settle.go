@@ -25,12 +25,14 @@ type responseWatch struct {
 	wroteHeader bool
 }
 
-// WriteHeader notes the final status and the header's costs; informational
-// statuses (1xx but 101) are passed on, as more follow them.
+// WriteHeader settles what the final status and header settle before the
+// client sees them, so a client's next request, sent once it has this
+// response, is decided on the settled state. Informational statuses (1xx
+// but 101) are passed on, as more follow them.
 func (w *responseWatch) WriteHeader(code int) {
 	if !w.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.wroteHeader, w.status = true, code
-		w.ev.readResponseHeader(w.Header())
+		w.ev.settleHeader(code, w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -86,18 +88,22 @@ func (w *responseWatch) finalStatus(err error) int {
 func (ev *evaluation) serveWatched(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	rw := &responseWatch{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ev: ev}
 	err := next.ServeHTTP(rw, r)
-	ev.settle(r, rw.finalStatus(err), w.Header())
+	ev.settle(rw.finalStatus(err), w.Header())
 	return err
 }
 
-// readResponseHeader notes the response_cost values of the response's
-// header as it is written, then removes them unless kept, from the header
-// and from its Trailer announcement (a trailer is read in settle).
-func (ev *evaluation) readResponseHeader(hdr http.Header) {
+// settleHeader settles what the response's status and header settle as
+// the header is written: count_response's match, and a response_cost in
+// the header; a cost that may yet come in a trailer waits for settle. It
+// then removes the response_cost fields unless kept, from the header and
+// from its Trailer announcement.
+func (ev *evaluation) settleHeader(status int, hdr http.Header) {
 	for i := range ev.outcomes {
-		if rc := ev.outcomes[i].zone.responseCost; rc != nil {
-			ev.outcomes[i].reported = firstValue(hdr, rc.field)
+		o := &ev.outcomes[i]
+		if rc := o.zone.responseCost; rc != nil {
+			o.reported = firstValue(hdr, rc.field)
 		}
+		o.settle(status, hdr, false)
 	}
 	for i := range ev.outcomes {
 		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
@@ -137,32 +143,13 @@ func firstValue(hdr http.Header, key string) string {
 	return ""
 }
 
-// settle gives back, or takes more of, what the zones took up front, now
-// that the response is known: a count_response zone gives the units back
-// when the response does not match; a response_cost zone takes the
-// difference to the cost the response reports, or gives it back.
-func (ev *evaluation) settle(r *http.Request, status int, hdr http.Header) {
-	// Not the request's context, which ends with the client's connection:
-	// what the response settles must reach the store all the same.
-	ctx := context.Background()
+// settle settles, once the handlers after this one are done, what the
+// header did not: a cost sent in a trailer, and everything when no header
+// was written (a handler error, answered by Caddy's error routes with
+// status). It then removes the response_cost trailers unless kept.
+func (ev *evaluation) settle(status int, hdr http.Header) {
 	for i := range ev.outcomes {
-		o := &ev.outcomes[i]
-		z := o.zone
-		if !z.watches || !o.d.Allowed {
-			continue
-		}
-		if z.countResponse != nil && !z.countResponse.Match(status, hdr) {
-			if o.taken {
-				o.taken = false
-				if _, err := o.store.Refund(ctx, o.key, o.cost, o.d); err != nil {
-					z.metrics.failure()
-				}
-			}
-			continue
-		}
-		if rc := z.responseCost; rc != nil {
-			o.chargeResponse(ctx, hdr)
-		}
+		ev.outcomes[i].settle(status, hdr, true)
 	}
 	for i := range ev.outcomes {
 		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
@@ -172,6 +159,44 @@ func (ev *evaluation) settle(r *http.Request, status int, hdr http.Header) {
 		}
 	}
 }
+
+// settle gives back, or takes more of, what o's zone took up front, by
+// the response: a count_response zone gives the units back when the
+// response does not match; a response_cost zone takes the difference to
+// the cost the response reports, or gives it back. With last unset (the
+// header is being written) a response_cost that may yet come in a
+// trailer is left for the last call.
+func (o *outcome) settle(status int, hdr http.Header, last bool) {
+	z := o.zone
+	if !z.watches || !o.d.Allowed || o.settled {
+		return
+	}
+	if z.countResponse != nil && !o.counted {
+		if !z.countResponse.Match(status, hdr) {
+			o.settled = true
+			if o.taken {
+				o.taken = false
+				if _, err := o.store.Refund(settleContext, o.key, o.cost, o.d); err != nil {
+					z.metrics.failure()
+				}
+			}
+			return
+		}
+		o.counted = true
+	}
+	if z.responseCost != nil {
+		if o.reported == "" && !last {
+			return
+		}
+		o.chargeResponse(settleContext, hdr)
+	}
+	o.settled = true
+}
+
+// settleContext is what settling asks stores in: not the request's
+// context, which ends with the client's connection, since what a response
+// settles must reach the store all the same.
+var settleContext = context.Background()
 
 // chargeResponse settles o by the cost its response reports, in the header
 // (read as it was written) or in a trailer: the difference to the cost
