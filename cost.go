@@ -155,7 +155,7 @@ func (h *Handler) requestCost(r *http.Request, repl *caddy.Replacer, claims *jwt
 		return nil
 	}
 	v, _ := z.costTemplate.evaluate(r, repl, claims)
-	limit := c.limit.policy.MaxCost()
+	limit := c.limit.maxCost
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err == nil && n >= 0 && n <= limit {
 		c.cost = n

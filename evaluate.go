@@ -63,8 +63,10 @@ type evaluation struct {
 	// it, which keys and tiers read directly; nil without a jwt block.
 	claims *jwtClaims
 	// watches is set when a zone that admitted the request settles its
-	// cost by the response (count_response, response_cost).
+	// cost by the response (count_response, response_cost); watch then
+	// sees the response (see serveWatched).
 	watches bool
+	watch   responseWatch
 }
 
 // candidate is a zone that matches a request, its limit and its key.

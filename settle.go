@@ -84,11 +84,17 @@ func (w *responseWatch) finalStatus(err error) int {
 }
 
 // serveWatched hands r to next through a responseWatch, then settles what
-// the zones took by the response.
+// the zones took by the response. The watch is the evaluation's own, so
+// it costs no allocation: the handlers after this one are done with it
+// when next returns (Caddy's own, a streaming or upgraded reverse_proxy
+// included, return only once their response is), and only then is the
+// evaluation recycled.
 func (ev *evaluation) serveWatched(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	rw := &responseWatch{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ev: ev}
+	rw := &ev.watch
+	*rw = responseWatch{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ev: ev}
 	err := next.ServeHTTP(rw, r)
 	ev.settle(rw.finalStatus(err), w.Header())
+	*rw = responseWatch{}
 	return err
 }
 
@@ -98,17 +104,27 @@ func (ev *evaluation) serveWatched(w http.ResponseWriter, r *http.Request, next 
 // then removes the response_cost fields unless kept, from the header and
 // from its Trailer announcement.
 func (ev *evaluation) settleHeader(status int, hdr http.Header) {
+	strip := false
 	for i := range ev.outcomes {
 		o := &ev.outcomes[i]
 		if rc := o.zone.responseCost; rc != nil {
 			o.reported = firstValue(hdr, rc.field)
+			strip = strip || !rc.Keep
 		}
 		o.settle(status, hdr, false)
 	}
+	if !strip {
+		return
+	}
+	trailers := len(hdr["Trailer"]) > 0
 	for i := range ev.outcomes {
 		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
-			delete(hdr, rc.field)
-			unannounceTrailer(hdr, rc.field)
+			if ev.outcomes[i].reported != "" {
+				delete(hdr, rc.field)
+			}
+			if trailers {
+				unannounceTrailer(hdr, rc.field)
+			}
 		}
 	}
 }
@@ -146,14 +162,16 @@ func firstValue(hdr http.Header, key string) string {
 // settle settles, once the handlers after this one are done, what the
 // header did not: a cost sent in a trailer, and everything when no header
 // was written (a handler error, answered by Caddy's error routes with
-// status). It then removes the response_cost trailers unless kept.
+// status). It then removes the response_cost trailers the handlers set
+// after the body, unless kept: those of the zones whose cost came in a
+// trailer or not at all (a response that gave its cost in the header is
+// not searched for a second copy).
 func (ev *evaluation) settle(status int, hdr http.Header) {
 	for i := range ev.outcomes {
-		ev.outcomes[i].settle(status, hdr, true)
-	}
-	for i := range ev.outcomes {
-		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
-			// A trailer the handlers set after the body.
+		o := &ev.outcomes[i]
+		wasSettled := o.settled
+		o.settle(status, hdr, true)
+		if rc := o.zone.responseCost; rc != nil && !rc.Keep && !wasSettled {
 			delete(hdr, rc.field)
 			delete(hdr, rc.trailerField)
 		}
@@ -218,7 +236,7 @@ func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
 		m.responseCost(responseCostInvalid)
 		return
 	}
-	if most := o.limit.policy.MaxCost(); final > most {
+	if most := o.limit.maxCost; final > most {
 		final = most
 		m.responseCost(responseCostCapped)
 	} else {

@@ -378,9 +378,11 @@ func TestResponseShapedRefusedWhereUnsettled(t *testing.T) {
 // BenchmarkHandlerShapes is one allowed request through a zone that
 // settles its cost by the response, against the same zone without: what
 // count_response (a response that does not count, so its unit is given
-// back), a cost placeholder and response_cost (a reported cost one above
-// the up-front one, so one more unit is charged) add per request. Every
-// variant's upstream writes the same header.
+// back), a cost placeholder and response_cost add per request:
+// response_cost with a reported cost one above the up-front one, so one
+// more unit is charged (a second store operation, which any request whose
+// cost changes needs), and with the cost taken up front, which settles
+// nothing. Every variant's upstream writes the same header.
 func BenchmarkHandlerShapes(b *testing.B) {
 	const zone = "rate_limit {\n zone z {\n  key ip\n  algorithm token_bucket\n  rate 1000000000/1s\n%s }\n}"
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -393,6 +395,7 @@ func BenchmarkHandlerShapes(b *testing.B) {
 		{"count_response", "  count_response {\n   status 401\n  }\n"},
 		{"cost_placeholder", "  cost {http.request.header.X-Cost}\n"},
 		{"response_cost", "  response_cost X-Tokens\n"},
+		{"response_cost_as_taken", "  cost 2\n  response_cost X-Tokens\n"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			h := provisionHandler(b, fmt.Sprintf(zone, tc.options))

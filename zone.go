@@ -74,7 +74,10 @@ type zone struct {
 type limit struct {
 	policy limiter.Policy
 	traits limiter.Traits
-	store  limiter.Store
+	// maxCost is the most one request may cost (policy.MaxCost), which a
+	// per-request or reported cost is bounded by.
+	maxCost int64
+	store   limiter.Store
 	// quotaText (in decimal, for X-RateLimit-Limit) and window are what
 	// RateLimit-Policy reports; policyItem is that zone's member of the
 	// field, made once.
@@ -466,7 +469,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 // (tier "") or a tier's, whose state is always kept apart.
 func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limit, error) {
 	q, w := p.Quota()
-	l := limit{policy: p, traits: p.Algorithm.Traits(), quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
+	l := limit{policy: p, traits: p.Algorithm.Traits(), maxCost: p.MaxCost(), quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
 	if p.Calendar != nil {
 		l.calendar = &calendarPolicy{name: name, policy: p}
 	}

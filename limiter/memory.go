@@ -60,10 +60,13 @@ type MemoryOptions struct {
 // bounded by least-recently-used eviction, and swept of idle keys by Sweep.
 type Memory struct {
 	policy Policy
-	p      params
-	clock  memoryClock
-	seed   maphash.Seed
-	tables memoryTables
+	// maxCost is policy.MaxCost, the most one Charge may take, kept so a
+	// charge does not look the algorithm up again.
+	maxCost int64
+	p       params
+	clock   memoryClock
+	seed    maphash.Seed
+	tables  memoryTables
 }
 
 // memoryTables is the algorithm-specific part of Memory.
@@ -84,7 +87,7 @@ func NewMemory(p Policy, opts MemoryOptions) (*Memory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("memory store: %w", err)
 	}
-	m := &Memory{policy: p, p: params, clock: memoryClock{opts.Clock}, seed: maphash.MakeSeed()}
+	m := &Memory{policy: p, maxCost: p.MaxCost(), p: params, clock: memoryClock{opts.Clock}, seed: maphash.MakeSeed()}
 	m.tables = params.alg.newTables()
 	m.SetMaxKeys(opts.MaxKeys)
 	return m, nil
@@ -148,7 +151,7 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Deci
 // Charge implements Charger for the algorithms whose Traits say Charges;
 // for the others, and for a cost outside 1..MaxCost, it fails.
 func (m *Memory) Charge(_ context.Context, key string, cost int64) (Decision, error) {
-	if most := m.policy.MaxCost(); cost < 1 || cost > most {
+	if most := m.maxCost; cost < 1 || cost > most {
 		return Decision{}, fmt.Errorf("memory store: charge of %d outside 1..%d", cost, most)
 	}
 	d, ok := m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost)
