@@ -16,7 +16,8 @@
 -- in the window that begins there. The key expires at the window's end.
 --
 -- Sent after prelude.lua, which reads the arguments and the clock (it reads
--- s1 as W, which this script does not use).
+-- s1 as W, which this script does not use); followed by window_count.lua,
+-- which decides.
 --
 -- ARGV: cost, now, L (see prelude.lua), s1, s2, s3, s4, and for "return"
 -- the time of the decision being returned (µs), for a lease the units
@@ -63,49 +64,10 @@ if v then
   end
 end
 local left = ends - now
-
--- An emptied window is deleted, unless the clock is behind it (see
--- fixed_window.lua).
-local function save()
-  if count <= 0 and not behind then
-    redis.call('DEL', KEYS[1])
-    return
-  end
-  redis.call('SET', KEYS[1], string.format('%d:%d', win, count), 'PX', ceil(left / 1000) + pad)
-end
-
+-- A give-back names its admission's time (ARGV[8]), which counts here only
+-- if it fell in this window; a lease's want is ARGV[8] too.
+local here, extra = false, 8
 if op == 'return' then
   local at = tonumber(ARGV[8])
-  if at >= win and at < ends and count > 0 then
-    count = math.max(0, count - cost)
-    save()
-  end
-  local reset = 0
-  if count > 0 then
-    reset = left
-  end
-  return {1, math.max(0, l - count), reset, 0, now}
+  here = at >= win and at < ends
 end
-
-if op == 'charge' then
-  -- Taken whether or not the window has them, up to 2L (see
-  -- fixed_window.lua); the reply adds the units charged.
-  local was = count
-  count = math.max(count, math.min(count + cost, 2 * l))
-  save()
-  return {1, math.max(0, l - count), left, 0, now, count - was}
-end
-
-if count + cost > l then
-  return {0, math.max(0, l - count), left, left, now}
-end
-local want = tonumber(ARGV[8])
-if want then
-  cost = math.min(want, l - count)
-end
-count = count + cost
-save()
-if want then
-  return {1, l - count, left, 0, now, cost}
-end
-return {1, l - count, left, 0, now}

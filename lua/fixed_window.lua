@@ -5,7 +5,7 @@
 -- aligned window ⌊now/W⌋. The key expires at the end of its window.
 --
 -- Sent after prelude.lua, which reads the arguments and the clock, and
--- window.lua.
+-- window.lua; followed by window_count.lua, which decides.
 --
 -- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
 -- the decision being returned (µs), for a lease the units wanted.
@@ -34,49 +34,9 @@ if v then
   end
 end
 local left = (win + 1) * w - now
-
--- An emptied window is deleted, unless the clock is behind it: deleted
--- then, the next decision would count the earlier window afresh, though
--- that window may have been full.
-local function save()
-  if count <= 0 and not behind then
-    redis.call('DEL', KEYS[1])
-    return
-  end
-  redis.call('SET', KEYS[1], string.format('%d:%d', win, count), 'PX', ceil(left / 1000) + pad)
-end
-
+-- A give-back names its admission's time (ARGV[5]), which counts here only
+-- if it fell in this window; a lease's want is ARGV[5] too.
+local here, extra = false, 5
 if op == 'return' then
-  if index(tonumber(ARGV[5])) == win and count > 0 then
-    count = math.max(0, count - cost)
-    save()
-  end
-  local reset = 0
-  if count > 0 then
-    reset = left
-  end
-  return {1, math.max(0, l - count), reset, 0, now}
+  here = index(tonumber(ARGV[5])) == win
 end
-
-if op == 'charge' then
-  -- Taken whether or not the window has them: the count goes past L, up
-  -- to 2L (limiter/fixed_window.go); the reply adds the units charged.
-  local was = count
-  count = math.max(count, math.min(count + cost, 2 * l))
-  save()
-  return {1, math.max(0, l - count), left, 0, now, count - was}
-end
-
-if count + cost > l then
-  return {0, math.max(0, l - count), left, left, now}
-end
-local want = tonumber(ARGV[5])
-if want then
-  cost = math.min(want, l - count)
-end
-count = count + cost
-save()
-if want then
-  return {1, l - count, left, 0, now, cost}
-end
-return {1, l - count, left, 0, now}
