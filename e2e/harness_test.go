@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +72,34 @@ http://{{http}} {
 	respond "ok"
 }
 `
+}
+
+// startExample runs one of the README's example Caddyfiles (under
+// examples/) as written, but on the harness's ports: its admin endpoint
+// (localhost:2019) and site (:8080, beyond loopback) may be taken, and its
+// upstream (localhost:9000), if it has one, is the test's: upstream, which
+// is "" for an example without one.
+func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
+	t.Helper()
+	raw, err := os.ReadFile("../examples/" + name)
+	if err != nil {
+		t.Fatalf("the README's example: %v", err)
+	}
+	cfg := string(raw)
+	subs := [][2]string{
+		{"admin localhost:2019", "admin {{admin}}\n\tdefault_bind 127.0.0.1"},
+		{"\n:8080 {", "\nhttp://{{http}} {"},
+	}
+	if upstream != "" {
+		subs = append(subs, [2]string{"localhost:9000", upstream})
+	}
+	for _, sub := range subs {
+		if !strings.Contains(cfg, sub[0]) {
+			t.Fatalf("examples/%s no longer has %q", name, sub[0])
+		}
+		cfg = strings.ReplaceAll(cfg, sub[0], sub[1])
+	}
+	return caddyproc.Start(t, cfg)
 }
 
 // response is what a test keeps of one exchange.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,30 +14,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
-
-// startExample runs one of the README's example Caddyfiles (under
-// examples/) as written, but on the harness's ports: its admin endpoint
-// (localhost:2019) and site (:8080, beyond loopback) may be taken, and its
-// upstream (localhost:9000) is the test's.
-func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
-	t.Helper()
-	raw, err := os.ReadFile("../examples/" + name)
-	if err != nil {
-		t.Fatalf("the README's example: %v", err)
-	}
-	cfg := string(raw)
-	for _, sub := range [][2]string{
-		{"admin localhost:2019", "admin {{admin}}\n\tdefault_bind 127.0.0.1"},
-		{"\n:8080 {", "\nhttp://{{http}} {"},
-		{"localhost:9000", upstream},
-	} {
-		if !strings.Contains(cfg, sub[0]) {
-			t.Fatalf("examples/%s no longer has %q", name, sub[0])
-		}
-		cfg = strings.ReplaceAll(cfg, sub[0], sub[1])
-	}
-	return caddyproc.Start(t, cfg)
-}
 
 // shapedUpstream answers on demand: the status in the query's status
 // (default 200) and, when tokens is set, that many tokens in

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -186,41 +185,13 @@ func TestClientStatus(t *testing.T) {
 	}
 }
 
-// statusExample is the README's rate_limit_status example, which the
-// README shows whole (TestREADMEIncludesExamples).
-const statusExample = "../examples/rate-limit-status.Caddyfile"
-
-// TestClientStatusExample runs the README's example as written: `caddy
-// adapt` takes it, and on the harness's ports its status answers as the
-// README says, for a pro key and for no key.
+// TestClientStatusExample runs the README's example,
+// examples/rate-limit-status.Caddyfile, as written: on the harness's
+// ports its status answers as the README says, for a pro key and for no
+// key.
 func TestClientStatusExample(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(caddyproc.Binary(t), "adapt", "--config", statusExample, "--adapter", "caddyfile", "--validate")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("caddy adapt: %v\n%s", err, stderr.String())
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(out, &cfg); err != nil {
-		t.Fatalf("caddy adapt output is not JSON: %v\n%s", err, out)
-	}
-	// The harness's ports: the example's own may be taken, and :8080
-	// listens beyond loopback.
-	cfg["admin"] = map[string]any{"listen": "{{admin}}"}
-	servers := jsonPath(t, cfg, "apps", "http", "servers")
-	if len(servers) != 1 {
-		t.Fatalf("the example has %d servers; this test expects one", len(servers))
-	}
-	for _, s := range servers {
-		s.(map[string]any)["listen"] = []string{"{{http}}"}
-	}
-	runnable, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst := caddyproc.StartJSON(t, string(runnable))
+	inst := startExample(t, "rate-limit-status.Caddyfile", "")
 	c := newClient(t)
 	pro := []string{"X-API-Key", "key-abc"}
 	expectCodes(t, "three API requests", c, inst.URL("/api/orders"), []int{200, 200, 200}, pro...)
