@@ -71,14 +71,20 @@ func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
 	if granted > cost {
 		at += LeaseLifetime.Microseconds()
 	}
-	// Keep entries in time order even if the clock stepped back.
+	return s.record(p, now, at, granted)
+}
+
+// record logs units at time at, or at the newest entry's time if that is
+// later, so entries stay in time order even if the clock stepped back (or
+// a lease was logged ahead), and reports the state at now.
+func (s *slidingLogState) record(p *params, now, at, units int64) Decision {
 	if n := len(s.ents); n > s.head {
 		at = max(at, logAt(s.ents[n-1]))
 	}
-	s.push(at, granted)
-	s.total += granted
+	s.push(at, units)
+	s.total += units
 	d := s.status(p, now)
-	d.at, d.mark, d.granted = now, at, granted
+	d.at, d.mark, d.granted = now, at, units
 	return d
 }
 
@@ -91,16 +97,7 @@ func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
 func (s *slidingLogState) charge(p *params, now, cost int64) Decision {
 	now = max(now, 0)
 	s.expire(p, now)
-	units := max(0, min(cost, 2*p.l-s.total))
-	at := now
-	if n := len(s.ents); n > s.head {
-		at = max(at, logAt(s.ents[n-1]))
-	}
-	s.push(at, units)
-	s.total += units
-	d := s.status(p, now)
-	d.at, d.mark, d.granted = now, at, units
-	return d
+	return s.record(p, now, now, max(0, min(cost, 2*p.l-s.total)))
 }
 
 // retryAfter is how long until the oldest entries holding at least need
