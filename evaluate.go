@@ -67,6 +67,10 @@ type evaluation struct {
 	// sees the response (see serveWatched).
 	watches bool
 	watch   responseWatch
+	// undecided are the response_cost zones (without keep) that applied
+	// to the request but decided nothing, their store having failed open:
+	// their cost field is removed from the response all the same.
+	undecided []*zone
 }
 
 // candidate is a zone that matches a request, its limit and its key.
@@ -144,6 +148,8 @@ func putEvaluation(ev *evaluation) {
 	ev.outcomes = ev.outcomes[:0]
 	clear(ev.candidates)
 	ev.candidates = ev.candidates[:0]
+	clear(ev.undecided)
+	ev.undecided = ev.undecided[:0]
 	evaluations.Put(ev)
 }
 
@@ -215,7 +221,14 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 	}
 	c.key = key
 	if err := h.requestCost(r, repl, claims, c); err != nil {
-		return false, err
+		if !z.dryRun {
+			return false, err
+		}
+		// dry_run never refuses: the 400 is logged (requestCost) and
+		// counted as a refusal the zone would have made, and the zone
+		// does not apply to this request.
+		z.metrics.count(false, true, limiter.SourceStore)
+		return false, nil
 	}
 	return true, nil
 }
@@ -302,6 +315,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 			// answered is logged (logStoreFailure) and counted in
 			// store_failures_total, and the zone lets the request
 			// through as `fail open` does.
+			ev.decidedNothing(z)
 			return false
 		case z.fail == failClosed:
 			ev.failed = err
@@ -312,6 +326,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 				return false
 			}
 		default: // open: this zone does not limit, nor report
+			ev.decidedNothing(z)
 			return false
 		}
 	}
@@ -336,6 +351,15 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 		ev.hold = d.RetryAfter
 	}
 	return false
+}
+
+// decidedNothing notes a zone that applied to the request but decided
+// nothing: one whose response_cost field must still be removed.
+func (ev *evaluation) decidedNothing(z *zone) {
+	if rc := z.responseCost; rc != nil && !rc.Keep {
+		ev.undecided = append(ev.undecided, z)
+		ev.watches = true
+	}
 }
 
 // refund gives back what the zones took: everything, when the request is

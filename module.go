@@ -502,6 +502,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation,
 		return nil, false, caddyhttp.Error(http.StatusServiceUnavailable, failed)
 	}
 	if len(ev.outcomes) == 0 {
+		if ev.watches {
+			// Only to remove response_cost fields of zones whose store
+			// failed open (evaluation.undecided).
+			return ev, true, nil
+		}
 		putEvaluation(ev)
 		return nil, true, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -92,10 +93,25 @@ func (w *responseWatch) finalStatus(err error) int {
 func (ev *evaluation) serveWatched(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	rw := &ev.watch
 	*rw = responseWatch{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ev: ev}
+	defer ev.abandonOnPanic()
 	err := next.ServeHTTP(rw, r)
 	ev.settle(rw.finalStatus(err), w.Header())
 	*rw = responseWatch{}
 	return err
+}
+
+// abandonOnPanic, deferred, settles what an aborted response leaves
+// unsettled (see outcome.abandon), then lets the panic go on.
+func (ev *evaluation) abandonOnPanic() {
+	p := recover()
+	if p == nil {
+		return
+	}
+	for i := range ev.outcomes {
+		ev.outcomes[i].abandon()
+	}
+	ev.watch = responseWatch{}
+	panic(p)
 }
 
 // settleHeader settles what the response's status and header settle as
@@ -113,10 +129,16 @@ func (ev *evaluation) settleHeader(status int, hdr http.Header) {
 		}
 		o.settle(status, hdr, false)
 	}
-	if !strip {
+	if !strip && len(ev.undecided) == 0 {
 		return
 	}
 	trailers := len(hdr["Trailer"]) > 0
+	for _, z := range ev.undecided {
+		delete(hdr, z.responseCost.field)
+		if trailers {
+			unannounceTrailer(hdr, z.responseCost.field)
+		}
+	}
 	for i := range ev.outcomes {
 		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
 			if ev.outcomes[i].reported != "" {
@@ -176,6 +198,10 @@ func (ev *evaluation) settle(status int, hdr http.Header) {
 			delete(hdr, rc.trailerField)
 		}
 	}
+	for _, z := range ev.undecided {
+		delete(hdr, z.responseCost.field)
+		delete(hdr, z.responseCost.trailerField)
+	}
 }
 
 // settle gives back, or takes more of, what o's zone took up front, by
@@ -192,12 +218,7 @@ func (o *outcome) settle(status int, hdr http.Header, last bool) {
 	if z.countResponse != nil && !o.counted {
 		if !z.countResponse.Match(status, hdr) {
 			o.settled = true
-			if o.taken {
-				o.taken = false
-				if _, err := o.store.Refund(settleContext, o.key, o.cost, o.d); err != nil {
-					z.metrics.failure()
-				}
-			}
+			o.giveBack(o.cost)
 			return
 		}
 		o.counted = true
@@ -231,7 +252,11 @@ func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
 		m.responseCost(responseCostMissing)
 		return
 	}
-	final, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	v = strings.TrimSpace(v)
+	final, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && v[0] != '-' {
+		final, err = math.MaxInt64, nil // above any quota: capped below
+	}
 	if err != nil || final < 0 {
 		m.responseCost(responseCostInvalid)
 		return
@@ -251,10 +276,37 @@ func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
 		if _, err := c.Charge(ctx, o.key, diff); err != nil {
 			m.failure()
 		}
-	case diff < 0 && o.taken:
-		o.taken = false
-		if _, err := o.store.Refund(ctx, o.key, -diff, o.d); err != nil {
-			m.failure()
-		}
+	case diff < 0:
+		o.giveBack(-diff)
+	}
+}
+
+// giveBack refunds units of what o took up front, once.
+func (o *outcome) giveBack(units int64) {
+	if !o.taken {
+		return
+	}
+	o.taken = false
+	if _, err := o.store.Refund(settleContext, o.key, units, o.d); err != nil {
+		o.zone.metrics.failure()
+	}
+}
+
+// abandon settles o when its response was aborted (a handler panicked,
+// as reverse_proxy does with http.ErrAbortHandler when a stream breaks
+// off): a count_response zone that had not matched a written header gives
+// its units back, as no response matched; a response_cost not yet read
+// counts as missing, and the up-front cost stands.
+func (o *outcome) abandon() {
+	z := o.zone
+	if !z.watches || !o.d.Allowed || o.settled {
+		return
+	}
+	o.settled = true
+	switch {
+	case z.countResponse != nil && !o.counted:
+		o.giveBack(o.cost)
+	case z.responseCost != nil:
+		z.metrics.responseCost(responseCostMissing)
 	}
 }
