@@ -310,3 +310,44 @@ http://{{http}} {
 	// 300 the answer reported, and nothing else.
 	waitFor(300)
 }
+
+// TestCountResponseAcrossInstances: three Caddy processes with leases on
+// one Redis, a count_response zone of 5 failures an hour. Successes, one
+// after another over all three, pass and count nothing; then 60 failures
+// at once, spread over the three and held by the app, pass 5 and no more,
+// however the leases were spread when the burst began.
+func TestCountResponseAcrossInstances(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	up := newShapedUpstream(t, 200*time.Millisecond)
+	var routes []redisRoute
+	for _, alg := range []string{"sliding_window_log", "fixed_window", "token_bucket", "sliding_window_counter"} {
+		routes = append(routes, redisRoute{
+			path:     "/" + alg,
+			zone:     "key global\nalgorithm " + alg + "\nrate 5/1h\nlocal_quota 0.5\nfail closed\ncount_response {\nstatus 401\n}",
+			upstream: up.addr,
+		})
+	}
+	cfg := redisSite(redisURLBlock(srv.Addr(), redisTimeout), routes...)
+	insts := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
+	c := newClient(t)
+	awayFromBoundary(t, time.Hour, time.Minute)
+	for _, route := range routes {
+		before := up.arrived.Load()
+		for i := range 12 {
+			if r := get(t, c, insts[i%3].URL(route.path+"?status=200")); r.code != 200 {
+				t.Fatalf("%s: success %d on instance %d: status %d", route.path, i+1, i%3, r.code)
+			}
+		}
+		var urls []string
+		for _, inst := range insts {
+			urls = append(urls, inst.URL(route.path+"?status=401"))
+		}
+		b := burst(c, urls, 60)
+		failures := up.arrived.Load() - before - 12
+		if len(b.errs) > 0 || b.denied != 55 || failures != 5 {
+			t.Errorf("%s: 60 failures at once over three instances: %d reached the app, %d refused, other statuses %v, errors %v; want 5 and 55",
+				route.path, failures, b.denied, b.other, firstErr(b.errs))
+		}
+	}
+}
