@@ -41,3 +41,7 @@ end
 -- defined here would be created anew on every call, and calls are where the
 -- interpreter spends most.
 local floor, ceil = math.floor, math.ceil
+-- unpack is a global in Lua 5.1 (Redis, Valkey) and table.unpack in Lua 5.4
+-- (Dragonfly and others): the scripts use only what both versions have
+-- (limiter/lua_portability_test.go), and this one name through a local.
+local unpack = table.unpack or unpack
