@@ -286,28 +286,13 @@ func TestPartialRefundThroughNearCache(t *testing.T) {
 // charged: the overdraft is what the charges took past the limit, and no
 // charged unit is lost or counted twice, leases or not.
 func TestNearCacheChargeAcrossInstances(t *testing.T) {
-	servers := []struct {
-		name  string
-		addrs func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{redistest.Start(t).Addr()} }},
-		{"cluster", func(t *testing.T) []string { return redistest.StartCluster(t, 3).Addrs() }},
-	}
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			clients := instanceClients(t, srv.addrs(t), 3)
-			t.Cleanup(func() { _ = closeClients(clients) })
-			// A window must not turn over mid-test.
-			if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < 30*time.Second {
-				time.Sleep(left + time.Second)
-			}
-			for _, alg := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
-				t.Run(string(alg), func(t *testing.T) {
-					checkChargeAccuracy(t, clients, Policy{Algorithm: alg, Events: 100, Window: time.Hour})
-				})
-			}
-		})
-	}
+	onInstanceRedises(t, 3, func(t *testing.T, clients []redis.UniversalClient) {
+		for _, alg := range []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
+			t.Run(string(alg), func(t *testing.T) {
+				checkChargeAccuracy(t, clients, Policy{Algorithm: alg, Events: 100, Window: time.Hour})
+			})
+		}
+	})
 }
 
 func checkChargeAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy) {

@@ -22,6 +22,35 @@ import (
 
 // instanceClients opens n Redis clients on addrs, one for each instance
 // a test plays; the caller closes them (closeClients).
+// onInstanceRedises runs f, once on a fresh standalone Redis and once on a
+// fresh Cluster, with n clients on it, one per simulated instance, away
+// from the end of an hour so no window turns over while f runs.
+func onInstanceRedises(t *testing.T, n int, f func(t *testing.T, clients []redis.UniversalClient)) {
+	for _, srv := range []struct {
+		name  string
+		addrs func(t *testing.T) []string
+	}{
+		{"standalone", func(t *testing.T) []string { return []string{redistest.Start(t).Addr()} }},
+		{"cluster", func(t *testing.T) []string { return redistest.StartCluster(t, 3).Addrs() }},
+	} {
+		t.Run(srv.name, func(t *testing.T) {
+			clients := instanceClients(t, srv.addrs(t), n)
+			t.Cleanup(func() { _ = closeClients(clients) })
+			awayFromHourEnd()
+			f(t, clients)
+		})
+	}
+}
+
+// awayFromHourEnd waits, when less than 30 s are left of the current
+// hour, until the next one has begun: an hourly window must not turn over
+// while a test counts in it.
+func awayFromHourEnd() {
+	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < 30*time.Second {
+		time.Sleep(left + time.Second)
+	}
+}
+
 func instanceClients(tb testing.TB, addrs []string, n int) []redis.UniversalClient {
 	tb.Helper()
 	clients := make([]redis.UniversalClient, n)
@@ -408,32 +437,17 @@ func TestNearCachesNeverOverAdmit(t *testing.T) {
 // total to exactly 100, so no unit was stranded. On a standalone Redis and
 // on a Cluster.
 func TestNearCacheRedisAccuracy(t *testing.T) {
-	servers := []struct {
-		name  string
-		addrs func(t *testing.T) []string
-	}{
-		{"standalone", func(t *testing.T) []string { return []string{redistest.Start(t).Addr()} }},
-		{"cluster", func(t *testing.T) []string { return redistest.StartCluster(t, 3).Addrs() }},
-	}
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			clients := instanceClients(t, srv.addrs(t), 3)
-			t.Cleanup(func() { _ = closeClients(clients) })
-			// A window must not turn over mid-test.
-			if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < 30*time.Second {
-				time.Sleep(left + time.Second)
+	onInstanceRedises(t, 3, func(t *testing.T, clients []redis.UniversalClient) {
+		for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
+			// A first wave short of the limit leaves units in every
+			// lease, which only their give-back returns.
+			for _, first := range []int{600, 60} {
+				t.Run(fmt.Sprintf("%s/%d", alg, first), func(t *testing.T) {
+					checkCacheAccuracy(t, clients, Policy{Algorithm: alg, Events: 100, Window: time.Hour}, first)
+				})
 			}
-			for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
-				// A first wave short of the limit leaves units in every
-				// lease, which only their give-back returns.
-				for _, first := range []int{600, 60} {
-					t.Run(fmt.Sprintf("%s/%d", alg, first), func(t *testing.T) {
-						checkCacheAccuracy(t, clients, Policy{Algorithm: alg, Events: 100, Window: time.Hour}, first)
-					})
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 func checkCacheAccuracy(t *testing.T, clients []redis.UniversalClient, p Policy, firstWave int) {

@@ -514,10 +514,7 @@ func TestRedisAccuracy(t *testing.T) {
 	checkGoroutines := testutil.GoroutineCheck(t)
 
 	clients := instanceClients(t, []string{s.Addr()}, 3)
-	// A fixed or counted window must not turn over mid-test.
-	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < 30*time.Second {
-		time.Sleep(left + time.Second)
-	}
+	awayFromHourEnd() // a fixed or counted window must not turn over mid-test
 
 	const requests, quota = 600, 100
 	zero := time.Duration(0)
