@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -10,33 +9,11 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
-
-// provisionHandlerAt is provisionHandler with the handler's (and its
-// stores') clock set.
-func provisionHandlerAt(t testing.TB, input string, clock limiter.Clock) *Handler {
-	t.Helper()
-	h := new(Handler)
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
-		t.Fatal(err)
-	}
-	h.clock = clock
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = h.Cleanup()
-		cancel()
-	})
-	return h
-}
 
 // TestCaddyfileCalendar: `calendar` sets the zone's calendar, makes a zone
 // without an algorithm a fixed window, and a tier's <n>/month is a period.

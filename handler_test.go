@@ -21,16 +21,25 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // provisionHandler parses a rate_limit directive and provisions it as Caddy
 // would, releasing it when the test ends.
 func provisionHandler(t testing.TB, input string) *Handler {
 	t.Helper()
+	return provisionHandlerAt(t, input, nil)
+}
+
+// provisionHandlerAt is provisionHandler with the handler's (and its
+// stores') clock set; nil is the system clock.
+func provisionHandlerAt(t testing.TB, input string, clock limiter.Clock) *Handler {
+	t.Helper()
 	h := new(Handler)
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
 		t.Fatal(err)
 	}
+	h.clock = clock
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	if err := h.Provision(ctx); err != nil {
 		cancel()

@@ -196,11 +196,7 @@ func TestRefundAfterLeaseRenewed(t *testing.T) {
 				take := func() Decision {
 					t.Helper()
 					clock.Advance(10 * time.Millisecond)
-					d, err := cache.Take(ctx, "k", 1)
-					if err != nil || !d.Allowed {
-						t.Fatalf("take: %+v, %v", d, err)
-					}
-					return d
+					return mustAdmit(t, cache, "k")
 				}
 				take()          // a lease of 1
 				take()          // a lease of 2: 1 left

@@ -22,6 +22,17 @@ import (
 
 // instanceClients opens n Redis clients on addrs, one for each instance
 // a test plays; the caller closes them (closeClients).
+// mustAdmit takes one unit of key from s and fails the test unless it is
+// admitted.
+func mustAdmit(t testing.TB, s Store, key string) Decision {
+	t.Helper()
+	d, err := s.Take(context.Background(), key, 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("take: %+v, %v", d, err)
+	}
+	return d
+}
+
 // onInstanceRedises runs f, once on a fresh standalone Redis and once on a
 // fresh Cluster, with n clients on it, one per simulated instance, away
 // from the end of an hour so no window turns over while f runs.
@@ -206,14 +217,7 @@ func TestLeaseExpiry(t *testing.T) {
 			// Half a second before a window boundary.
 			clock := testutil.NewClock(time.Unix(0, 0).Add(500 * time.Hour).Add(-LeaseLifetime / 2))
 			cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 0.2})
-			take := func() Decision {
-				t.Helper()
-				d, err := cache.Take(ctx, "k", 1)
-				if err != nil || !d.Allowed {
-					t.Fatalf("take: %+v, %v", d, err)
-				}
-				return d
-			}
+			take := func() Decision { t.Helper(); return mustAdmit(t, cache, "k") }
 			for range 4 { // leases of 1 and 2 used up, then one of 4
 				take()
 			}
