@@ -159,3 +159,50 @@ func TestResponseCostAbortCountedMissing(t *testing.T) {
 		t.Fatalf("response_costs_total{result=missing} grew by %v after a stream aborted before its trailer, want 1", got)
 	}
 }
+
+// TestCountResponseSettlesAcrossReload: a request admitted by a config
+// that a reload replaces while it runs settles into the state the new
+// config shares (same zone, same limit): its unit comes back once its
+// response does not match, though its handler was cleaned up meanwhile.
+func TestCountResponseSettlesAcrossReload(t *testing.T) {
+	const cfg = `rate_limit {
+		zone reload_logins {
+			algorithm fixed_window
+			rate 3/1h
+			count_response {
+				status 401
+			}
+		}
+	}`
+	old := provisionHandler(t, cfg)
+	ip := "198.51.100.206"
+	arrived, release, done := make(chan struct{}), make(chan struct{}), make(chan int)
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(arrived)
+		<-release
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	go func() {
+		r, _ := newKeyRequest(ip, nil)
+		_, code := serve(old, r, held)
+		done <- code
+	}()
+	<-arrived
+	newer := provisionHandler(t, cfg)
+	r, _ := newKeyRequest(ip, nil)
+	w, _ := serve(newer, r, answer(200))
+	if got := remainingIn(t, w.Header(), "reload_logins"); got != "1" {
+		t.Fatalf("remaining %s while the old config's request holds its unit, want 1", got)
+	}
+	_ = old.Cleanup()
+	close(release)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("the held request: status %d", code)
+	}
+	r, _ = newKeyRequest(ip, nil)
+	w, _ = serve(newer, r, answer(200))
+	if got := remainingIn(t, w.Header(), "reload_logins"); got != "2" {
+		t.Fatalf("remaining %s after the held request's 200 settled, want 2 (its unit given back)", got)
+	}
+}
