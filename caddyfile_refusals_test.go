@@ -101,6 +101,8 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"zone api", "block", "", "burst 3"},
 		{"zone api", "block", "", "algorithm concurrency"},
 		{"redis", "block", "", "addresses 127.0.0.1:6379"},
+		{"redis", "block", "", "shards 127.0.0.1:6379 127.0.0.1:6380"},
+		{"redis", "arguments", "shards", "shards"},
 		{"jwt", "block", "", "public_key key.pem"},
 	}
 	for _, tc := range cases {

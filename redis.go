@@ -27,6 +27,12 @@ type RedisConfig struct {
 	Addresses []string `json:"addresses,omitempty"`
 	// MasterName selects Sentinel: the name the Sentinels monitor.
 	MasterName string `json:"master_name,omitempty"`
+	// Shards are host:port pairs of standalone servers over which keys
+	// are spread by consistent hashing, instead of url or addresses.
+	// Every instance must list the same shards (in any order, each
+	// written the same way): a shard that fails applies the fail mode to
+	// its own keys only, and its keys start afresh when it returns.
+	Shards []string `json:"shards,omitempty"`
 	// Username and Password authenticate to Redis.
 	Username string `json:"username,omitempty"`
 	Password string `json:"password,omitempty"`
@@ -129,6 +135,9 @@ func (c *RedisConfig) checkResolved() error {
 	for _, a := range c.Addresses {
 		fields = append(fields, struct{ name, value string }{"addresses", a})
 	}
+	for _, a := range c.Shards {
+		fields = append(fields, struct{ name, value string }{"shards", a})
+	}
 	for _, f := range fields {
 		if f.value == "" {
 			continue
@@ -173,6 +182,9 @@ func (c *RedisConfig) clientConfig(replace func(string) string) limiter.RedisCon
 	}
 	for _, a := range c.Addresses {
 		r.Addresses = append(r.Addresses, replace(a))
+	}
+	for _, a := range c.Shards {
+		r.Shards = append(r.Shards, replace(a))
 	}
 	return r
 }
@@ -257,6 +269,12 @@ func (c *RedisConfig) options() map[string]option {
 		}},
 		"addresses": {args: "<host:port>...", parse: func(d *caddyfile.Dispenser) error {
 			if c.Addresses = d.RemainingArgs(); len(c.Addresses) == 0 {
+				return errArgCount
+			}
+			return nil
+		}},
+		"shards": {args: "<host:port>...", parse: func(d *caddyfile.Dispenser) error {
+			if c.Shards = d.RemainingArgs(); len(c.Shards) == 0 {
 				return errArgCount
 			}
 			return nil

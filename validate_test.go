@@ -67,7 +67,7 @@ func TestProvisionRefusesBeforeAcquiring(t *testing.T) {
 // in its words, with the block named once.
 func TestJSONRefusalsNameTheBlock(t *testing.T) {
 	for _, tc := range []struct{ block, want string }{
-		{`"redis":{"timeout":"5ms"}`, "redis: url or addresses is required"},
+		{`"redis":{"timeout":"5ms"}`, "redis: url, addresses or shards is required"},
 		{`"redis":{"addresses":["a:1","b:2"],"db":3}`, "redis: db 3: Redis Cluster has only database 0"},
 		{`"redis":{"url":"redis://h","sentinel_password":"p"}`, "redis: sentinel_username and sentinel_password need master_name"},
 		{`"jwt":{}`, "jwt: one of secret, public_key or jwks_url is required"},

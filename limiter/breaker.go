@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +64,10 @@ type Breaker struct {
 	since atomic.Int64
 	// until is when decisions may go to Redis again.
 	until atomic.Int64
+	// shards are the breakers of a Ring's shards, by address, made as
+	// they are first needed: each shard fails or recovers on its own,
+	// and a dead shard must not stop the decisions of the others' keys.
+	shards sync.Map // string → *Breaker
 }
 
 // NewBreaker returns a Breaker for the stores of one client, with the
@@ -92,6 +97,28 @@ func NewBreakerWith(opts BreakerOptions) (*Breaker, error) {
 		b.openFor = int64(opts.OpenFor)
 	}
 	return b, nil
+}
+
+// shard is the breaker of the shard named name, with b's timings, shared
+// like b by every store on the client.
+func (b *Breaker) shard(name string) *Breaker {
+	if v, ok := b.shards.Load(name); ok {
+		return v.(*Breaker)
+	}
+	v, _ := b.shards.LoadOrStore(name, &Breaker{clock: b.clock, after: b.after, openFor: b.openFor})
+	return v.(*Breaker)
+}
+
+// anyOpen reports whether b or any of its shards' breakers is open.
+func (b *Breaker) anyOpen() bool {
+	open := b.open()
+	if !open {
+		b.shards.Range(func(_, v any) bool {
+			open = v.(*Breaker).open()
+			return !open
+		})
+	}
+	return open
 }
 
 // open reports whether decisions should not go to Redis now.

@@ -33,19 +33,21 @@ func mustAdmit(t testing.TB, s Store, key string) Decision {
 	return d
 }
 
-// onInstanceRedises runs f, once on a fresh standalone Redis and once on a
-// fresh Cluster, with n clients on it, one per simulated instance, away
-// from the end of an hour so no window turns over while f runs.
+// onInstanceRedises runs f, once on a fresh standalone Redis, once on a
+// fresh Cluster and once on three fresh shards, with n clients on it, one
+// per simulated instance, away from the end of an hour so no window turns
+// over while f runs.
 func onInstanceRedises(t *testing.T, n int, f func(t *testing.T, clients []redis.UniversalClient)) {
 	for _, srv := range []struct {
-		name  string
-		addrs func(t *testing.T) []string
+		name string
+		cfg  func(t *testing.T) RedisConfig
 	}{
-		{"standalone", func(t *testing.T) []string { return []string{redistest.Start(t).Addr()} }},
-		{"cluster", func(t *testing.T) []string { return redistest.StartCluster(t, 3).Addrs() }},
+		{"standalone", func(t *testing.T) RedisConfig { return RedisConfig{Addresses: []string{redistest.Start(t).Addr()}} }},
+		{"cluster", func(t *testing.T) RedisConfig { return RedisConfig{Addresses: redistest.StartCluster(t, 3).Addrs()} }},
+		{"shards", func(t *testing.T) RedisConfig { return RedisConfig{Shards: startShards(t, 3).addrs()} }},
 	} {
 		t.Run(srv.name, func(t *testing.T) {
-			clients := instanceClients(t, srv.addrs(t), n)
+			clients := instanceClientsOf(t, srv.cfg(t), n)
 			t.Cleanup(func() { _ = closeClients(clients) })
 			awayFromHourEnd()
 			f(t, clients)
@@ -64,9 +66,16 @@ func awayFromHourEnd() {
 
 func instanceClients(tb testing.TB, addrs []string, n int) []redis.UniversalClient {
 	tb.Helper()
+	return instanceClientsOf(tb, RedisConfig{Addresses: addrs}, n)
+}
+
+// instanceClientsOf is n clients made from cfg, one per simulated
+// instance.
+func instanceClientsOf(tb testing.TB, cfg RedisConfig, n int) []redis.UniversalClient {
+	tb.Helper()
 	clients := make([]redis.UniversalClient, n)
 	for i := range clients {
-		c, err := RedisConfig{Addresses: addrs}.NewClient()
+		c, err := cfg.NewClient()
 		if err != nil {
 			closeClients(clients[:i])
 			tb.Fatal(err)

@@ -79,6 +79,12 @@ type Redis struct {
 	args        []any // the policy's script arguments
 	// pipeline lets concurrent decisions share round trips.
 	pipeline pipeliner
+	// shards, on a Ring (the redis block's shards), are a pipeline per
+	// shard by address, and shardOf names the shard of a Redis key, so a
+	// shard that fails or stalls holds up only its own keys (see
+	// redis_shards.go). Both are nil on any other client.
+	shards  map[string]*pipeliner
+	shardOf func(redisKey string) string
 	// breaker answers at once while Redis keeps failing.
 	breaker *Breaker
 	// reloadHashSlots, for a Cluster client, asks it to read the hash
@@ -190,6 +196,9 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
 	}
 	r.pipeline.runMany = func(calls []*scriptCall) { pipelineScripts(r.client, r.script, r.src, calls) }
+	if ring, ok := client.(*redis.Ring); ok {
+		r.ringShards(ring)
+	}
 	return r, nil
 }
 
@@ -399,18 +408,20 @@ func (r *Redis) runKey(ctx context.Context, redisKey string, cost int64, extra a
 // with concurrent ones; while Redis keeps failing it answers
 // ErrStoreUnavailable at once.
 func (r *Redis) runCall(c *scriptCall) ([]int64, error) {
-	if r.breaker.open() {
+	b := r.breakerFor(c.key)
+	if b.open() {
 		return nil, ErrStoreUnavailable
 	}
-	reply, err := r.pipeline.do(c)
-	return reply, r.outcome(err)
+	reply, err := r.pipelineFor(c.key).do(c)
+	return reply, r.outcome(b, err)
 }
 
-// outcome tells the breaker how a call to Redis went and, when it failed,
-// asks a Cluster client for the hash slot map again if the failure may mean it
-// moved, and marks a timeout as ErrStoreTimeout.
-func (r *Redis) outcome(err error) error {
-	r.breaker.record(err)
+// outcome tells the breaker b (of the server the call went to) how a call
+// to Redis went and, when it failed, asks a Cluster client for the hash
+// slot map again if the failure may mean it moved, and marks a timeout as
+// ErrStoreTimeout.
+func (r *Redis) outcome(b *Breaker, err error) error {
+	b.record(err)
 	if err == nil {
 		return nil
 	}
@@ -499,5 +510,6 @@ var (
 )
 
 // Up reports whether decisions go to Redis now: false while the store's
-// breaker has stopped asking a failing Redis.
-func (r *Redis) Up() bool { return !r.breaker.open() }
+// breaker has stopped asking a failing Redis, or, on shards, any one
+// shard's breaker has stopped asking it.
+func (r *Redis) Up() bool { return !r.breaker.anyOpen() }

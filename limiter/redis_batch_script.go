@@ -19,7 +19,9 @@ import (
 // On a Cluster every client key is in a hash slot of its own (its hash tag
 // is the key's digest), and a script may only touch keys of one slot, so
 // RefundMany sends there one script per give-back, pipelined as concurrent
-// decisions are; Renew names one key and works everywhere.
+// decisions are. On shards a script runs on the shard of its first key, so
+// RefundMany sends each shard's give-backs in calls of their own (byShard).
+// Renew names one key and works everywhere.
 
 // redisGiveBackTimeout bounds one call of RefundMany's. Give-backs run off
 // the request path, so they may wait far longer than a decision does; one
@@ -85,18 +87,26 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 		}
 		wg.Wait()
 	} else {
-		calls := make([]*scriptCall, 0, min(len(refunds), redisMaxGiveBacks))
-		for start := 0; start < len(refunds); start += redisMaxGiveBacks {
-			calls = calls[:0]
-			cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
-			for _, rf := range refunds[start:min(len(refunds), start+redisMaxGiveBacks)] {
-				calls = append(calls, r.newCall(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken)))
+		// On shards, each shard's give-backs go to it in calls of their
+		// own, all shards at once.
+		var mu sync.Mutex
+		groups := byShard(r, refunds, func(rf Refund) string { return r.Key(rf.Key) })
+		eachGroup(groups, func(refunds []Refund) {
+			calls := make([]*scriptCall, 0, min(len(refunds), redisMaxGiveBacks))
+			for start := 0; start < len(refunds); start += redisMaxGiveBacks {
+				calls = calls[:0]
+				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+				for _, rf := range refunds[start:min(len(refunds), start+redisMaxGiveBacks)] {
+					calls = append(calls, r.newCall(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken)))
+				}
+				if _, err := r.runBatch(cctx, calls); err != nil {
+					mu.Lock()
+					fail(len(calls), err)
+					mu.Unlock()
+				}
+				cancel()
 			}
-			if _, err := r.runBatch(cctx, calls); err != nil {
-				fail(len(calls), err)
-			}
-			cancel()
-		}
+		})
 	}
 	if failed > 0 {
 		return fmt.Errorf("redis store for zone %q: %d of %d give-backs failed: %w", r.zone, failed, len(refunds), errors.Join(errs...))
@@ -106,8 +116,11 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 
 // runBatch runs calls, each a decision as newCall builds it, in one call
 // of the batch script, and returns the last one's reply.
+// The keys must all be on one server: on shards, the first key's shard
+// runs the script (see byShard).
 func (r *Redis) runBatch(ctx context.Context, calls []*scriptCall) ([]int64, error) {
-	if r.breaker.open() {
+	b := r.breakerFor(calls[0].key)
+	if b.open() {
 		return nil, ErrStoreUnavailable
 	}
 	keys := make([]string, len(calls))
@@ -118,5 +131,5 @@ func (r *Redis) runBatch(ctx context.Context, calls []*scriptCall) ([]int64, err
 		args = append(args, c.args...)
 	}
 	reply, err := r.batchScript.Run(ctx, r.client, keys, args...).Int64Slice()
-	return reply, r.outcome(err)
+	return reply, r.outcome(b, err)
 }

@@ -24,6 +24,11 @@ type RedisConfig struct {
 	// MasterName selects Sentinel: the name the Sentinels monitor the
 	// master under.
 	MasterName string
+	// Shards are host:port pairs of standalone servers over which keys
+	// are spread by consistent hashing (a go-redis Ring; see
+	// redis_shards.go), instead of URL or Addresses. Every instance must
+	// list the same shards, in any order: a shard is named by its address.
+	Shards []string
 	// Username and Password authenticate to the data nodes; when set they
 	// override the URL's.
 	Username, Password string
@@ -59,10 +64,12 @@ const MaxRedisDB = 1 << 16
 // without TLS).
 func (c RedisConfig) Validate() error {
 	switch {
-	case c.URL == "" && len(c.Addresses) == 0:
-		return errors.New("url or addresses is required")
+	case c.URL == "" && len(c.Addresses) == 0 && len(c.Shards) == 0:
+		return errors.New("url, addresses or shards is required")
 	case c.URL != "" && len(c.Addresses) > 0:
 		return errors.New("url and addresses cannot both be set")
+	case len(c.Shards) > 0 && (c.URL != "" || len(c.Addresses) > 0 || c.MasterName != ""):
+		return errors.New("shards cannot be set with url, addresses or master_name: shards are standalone servers, named in shards alone")
 	case c.MasterName != "" && len(c.Addresses) == 0:
 		return errors.New("master_name needs the Sentinels in addresses, not a url")
 	case (c.SentinelUsername != "" || c.SentinelPassword != "") && c.MasterName == "":
@@ -81,11 +88,12 @@ func (c RedisConfig) Validate() error {
 			return errors.New("addresses holds an empty address")
 		}
 	}
-	return nil
+	return checkShards(c.Shards)
 }
 
 // NewClient returns a client for c: standalone for a URL or one address,
-// Cluster for several, Sentinel (a failover client) when MasterName is set.
+// Cluster for several, Sentinel (a failover client) when MasterName is set,
+// a Ring over the standalone servers of Shards (see newRing).
 // The client honours context deadlines, which the Redis store's
 // per-decision timeout depends on. It connects lazily: an unreachable server
 // shows as errors from the store, to which the zone's fail mode applies.
@@ -93,6 +101,9 @@ func (c RedisConfig) NewClient() (redis.UniversalClient, error) {
 	opts, err := c.options()
 	if err != nil {
 		return nil, fmt.Errorf("redis config: %w", err)
+	}
+	if len(c.Shards) > 0 {
+		return newRing(opts), nil
 	}
 	return redis.NewUniversalClient(opts), nil
 }
@@ -108,6 +119,8 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		if opts, err = fromURL(c.URL); err != nil {
 			return nil, err
 		}
+	} else if len(c.Shards) > 0 {
+		opts = &redis.UniversalOptions{Addrs: append([]string(nil), c.Shards...)}
 	} else {
 		opts = &redis.UniversalOptions{Addrs: append([]string(nil), c.Addresses...), MasterName: c.MasterName}
 	}

@@ -82,6 +82,8 @@ func TestRedisConfigClientKinds(t *testing.T) {
 		{RedisConfig{Addresses: []string{"127.0.0.1:1"}}, "*redis.Client"},
 		{RedisConfig{Addresses: []string{"127.0.0.1:1", "127.0.0.1:2"}}, "*redis.ClusterClient"},
 		{RedisConfig{Addresses: []string{"127.0.0.1:1"}, MasterName: "m"}, "*redis.Client"},
+		{RedisConfig{Shards: []string{"127.0.0.1:1"}}, "*redis.Ring"},
+		{RedisConfig{Shards: []string{"127.0.0.1:1", "127.0.0.1:2"}}, "*redis.Ring"},
 	} {
 		c, err := tt.cfg.NewClient()
 		if err != nil {
@@ -93,6 +95,8 @@ func TestRedisConfigClientKinds(t *testing.T) {
 			got = "*redis.Client"
 		case *redis.ClusterClient:
 			got = "*redis.ClusterClient"
+		case *redis.Ring:
+			got = "*redis.Ring"
 		default:
 			got = "other"
 		}
@@ -110,7 +114,13 @@ func TestRedisConfigErrors(t *testing.T) {
 		cfg  RedisConfig
 		want string
 	}{
-		{RedisConfig{}, "url or addresses is required"},
+		{RedisConfig{}, "url, addresses or shards is required"},
+		{RedisConfig{URL: "redis://h", Shards: []string{"a:1"}}, "shards cannot be set with url"},
+		{RedisConfig{Addresses: []string{"a:1"}, Shards: []string{"b:1"}}, "shards cannot be set with url, addresses"},
+		{RedisConfig{Shards: []string{"a:1", ""}}, "shards holds an empty address"},
+		{RedisConfig{Shards: []string{"a:1", "b:1", "a:1"}}, "shards lists a:1 twice"},
+		{RedisConfig{Shards: []string{"a:1"}, SentinelPassword: "sp"}, "master_name"},
+		{RedisConfig{Shards: []string{"a:1"}, InsecureSkipVerify: true}, "insecure_skip_verify"},
 		{RedisConfig{URL: "redis://h", Addresses: []string{"h:1"}}, "cannot both be set"},
 		{RedisConfig{URL: "redis://h", MasterName: "m"}, "master_name"},
 		{RedisConfig{Addresses: []string{"h:26379"}, SentinelPassword: "sp"}, "master_name"},

@@ -8,7 +8,7 @@ import (
 )
 
 // Preload connects to the store's Redis and loads its scripts there (on
-// every master of a Cluster): the one that decides and the batch script
+// every master of a Cluster, every shard): the one that decides and the batch script
 // that gives leases back and renews them (see RefundMany), so that the first decision is an ordinary
 // one: without it, the first decision after a start or a reload pays a
 // dial and a NOSCRIPT round trip, which can run past a tight timeout and
@@ -26,6 +26,16 @@ func (r *Redis) Preload(ctx context.Context) error {
 	}
 	if cc, ok := r.client.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	}
+	if ring, ok := r.client.(*redis.Ring); ok {
+		// Every shard, whatever the others do: no shard ever counts as
+		// down (see redis_shards.go).
+		return ring.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+			if err := load(ctx, c); err != nil {
+				return fmt.Errorf("shard %s: %w", c.Options().Addr, err)
+			}
+			return nil
+		})
 	}
 	return load(ctx, r.client)
 }

@@ -15,8 +15,9 @@ import (
 // their requests finish. Renewal costs Redis a call per instance per
 // period, for up to redisMaxRenewals slots on 64 keys each, not one per request
 // (on a Cluster, where every key has a hash slot of its own, one script
-// per key, pipelined). A slot whose instance stopped renewing (it died, or
-// Redis was unreachable for W) lapses as before.
+// per key, pipelined; on shards, calls of each shard's own). A slot whose
+// instance stopped renewing (it died, or Redis was unreachable for W)
+// lapses as before.
 
 // redisMaxRenewals bounds the slots one renewal call names, and
 // redisMaxGiveBacks its keys, so that a call holds Redis, which runs one
@@ -143,30 +144,39 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 		}
 		wg.Wait()
 	} else {
-		var calls []*scriptCall
-		named := 0
-		flush := func() {
-			cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
-			defer cancel()
-			if _, err := r.runBatch(cctx, calls); err != nil {
-				fail(err)
-			}
-			calls, named = calls[:0], 0
+		// On shards, each shard's keys go to it in calls of their own,
+		// all shards at once.
+		keys := make([]string, 0, len(byKey))
+		for key := range byKey {
+			keys = append(keys, key)
 		}
-		for key, slots := range byKey {
-			for len(slots) > 0 {
-				n := min(len(slots), 2*(redisMaxRenewals-named))
-				calls = append(calls, r.renewCall(ctx, key, slots[:n]))
-				named += n / 2
-				slots = slots[n:]
-				if named == redisMaxRenewals || len(calls) == redisMaxGiveBacks {
-					flush()
+		eachGroup(byShard(r, keys, func(k string) string { return k }), func(keys []string) {
+			var calls []*scriptCall
+			named := 0
+			flush := func() {
+				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+				defer cancel()
+				if _, err := r.runBatch(cctx, calls); err != nil {
+					fail(err)
+				}
+				calls, named = calls[:0], 0
+			}
+			for _, key := range keys {
+				slots := byKey[key]
+				for len(slots) > 0 {
+					n := min(len(slots), 2*(redisMaxRenewals-named))
+					calls = append(calls, r.renewCall(ctx, key, slots[:n]))
+					named += n / 2
+					slots = slots[n:]
+					if named == redisMaxRenewals || len(calls) == redisMaxGiveBacks {
+						flush()
+					}
 				}
 			}
-		}
-		if len(calls) > 0 {
-			flush()
-		}
+			if len(calls) > 0 {
+				flush()
+			}
+		})
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("redis store for zone %q: renewing concurrency slots: %w", r.zone, errors.Join(errs...))

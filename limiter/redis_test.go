@@ -68,7 +68,7 @@ func newTestRedis(t testing.TB, client redis.UniversalClient, p Policy, opts Red
 }
 
 // scanKeys lists every key of the client's database (every master's, for a
-// Cluster).
+// Cluster, every shard's, for shards).
 func scanKeys(t *testing.T, client redis.UniversalClient) []string {
 	t.Helper()
 	ctx := context.Background()
@@ -87,6 +87,8 @@ func scanKeys(t *testing.T, client redis.UniversalClient) []string {
 	switch c := client.(type) {
 	case *redis.ClusterClient:
 		err = c.ForEachMaster(ctx, scan)
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, scan)
 	case *redis.Client:
 		err = scan(ctx, c)
 	default:
@@ -623,7 +625,7 @@ func checkPipelined(t *testing.T, stores []*Redis) {
 	t.Helper()
 	var n int64
 	for _, st := range stores {
-		n += st.pipeline.pipelined.Load()
+		n += st.pipelinedCalls()
 	}
 	if n == 0 {
 		t.Error("no decision was sent in a pipeline: the concurrent requests did not exercise pipelining")
@@ -862,8 +864,9 @@ func TestRedisUnreachable(t *testing.T) {
 
 // TestRedisRefundManyAndRenew gives back leases of 150 keys in one
 // RefundMany and renews one, on a standalone Redis, where the give-backs
-// go 64 to a script call, and on a Cluster, where the keys lie in
-// different slots and go one to a call: either way every unit is back.
+// go 64 to a script call, on a Cluster, where the keys lie in different
+// slots and go one to a call, and on shards, where each shard's keys go 64
+// to a call on that shard: either way every unit is back.
 func TestRedisRefundManyAndRenew(t *testing.T) {
 	ctx := context.Background()
 	p := Policy{Algorithm: FixedWindow, Events: 100, Window: time.Hour}
@@ -874,6 +877,7 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 	}{
 		{"standalone", standalone.Client(t)},
 		{"cluster", redistest.StartCluster(t, 3).Client(t)},
+		{"shards", startShards(t, 3).ring(t)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newTestRedis(t, tc.client, p, RedisOptions{Zone: "many", Timeout: 5 * time.Second})
@@ -890,7 +894,22 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 				}
 				backs[i] = Refund{Key: key, Cost: 7, Taken: d}
 			}
-			if c, ok := tc.client.(*redis.Client); ok {
+			// The servers whose script calls are counted: the standalone
+			// one, or each shard with the keys it holds.
+			servers := map[*redis.Client]int64{}
+			switch c := tc.client.(type) {
+			case *redis.Client:
+				servers[c] = keys
+			case *redis.Ring:
+				for _, b := range backs {
+					s, err := c.GetShardClientForKey(r.Key(b.Key))
+					if err != nil {
+						t.Fatal(err)
+					}
+					servers[s]++
+				}
+			}
+			for c := range servers {
 				if err := c.ConfigResetStat(ctx).Err(); err != nil {
 					t.Fatal(err)
 				}
@@ -898,13 +917,13 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 			if err := r.RefundMany(ctx, backs); err != nil {
 				t.Fatal(err)
 			}
-			if c, ok := tc.client.(*redis.Client); ok {
+			for c, n := range servers {
 				calls, err := scriptCalls(ctx, c)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if want := int64((keys + redisMaxGiveBacks - 1) / redisMaxGiveBacks); calls != want {
-					t.Errorf("%d give-backs took %d script calls, want %d", keys, calls, want)
+				if want := (n + redisMaxGiveBacks - 1) / redisMaxGiveBacks; calls != want {
+					t.Errorf("%s: %d give-backs took %d script calls, want %d", c.Options().Addr, n, calls, want)
 				}
 			}
 			for _, b := range backs {
