@@ -80,18 +80,29 @@ func redisConfigFix(err error) string {
 // node, which answers MOVED for the keys of every other node's hash slots.
 const clusterNodeFix = "the redis block's single address is a Redis Cluster node: a standalone client gets MOVED for the keys of other nodes' hash slots; list several of the Cluster's nodes in addresses, so Floodgate uses a Cluster client"
 
+// shardClusterNodeFix is clusterNodeFix for a shard of the redis block's
+// shards, which must be standalone servers.
+const shardClusterNodeFix = "a server in the redis block's shards is a Redis Cluster node: shards must be standalone servers, and a Cluster node answers MOVED for the keys of other nodes' hash slots; for a Cluster, list its nodes in addresses instead of shards"
+
 // checkNotClusterNode logs clusterNodeFix when the handler's client is a
 // standalone one (one address, or a url) and its server has Cluster mode
-// on. Loading scripts names no key, so a Cluster node accepts it; only
-// decisions would meet MOVED. The probe is best effort: an error (an ACL
-// user without INFO, say) says nothing.
+// on, and shardClusterNodeFix for each shard that has. Loading scripts
+// names no key, so a Cluster node accepts it; only decisions would meet
+// MOVED. The probe is best effort: an error (an ACL user without INFO,
+// say) says nothing.
 func (h *Handler) checkNotClusterNode(ctx context.Context) {
-	c, ok := h.redis.UniversalClient.(*redis.Client)
-	if !ok {
-		return
+	var clients []*redis.Client
+	fix := clusterNodeFix
+	switch c := h.redis.UniversalClient.(type) {
+	case *redis.Client:
+		clients = []*redis.Client{c}
+	case *redis.Ring:
+		clients, fix = c.GetShardClients(), shardClusterNodeFix
 	}
-	info, err := c.Info(ctx, "cluster").Result()
-	if err == nil && strings.Contains(info, "cluster_enabled:1") {
-		h.logger.Error(clusterNodeFix, zap.String("address", c.Options().Addr))
+	for _, c := range clients {
+		info, err := c.Info(ctx, "cluster").Result()
+		if err == nil && strings.Contains(info, "cluster_enabled:1") {
+			h.logger.Error(fix, zap.String("address", c.Options().Addr))
+		}
 	}
 }

@@ -447,8 +447,8 @@ func TestNearCachesNeverOverAdmit(t *testing.T) {
 // leases on a Redis store of its own client, on one Redis: 600 concurrent
 // requests for one key admit at most the limit of 100 (60 admit 60); once
 // the leases have lapsed and gone back, a second wave of 300 brings the
-// total to exactly 100, so no unit was stranded. On a standalone Redis and
-// on a Cluster.
+// total to exactly 100, so no unit was stranded. On a standalone Redis, on
+// a Cluster and on shards.
 func TestNearCacheRedisAccuracy(t *testing.T) {
 	onInstanceRedises(t, 3, func(t *testing.T, clients []redis.UniversalClient) {
 		for _, alg := range []Algorithm{TokenBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter} {
