@@ -94,3 +94,44 @@ func TestCaddyfileRedisTimingErrors(t *testing.T) {
 		{"missing value", block("dial_timeout"), []string{":8"}},
 	})
 }
+
+// TestCaddyfileRedisShards: shards parse from the redis block, adapt to
+// their JSON name, and reach the client settings with the block's other
+// options and its placeholders resolved; one left unset refuses the
+// config, naming shards.
+func TestCaddyfileRedisShards(t *testing.T) {
+	input := `:8080 {
+		rate_limit {
+			zone shared {
+				rate 10/s
+				store redis
+			}
+			redis {
+				shards 10.0.0.1:6379 {env.FLOODGATE_TEST_SHARD} 10.0.0.3:6379
+				password s3cret
+				db 2
+			}
+		}
+		respond "ok"
+	}`
+	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+	out, warnings, err := adapter.Adapt([]byte(input), nil)
+	if err != nil {
+		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
+	}
+	if want := `"shards":["10.0.0.1:6379","{env.FLOODGATE_TEST_SHARD}","10.0.0.3:6379"]`; !strings.Contains(string(out), want) {
+		t.Errorf("adapted JSON lacks %s:\n%s", want, out)
+	}
+	h, err := parseDirective(t, "rate_limit {\n"+input[strings.Index(input, "zone"):strings.LastIndex(input, "respond")])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Redis.checkResolved(); err == nil || !strings.Contains(err.Error(), "shards") {
+		t.Errorf("an unset shard placeholder: %v, want shards refused", err)
+	}
+	t.Setenv("FLOODGATE_TEST_SHARD", "10.0.0.2:6379")
+	got := h.Redis.resolved()
+	if strings.Join(got.Shards, " ") != "10.0.0.1:6379 10.0.0.2:6379 10.0.0.3:6379" || got.Password != "s3cret" || got.DB != 2 || got.URL != "" || len(got.Addresses) != 0 {
+		t.Errorf("client settings %+v", got)
+	}
+}

@@ -70,6 +70,8 @@ func TestJSONRefusalsNameTheBlock(t *testing.T) {
 		{`"redis":{"timeout":"5ms"}`, "redis: url, addresses or shards is required"},
 		{`"redis":{"addresses":["a:1","b:2"],"db":3}`, "redis: db 3: Redis Cluster has only database 0"},
 		{`"redis":{"url":"redis://h","sentinel_password":"p"}`, "redis: sentinel_username and sentinel_password need master_name"},
+		{`"redis":{"shards":["a:1","b:1"],"master_name":"m"}`, "redis: shards cannot be set with url, addresses or master_name"},
+		{`"redis":{"shards":["a:1","a:1"]}`, "redis: shards lists a:1 twice"},
 		{`"jwt":{}`, "jwt: one of secret, public_key or jwks_url is required"},
 		{`"jwt":{"secret":"s","jwks_refresh":"1h"}`, "jwt: jwks_refresh needs jwks_url"},
 		{`"jwt":{"secret":"s","from":{"header":"a","cookie":"b"}}`, "jwt: from must name exactly one of header, cookie or query"},

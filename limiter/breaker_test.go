@@ -223,3 +223,30 @@ func TestBreakerWithTimings(t *testing.T) {
 		}
 	}
 }
+
+// TestBreakerShards: the breakers of a Ring's shards keep their own
+// streaks with the client's timings, one per name, and the client's
+// breaker reports open (anyOpen) while any of them is.
+func TestBreakerShards(t *testing.T) {
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	b, _ := NewBreakerWith(BreakerOptions{Clock: clock, After: 10 * time.Millisecond, OpenFor: time.Second})
+	down := fmt.Errorf("redis: %w", context.DeadlineExceeded)
+	dead, live := b.shard("10.0.0.1:6379"), b.shard("10.0.0.2:6379")
+	if b.shard("10.0.0.1:6379") != dead {
+		t.Fatal("a second shard breaker for one name")
+	}
+	dead.record(down)
+	clock.Advance(10 * time.Millisecond)
+	live.record(nil) // the other shard answers meanwhile
+	dead.record(down)
+	if !dead.open() || live.open() || b.open() {
+		t.Fatalf("dead %v, live %v, client %v: want only the dead shard's open", dead.open(), live.open(), b.open())
+	}
+	if !b.anyOpen() {
+		t.Error("anyOpen false with a shard's breaker open")
+	}
+	clock.Advance(time.Second)
+	if dead.open() || b.anyOpen() {
+		t.Error("still open after OpenFor, the client's timing")
+	}
+}
