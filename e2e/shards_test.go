@@ -266,3 +266,36 @@ func TestRedisShardStopped(t *testing.T) {
 	wantCodes(t, "returned shard", rs, 200, 200, 200, 429)
 	wantRemaining(t, "returned shard", rs[:3], "closed", 2, 1, 0)
 }
+
+// TestRedisShardClusterNodeNamed: a Cluster node listed among the shards
+// is logged once, when the config loads, as an error naming the fix and
+// the node, while the standalone shard's keys decide as ever.
+func TestRedisShardClusterNodeNamed(t *testing.T) {
+	t.Parallel()
+	standalone := redistest.Start(t)
+	node := redistest.StartCluster(t, 3).Masters[0]
+	block := fmt.Sprintf("redis {\nshards %s %s\ntimeout %s\n}", standalone.Addr(), node.Addr(), redisTimeout)
+	inst := caddyproc.Start(t, redisSite(block, redisRoute{path: "/z", zone: "key {query.c}\nrate 100/1h\nfail closed"}))
+	c := newClient(t)
+	// Some of 20 keys are on the standalone shard, and decide there.
+	codes := map[int]int{}
+	for i := range 20 {
+		codes[get(t, c, inst.URL(fmt.Sprintf("/z?c=k%d", i))).code]++
+	}
+	if codes[200] == 0 {
+		t.Errorf("20 keys over a standalone shard and a Cluster node: statuses %v, want some 200", codes)
+	}
+	const hint = "a server in the redis block's shards is a Redis Cluster node"
+	log := inst.Log()
+	if n := strings.Count(log, hint); n != 1 {
+		t.Errorf("the log names the fix (%q) %d times, want once", hint, n)
+	}
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, hint) && (!strings.Contains(line, `"level":"error"`) || !strings.Contains(line, node.Addr())) {
+			t.Errorf("logged, but not as an error naming %s: %s", node.Addr(), line)
+		}
+	}
+	if t.Failed() {
+		t.Logf("caddy log:\n%s", log)
+	}
+}
