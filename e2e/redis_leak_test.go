@@ -26,8 +26,9 @@ const leakSettle = releaseGrace + 15*time.Second
 // by upstream (fail local), a token bucket that fails closed, a zone with
 // local_quota leases and one whose refusals the denial cache repeats.
 // Every zone has a short timeout, so requests while Redis is paused end
-// in their fail mode quickly.
-func leakSite(redisAddr, upstream string) string {
+// in their fail mode quickly. redisBlock names the servers, with no
+// timeout.
+func leakSite(redisBlock, upstream string) string {
 	zone := func(path, opts string) redisRoute {
 		return redisRoute{path: path, zone: "key {header.X-Client}\n" + opts}
 	}
@@ -39,7 +40,7 @@ func leakSite(redisAddr, upstream string) string {
 		zone("/denied", "algorithm fixed_window\nrate 1/1h\ndeny_cache 1m\nfail open"),
 	}
 	routes[1].upstream = upstream
-	return redisSite(redisURLBlock(redisAddr, "50ms"), routes...)
+	return redisSite(strings.TrimSuffix(redisBlock, "}")+"timeout 50ms\n}", routes...)
 }
 
 // plainSite is a config without any rate_limit: what a reload to it
@@ -56,12 +57,28 @@ http://{{http}} {
 // config without rate limits; once that request is done, no goroutine of
 // Floodgate or go-redis is left in Caddy (its goroutine profile, from
 // pprof on the admin endpoint). Twice, so a first cycle cannot hide what
-// the second leaves behind.
+// the second leaves behind. On a standalone server, and on three shards
+// of which one is paused (per-shard pipelines, breakers and give-backs).
 func TestRedisHandlerNoGoroutineLeak(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
+	t.Run("standalone", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t)
+		checkNoGoroutineLeak(t, fmt.Sprintf("redis {\nurl redis://%s\n}", srv.Addr()), srv)
+	})
+	t.Run("shards", func(t *testing.T) {
+		t.Parallel()
+		servers := startShardServers(t, 3)
+		block := fmt.Sprintf("redis {\nshards %s %s %s\n}", servers[0].Addr(), servers[1].Addr(), servers[2].Addr())
+		checkNoGoroutineLeak(t, block, servers[1])
+	})
+}
+
+// checkNoGoroutineLeak is TestRedisHandlerNoGoroutineLeak on the servers
+// redisBlock names, pausing srv.
+func checkNoGoroutineLeak(t *testing.T, redisBlock string, srv *redistest.Server) {
 	up := newUpstream(t, 0)
-	zones := leakSite(srv.Addr(), up.url)
+	zones := leakSite(redisBlock, up.url)
 	inst := caddyproc.Start(t, globalsWith("")+plainSite)
 	c := newClient(t)
 	t.Cleanup(func() {
