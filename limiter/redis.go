@@ -408,11 +408,11 @@ func (r *Redis) runKey(ctx context.Context, redisKey string, cost int64, extra a
 // with concurrent ones; while Redis keeps failing it answers
 // ErrStoreUnavailable at once.
 func (r *Redis) runCall(c *scriptCall) ([]int64, error) {
-	b := r.breakerFor(c.key)
+	b, p := r.routeOf(c.key)
 	if b.open() {
 		return nil, ErrStoreUnavailable
 	}
-	reply, err := r.pipelineFor(c.key).do(c)
+	reply, err := p.do(c)
 	return reply, r.outcome(b, err)
 }
 

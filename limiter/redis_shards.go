@@ -163,24 +163,25 @@ func (r *Redis) ringShards(ring *redis.Ring) {
 	}
 }
 
-// pipelineFor is the pipeline a call on redisKey goes by: its shard's on
-// a Ring, else the store's one.
-func (r *Redis) pipelineFor(redisKey string) *pipeliner {
-	if r.shardOf != nil {
-		if p := r.shards[r.shardOf(redisKey)]; p != nil {
-			return p
-		}
+// routeOf is the breaker of the server redisKey is on and the pipeline a
+// call on it goes by: its shard's on a Ring, else the client's breaker
+// and the store's one pipeline.
+func (r *Redis) routeOf(redisKey string) (*Breaker, *pipeliner) {
+	if r.shardOf == nil {
+		return r.breaker, &r.pipeline
 	}
-	return &r.pipeline
+	shard := r.shardOf(redisKey)
+	p := r.shards[shard]
+	if p == nil {
+		p = &r.pipeline
+	}
+	return r.breaker.shard(shard), p
 }
 
-// breakerFor is the breaker of the server redisKey is on: its shard's on a
-// Ring, else the client's.
+// breakerFor is routeOf's breaker alone.
 func (r *Redis) breakerFor(redisKey string) *Breaker {
-	if r.shardOf == nil {
-		return r.breaker
-	}
-	return r.breaker.shard(r.shardOf(redisKey))
+	b, _ := r.routeOf(redisKey)
+	return b
 }
 
 // byShard splits items by the shard of their Redis key (key gives it), for

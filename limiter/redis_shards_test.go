@@ -327,3 +327,30 @@ func TestRedisShardsSlotsRenewed(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkShardOf measures what shards add to each decision: naming the
+// shard of a Redis key (the Ring's hash of its hash tag over three
+// shards) and finding that shard's breaker.
+func BenchmarkShardOf(b *testing.B) {
+	c, err := RedisConfig{Shards: []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"}}.NewClient()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	r, err := NewRedis(c, Policy{Algorithm: FixedWindow, Events: 10, Window: time.Minute}, RedisOptions{Zone: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = r.Key(fmt.Sprint("client-", i))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		k := keys[i%len(keys)]
+		if br, p := r.routeOf(k); br == nil || p == nil {
+			b.Fatal("no shard")
+		}
+	}
+}
