@@ -35,6 +35,11 @@ type ServerClock struct {
 
 	mu     sync.Mutex // one probe at a time
 	probed time.Time  // when the last probe ended; under mu
+	// failProbed is when the last probe that a failed decision asked for
+	// ended, under mu: only those count against reprobeAfter for failed
+	// decisions, since a probe just before a failover says nothing of
+	// the server after it.
+	failProbed time.Time
 	// checking is set while a background probe runs.
 	checking atomic.Bool
 }
@@ -122,12 +127,16 @@ func (c *ServerClock) refusedTime(ctx context.Context, err error) bool {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.probed) >= reprobeAfter {
+	if c.instance.Load() { // a probe while this one waited for mu
+		return true
+	}
+	if time.Since(c.failProbed) >= reprobeAfter {
 		// The call's own deadline may have passed; the server answered
 		// at once, so asking it again is quick.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), probeTimeout)
 		_ = c.probeLocked(pctx)
 		cancel()
+		c.failProbed = c.probed
 	}
 	return c.instance.Load()
 }
