@@ -94,8 +94,12 @@ type zoneInfo struct {
 	Keys *int `json:"keys,omitempty"`
 	// StoreUp is false while a redis zone's breaker has stopped asking
 	// Redis; memory zones are always up.
-	StoreUp bool       `json:"store_up"`
-	Tiers   []tierInfo `json:"tiers,omitempty"`
+	StoreUp bool `json:"store_up"`
+	// Clock is what a redis zone's decisions are timed by: "redis" (the
+	// server's TIME) or "instance" (this instance's clock, on a server
+	// that refuses TIME in scripts).
+	Clock string     `json:"clock,omitempty"`
+	Tiers []tierInfo `json:"tiers,omitempty"`
 }
 
 // tierInfo is one tier of a zone.
@@ -104,6 +108,12 @@ type tierInfo struct {
 	Limit  int64   `json:"limit"`
 	Window float64 `json:"window"`
 }
+
+// The values of zoneInfo.Clock.
+const (
+	clockRedis    = "redis"
+	clockInstance = "instance"
+)
 
 func listZones() []zoneInfo {
 	out := []zoneInfo{}
@@ -117,7 +127,10 @@ func listZones() []zoneInfo {
 		}
 		info.Limit, info.Window = quotaOf(&z.limit)
 		if z.limit.remote {
-			info.Store = storeRedis
+			info.Store, info.Clock = storeRedis, clockRedis
+			if z.instanceClock() {
+				info.Clock = clockInstance
+			}
 		} else {
 			n := z.keysHeld()
 			info.Keys = &n

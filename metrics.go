@@ -155,14 +155,17 @@ var zoneGauges = &zoneCollector{
 		"Keys a zone holds in memory: a memory zone's state, a redis zone's leases and cached refusals.", []string{"zone"}, nil),
 	up: prometheus.NewDesc("caddy_http_rate_limit_store_up",
 		"1 while a zone's store decides, 0 while a redis zone's breaker has stopped asking Redis.", []string{"zone"}, nil),
+	instanceClock: prometheus.NewDesc("caddy_http_rate_limit_instance_clock",
+		"1 while a redis zone decides by this instance's clock because its Redis refuses TIME in scripts, 0 while by Redis's clock.", []string{"zone"}, nil),
 }
 
-type zoneCollector struct{ keys, up *prometheus.Desc }
+type zoneCollector struct{ keys, up, instanceClock *prometheus.Desc }
 
 // Describe implements prometheus.Collector.
 func (c *zoneCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.keys
 	ch <- c.up
+	ch <- c.instanceClock
 }
 
 // Collect implements prometheus.Collector: one series per zone name, of
@@ -170,8 +173,8 @@ func (c *zoneCollector) Describe(ch chan<- *prometheus.Desc) {
 // reports the larger key count and is up only if both are.
 func (c *zoneCollector) Collect(ch chan<- prometheus.Metric) {
 	type gauges struct {
-		keys int
-		up   bool
+		keys                   int
+		up, remote, onInstance bool
 	}
 	byName := map[string]*gauges{}
 	var names []string
@@ -188,16 +191,25 @@ func (c *zoneCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		g.keys = max(g.keys, z.keysHeld())
 		g.up = g.up && z.storeUp()
+		g.remote = g.remote || z.limit.remote
+		g.onInstance = g.onInstance || z.instanceClock()
 	}
 	for _, name := range names {
 		g := byName[name]
-		up := 0.0
-		if g.up {
-			up = 1
-		}
 		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(g.keys), name)
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up, name)
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, boolGauge(g.up), name)
+		if g.remote {
+			ch <- prometheus.MustNewConstMetric(c.instanceClock, prometheus.GaugeValue, boolGauge(g.onInstance), name)
+		}
 	}
+}
+
+// boolGauge is a gauge's value for a yes or no: 1 or 0.
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // count records a zone's decision; safe on nil.

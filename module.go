@@ -426,7 +426,7 @@ func (h *Handler) Cleanup() error {
 // JWT verifier.
 func (h *Handler) provisionShared(ctx caddy.Context) error {
 	if h.Redis != nil {
-		c, key, err := loadRedisClient(h.Redis.poolKey())
+		c, key, err := loadRedisClient(h.Redis.poolKey(), h.logger)
 		if err != nil {
 			return err
 		}

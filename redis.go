@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -201,21 +202,23 @@ func urlSetsDialTimeout(raw string) bool {
 // keeps its connections, and the last config to let go closes it.
 var redisClients = caddy.NewUsagePool()
 
-// pooledRedis is a shared client and the breaker of the stores that use
-// it: an outage or a recovery is the client's, not one zone's.
+// pooledRedis is a shared client, the breaker of the stores that use it
+// (an outage or a recovery is the client's, not one zone's) and their
+// clock (a server that refuses TIME in scripts refuses it to every zone).
 type pooledRedis struct {
 	redis.UniversalClient
 	breaker *limiter.Breaker
+	clock   *limiter.ServerClock
 }
 
 // Destruct closes the client once no config uses it.
 func (p pooledRedis) Destruct() error { return p.Close() }
 
-// loadRedisClient returns the shared client for cfg, with its breaker, and
-// the key to release it by. The client connects lazily: an unreachable
-// Redis does not stop Caddy from starting; the zones' fail modes apply
-// until it answers.
-func loadRedisClient(cfg redisPoolKey) (pooledRedis, string, error) {
+// loadRedisClient returns the shared client for cfg, with its breaker and
+// clock, and the key to release it by. The client connects lazily: an
+// unreachable Redis does not stop Caddy from starting; the zones' fail
+// modes apply until it answers. logger hears when the clock switches.
+func loadRedisClient(cfg redisPoolKey, logger *zap.Logger) (pooledRedis, string, error) {
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
@@ -230,12 +233,22 @@ func loadRedisClient(cfg redisPoolKey) (pooledRedis, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		return pooledRedis{c, b}, nil
+		return pooledRedis{c, b, limiter.NewServerClock(c, func(instance bool) { logClockSwitch(logger, instance) })}, nil
 	})
 	if err != nil {
 		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
 	}
 	return v.(pooledRedis), key, nil
+}
+
+// logClockSwitch says, once per switch, which clock the zones on a Redis
+// now decide by.
+func logClockSwitch(logger *zap.Logger, instance bool) {
+	if instance {
+		logger.Warn("this Redis refuses TIME inside scripts (AWS ElastiCache Serverless does): its zones now decide by each instance's own clock, so keep the instances' clocks in sync (NTP); skew between them moves window edges and refills by the skew")
+		return
+	}
+	logger.Info("this Redis allows TIME inside scripts again: its zones decide by Redis's clock")
 }
 
 func releaseRedisClient(key string) {

@@ -488,6 +488,8 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 		Tier:    tier,
 		Timeout: time.Duration(h.Redis.Timeout),
 		Breaker: h.redis.breaker,
+
+		ServerClock: h.redis.clock,
 		OnRenewError: func(err error) {
 			h.logger.Warn("concurrency slots of requests in flight could not be renewed in Redis; two failures in a row and they lapse", zap.String("zone", name), zap.Error(err))
 		},
@@ -583,6 +585,12 @@ func (z *zone) storeUp() bool {
 		}
 	}
 	return true
+}
+
+// instanceClock reports whether the zone's Redis refuses TIME in scripts,
+// so its stores decide by this instance's clock (limiter.ServerClock).
+func (z *zone) instanceClock() bool {
+	return z.limit.redis != nil && z.limit.redis.InstanceClock()
 }
 
 // keysHeld is how many keys the zone's memory stores hold (its own limit's

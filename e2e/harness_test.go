@@ -473,6 +473,21 @@ func newLoopbackServer(t *testing.T, h http.Handler) string {
 	return l.Addr().String()
 }
 
+// rateLimitSeries reads the instance's /metrics: each Floodgate series,
+// name and labels as exposed, with its value.
+func rateLimitSeries(t *testing.T, c *http.Client, inst *caddyproc.Instance) map[string]string {
+	t.Helper()
+	m := get(t, c, inst.Admin()+"/metrics")
+	out := map[string]string{}
+	for line := range strings.SplitSeq(m.body, "\n") {
+		if strings.HasPrefix(line, "caddy_http_rate_limit_") {
+			name, value, _ := strings.Cut(line, " ")
+			out[name] = value
+		}
+	}
+	return out
+}
+
 // adminCall sends method to the instance's admin API at path and decodes
 // the JSON answer into out (when not nil); it returns the status.
 func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out any) int {

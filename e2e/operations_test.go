@@ -228,17 +228,7 @@ http://{{http}} {
 	}
 	inst := caddyproc.Start(t, cfg("v1"))
 	c := newClient(t)
-	series := func() map[string]string {
-		m := get(t, c, inst.Admin()+"/metrics")
-		out := map[string]string{}
-		for line := range strings.SplitSeq(m.body, "\n") {
-			if strings.HasPrefix(line, "caddy_http_rate_limit_") {
-				name, value, _ := strings.Cut(line, " ")
-				out[name] = value
-			}
-		}
-		return out
-	}
+	series := func() map[string]string { return rateLimitSeries(t, c, inst) }
 	wantCodes(t, "red", sequence(t, c, 4, inst.URL("/red"), "X-Client", "k"), 200, 200, 429, 429)
 	get(t, c, inst.URL("/quiet"))
 	before := series()

@@ -243,10 +243,22 @@ func TestRedisAlgorithms(t *testing.T) {
 // TestRedisAccuracyAcrossInstances: three Caddy processes share one Redis
 // and one key (`key global`). 600 requests at once, spread evenly, against
 // 100 per hour admit exactly 100, and a concurrency zone never lets more
-// than its limit reach the upstream at once.
+// than its limit reach the upstream at once. It runs on a Redis that
+// decides by its own TIME, and again on one that refuses TIME in scripts
+// (as AWS ElastiCache Serverless does), where each instance finds that out
+// when it loads its scripts and sends its own clock: on one machine the
+// instances share a clock, so the counts are as exact.
 func TestRedisAccuracyAcrossInstances(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
+	t.Run("redis clock", func(t *testing.T) { redisAccuracyAcrossInstances(t, redistest.Start(t), "redis") })
+	t.Run("instance clock", func(t *testing.T) {
+		redisAccuracyAcrossInstances(t, redistest.StartArgs(t, redistest.WithoutTime...), "instance")
+	})
+}
+
+// redisAccuracyAcrossInstances is TestRedisAccuracyAcrossInstances on srv,
+// whose zones the admin API and the metrics must say decide by clock.
+func redisAccuracyAcrossInstances(t *testing.T, srv *redistest.Server, clock string) {
 	up := newUpstream(t, 50*time.Millisecond)
 	block := redisURLBlock(srv.Addr(), redisTimeout)
 	cfg := redisSite(block,
@@ -354,6 +366,26 @@ func TestRedisAccuracyAcrossInstances(t *testing.T) {
 		t.Fatalf("concurrency after the run: %d, want 200", final.code)
 	}
 	wantRemaining(t, "concurrency after the run", []response{final}, "cc", lim-1)
+
+	// Each instance says which clock its zones decide by, in the zones
+	// API and the metrics, and logs a switch to its own clock once.
+	for i, inst := range insts {
+		var zones []map[string]any
+		adminCall(t, inst, http.MethodGet, "/rate_limit/zones", &zones)
+		for _, z := range zones {
+			if z["clock"] != clock {
+				t.Errorf("instance %d: zones API: zone %v decides by clock %v, want %q", i, z["zone"], z["clock"], clock)
+			}
+		}
+		wantGauge := map[string]string{"redis": "0", "instance": "1"}[clock]
+		if got := rateLimitSeries(t, c, inst)[`caddy_http_rate_limit_instance_clock{zone="tb"}`]; got != wantGauge {
+			t.Errorf("instance %d: caddy_http_rate_limit_instance_clock{zone=\"tb\"} %q, want %q", i, got, wantGauge)
+		}
+		wantWarnings := map[string]int{"redis": 0, "instance": 1}[clock]
+		if n := strings.Count(inst.Log(), "refuses TIME inside scripts"); n != wantWarnings {
+			t.Errorf("instance %d logged the switch to its own clock %d times, want %d", i, n, wantWarnings)
+		}
+	}
 }
 
 // TestRedisCluster runs every algorithm through the handler against a real

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/floodgatehq/caddy-ratelimit/lua"
 )
 
 // luaShared is what the scripts may use: the names that Lua 5.1 (Redis,
@@ -276,38 +278,39 @@ func luaUses(src string) (luaUse, error) {
 // Redis call whose key is not one the script received in KEYS: servers
 // such as Dragonfly run Lua 5.4 and refuse undeclared keys.
 func TestLuaScriptsPortable(t *testing.T) {
-	n := 0
+	type source struct{ name, text string }
+	sources := []source{{"time_probe", lua.TimeProbe()}}
 	for _, alg := range algorithmTable {
 		for _, s := range []struct {
 			what string
 			scripts
 		}{{"", alg.scripts}, {" calendar", alg.calendarScripts}} {
 			for _, src := range []struct{ kind, text string }{{"single", s.one}, {"batch", s.batch}} {
-				if src.text == "" {
-					continue
-				}
-				name := fmt.Sprintf("%s%s %s", alg.name, s.what, src.kind)
-				use, err := luaUses(src.text)
-				if err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				for _, g := range use.names {
-					if !luaShared[g] {
-						t.Errorf("%s uses %s, which Lua 5.1 and 5.4 do not both have", name, g)
-					}
-				}
-				for _, k := range use.badKeys {
-					t.Errorf("%s: redis.call %s: the key is not one the script received in KEYS", name, k)
-				}
-				n++
-				if testing.Verbose() {
-					t.Logf("%s uses %s", name, strings.Join(use.names, " "))
+				if src.text != "" {
+					sources = append(sources, source{fmt.Sprintf("%s%s %s", alg.name, s.what, src.kind), src.text})
 				}
 			}
 		}
 	}
-	if n < 2*len(algorithmTable) {
-		t.Fatalf("read %d scripts, want at least %d", n, 2*len(algorithmTable))
+	if len(sources) < 1+2*len(algorithmTable) {
+		t.Fatalf("read %d scripts, want at least %d", len(sources), 1+2*len(algorithmTable))
+	}
+	for _, src := range sources {
+		use, err := luaUses(src.text)
+		if err != nil {
+			t.Fatalf("%s: %v", src.name, err)
+		}
+		for _, g := range use.names {
+			if !luaShared[g] {
+				t.Errorf("%s uses %s, which Lua 5.1 and 5.4 do not both have", src.name, g)
+			}
+		}
+		for _, k := range use.badKeys {
+			t.Errorf("%s: redis.call %s: the key is not one the script received in KEYS", src.name, k)
+		}
+		if testing.Verbose() {
+			t.Logf("%s uses %s", src.name, strings.Join(use.names, " "))
+		}
 	}
 }
 

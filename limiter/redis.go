@@ -48,6 +48,9 @@ type RedisOptions struct {
 	// Breaker is shared by the stores on one client; nil gives the store
 	// one of its own.
 	Breaker *Breaker
+	// ServerClock is shared by the stores on one client, like Breaker;
+	// nil gives the store one of its own.
+	ServerClock *ServerClock
 
 	// OnRenewError, when set, hears of a failed renewal of the
 	// concurrency slots the store holds (see redis_slots.go), so the
@@ -66,7 +69,8 @@ type RedisOptions struct {
 // Redis keeps the state of every key in Redis, so all instances that share a
 // Redis (standalone, Cluster or Sentinel) enforce one limit together. Each
 // decision is one script run, atomic in Redis and timed by the server's
-// clock, so instances with skewed clocks still agree.
+// clock, so instances with skewed clocks still agree; on a server that
+// refuses TIME in scripts, by the instance's (see ServerClock).
 type Redis struct {
 	client redis.UniversalClient
 	policy Policy
@@ -100,6 +104,9 @@ type Redis struct {
 	// deadlines bound each decision by timeout without a timer each.
 	deadlines *deadlines
 	clock     Clock
+	// serverClock says whether the scripts read Redis's TIME or are sent
+	// the instance's clock.
+	serverClock *ServerClock
 
 	slotID  string // this store's random part of every slot id
 	slotSeq atomic.Uint64
@@ -171,6 +178,10 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	if r.breaker == nil {
 		r.breaker = NewBreaker()
 	}
+	r.serverClock = opts.ServerClock
+	if r.serverClock == nil {
+		r.serverClock = NewServerClock(client, nil)
+	}
 	prefix := opts.Prefix
 	if prefix == "" {
 		prefix = DefaultRedisPrefix
@@ -193,9 +204,19 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	r.script, r.src = redis.NewScript(src), src
 	r.batchScript = redis.NewScript(scripts.batch)
 	r.pipeline.runOne = func(c *scriptCall) {
-		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
+		keys := []string{c.key}
+		cmd := r.script.EvalSha(c.ctx, r.client, keys, c.args...)
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			r.serverClock.recheck()
+			cmd = r.script.Eval(c.ctx, r.client, keys, c.args...)
+		}
+		c.reply, c.err = cmd.Int64Slice()
 	}
-	r.pipeline.runMany = func(calls []*scriptCall) { pipelineScripts(r.client, r.script, r.src, calls) }
+	r.pipeline.runMany = func(calls []*scriptCall) {
+		if pipelineScripts(r.client, r.script, r.src, calls) {
+			r.serverClock.recheck()
+		}
+	}
 	if ring, ok := client.(*redis.Ring); ok {
 		r.ringShards(ring)
 	}
@@ -413,8 +434,31 @@ func (r *Redis) runCall(c *scriptCall) ([]int64, error) {
 		return nil, ErrStoreUnavailable
 	}
 	reply, err := p.do(c)
+	if err != nil && r.onInstanceClock(c.ctx, err, c) {
+		c.reply, c.err, c.done = nil, nil, nil
+		reply, err = p.do(c)
+	}
 	return reply, r.outcome(b, err)
 }
+
+// onInstanceClock reports whether calls, sent on the server's clock and
+// failed with err, are to run again because the server refuses TIME in
+// scripts (see ServerClock.refusedTime), and if so puts the instance's
+// clock in their arguments.
+func (r *Redis) onInstanceClock(ctx context.Context, err error, calls ...*scriptCall) bool {
+	if calls[0].args[1] != "" || !r.serverClock.refusedTime(ctx, err) {
+		return false
+	}
+	now := instanceNow()
+	for _, c := range calls {
+		c.args[1] = now
+	}
+	return true
+}
+
+// InstanceClock reports whether the store's scripts run on the instance's
+// clock because its server refuses TIME in scripts (see ServerClock).
+func (r *Redis) InstanceClock() bool { return r.serverClock.Instance() }
 
 // outcome tells the breaker b (of the server the call went to) how a call
 // to Redis went and, when it failed, asks a Cluster client for the hash
@@ -445,16 +489,20 @@ func (r *Redis) newCall(ctx context.Context, key string, cost int64, extra any) 
 // also carries the starts of the windows around the instance's clock,
 // which the script picks the one of that holds Redis's TIME.
 func (r *Redis) callOn(ctx context.Context, redisKey string, cost int64, extra any) *scriptCall {
-	var now any = ""
-	if r.clock != nil {
-		now = r.clock.Now().UnixMicro()
+	var now any = "" // Redis's TIME (lua/prelude.lua)
+	var here int64
+	switch {
+	case r.clock != nil:
+		here = r.clock.Now().UnixMicro()
+		now = here
+	case r.serverClock.Instance():
+		now = instanceNow()
 	}
 	c := &scriptCall{ctx: ctx, key: redisKey}
 	c.args = append(c.argv[:0], cost, now)
 	c.args = append(c.args, r.args...)
 	if r.p.cal != nil {
-		here, ok := now.(int64)
-		if !ok {
+		if here == 0 {
 			here = time.Now().UnixMicro()
 		}
 		c.args = append(c.args, r.p.cal.around(here).args[:]...)

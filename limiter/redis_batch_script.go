@@ -124,12 +124,20 @@ func (r *Redis) runBatch(ctx context.Context, calls []*scriptCall) ([]int64, err
 		return nil, ErrStoreUnavailable
 	}
 	keys := make([]string, len(calls))
-	var args []any
 	for i, c := range calls {
 		keys[i] = c.key
-		args = append(args, len(c.args))
-		args = append(args, c.args...)
 	}
-	reply, err := r.batchScript.Run(ctx, r.client, keys, args...).Int64Slice()
+	run := func() ([]int64, error) {
+		var args []any
+		for _, c := range calls {
+			args = append(args, len(c.args))
+			args = append(args, c.args...)
+		}
+		return r.batchScript.Run(ctx, r.client, keys, args...).Int64Slice()
+	}
+	reply, err := run()
+	if err != nil && r.onInstanceClock(ctx, err, calls...) {
+		reply, err = run()
+	}
 	return reply, r.outcome(b, err)
 }

@@ -151,8 +151,9 @@ func (p *pipeliner) drain(calls []*scriptCall) {
 // reply. The round trip lasts until the latest of the calls' deadlines:
 // every caller still waiting wants its answer. Calls that came back
 // NOSCRIPT (Redis restarted or flushed its scripts) did not run; they are
-// sent again with the script's source, which also loads it.
-func pipelineScripts(client redis.UniversalClient, script *redis.Script, src string, calls []*scriptCall) {
+// sent again with the script's source, which also loads it. It reports
+// whether any came back NOSCRIPT.
+func pipelineScripts(client redis.UniversalClient, script *redis.Script, src string, calls []*scriptCall) (noScript bool) {
 	ctx := calls[0].ctx
 	latest, _ := ctx.Deadline()
 	for _, c := range calls[1:] {
@@ -192,4 +193,5 @@ func pipelineScripts(client redis.UniversalClient, script *redis.Script, src str
 	for i, c := range calls {
 		c.reply, c.err = cmds[i].Int64Slice()
 	}
+	return again != nil
 }

@@ -15,7 +15,13 @@ import (
 // leave the decision to the zone's fail mode. ctx bounds the whole load.
 // An error leaves the store as usable as before: decisions dial and load
 // the script themselves, as they would have anyway.
+//
+// It first asks whether the server lets scripts call TIME (ServerClock),
+// unless the stores sharing the client asked within the last second.
 func (r *Redis) Preload(ctx context.Context) error {
+	if err := r.serverClock.probeStale(ctx); err != nil {
+		return fmt.Errorf("redis store for zone %q: %w", r.zone, err)
+	}
 	load := func(ctx context.Context, c redis.Scripter) error {
 		for _, s := range []*redis.Script{r.script, r.batchScript} {
 			if err := s.Load(ctx, c).Err(); err != nil {

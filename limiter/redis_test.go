@@ -511,7 +511,21 @@ func TestNewRedisRefuses(t *testing.T) {
 // instances sharing a Redis) and counts what was let through: exactly the
 // quota, never one more.
 func TestRedisAccuracy(t *testing.T) {
-	s := redistest.Start(t)
+	for _, srv := range []struct {
+		name string
+		args []string
+	}{
+		{"redis clock", nil},
+		// A server that refuses TIME in scripts: the stores find out at
+		// their first decision (no Preload here) and send each
+		// instance's clock, which on one machine is one clock.
+		{"instance clock", redistest.WithoutTime},
+	} {
+		t.Run(srv.name, func(t *testing.T) { redisAccuracy(t, redistest.StartArgs(t, srv.args...), srv.args != nil) })
+	}
+}
+
+func redisAccuracy(t *testing.T, s *redistest.Server, instanceClock bool) {
 	ctx := context.Background()
 	checkGoroutines := testutil.GoroutineCheck(t)
 
@@ -558,6 +572,11 @@ func TestRedisAccuracy(t *testing.T) {
 			wg.Wait()
 			if failed.Load() != 0 || allowed.Load() != tc.want {
 				t.Fatalf("%d of %d allowed, %d failed; want exactly %d allowed", allowed.Load(), requests, failed.Load(), tc.want)
+			}
+			for i, st := range stores {
+				if st.InstanceClock() != instanceClock {
+					t.Fatalf("store %d on the instance's clock: %v, want %v", i, st.InstanceClock(), instanceClock)
+				}
 			}
 			checkPipelined(t, stores)
 		})

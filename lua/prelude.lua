@@ -5,11 +5,12 @@
 -- ARGV[1..4]: cost (units to take; negated, units to give back; 0, none:
 -- the state as it stands; "c" and a count, units to charge: taken whether
 -- or not the limit has them, limiter's Charge, in the scripts of the
--- algorithms that can owe), now (µs;
--- "" = Redis TIME, the only value outside tests), L, W. Further arguments
--- are the algorithm's. A test that sets now also steps it far from the wall
--- clock, so its keys live 10 minutes longer than their state needs (pad,
--- in ms; see RedisOptions.Clock in limiter/redis.go).
+-- algorithms that can owe), now (µs; "" = Redis TIME; "i" and µs = the
+-- instance's clock where the server refuses TIME; a bare number = a test's
+-- clock), L, W. Further arguments are the algorithm's. A test that sets now
+-- also steps it far from the wall clock, so its keys live 10 minutes longer
+-- than their state needs (pad, in ms; see RedisOptions.Clock in
+-- limiter/redis.go).
 --
 -- The scripts run on every request and the interpreter is most of their
 -- cost, so they are written straight through, with few function calls and
@@ -27,9 +28,15 @@ local l, w = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now, pad = tonumber(ARGV[2]), 0
 if now then
   pad = 600000
-else
+elseif ARGV[2] == '' then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
+else
+  -- "i" and µs: the instance's clock, on a server that refuses TIME in
+  -- scripts (time_probe.lua). Instances' clocks differ by their skew, so
+  -- keys live a second longer than their state needs, for an instance
+  -- whose clock is behind the one that wrote them.
+  now, pad = tonumber(string.sub(ARGV[2], 2)), 1000
 end
 
 -- Integer division: floor(a / d) and ceil(a / d) are exact. Every quantity

@@ -33,6 +33,14 @@ import (
 //go:embed *.lua
 var files embed.FS
 
+//go:embed time_probe.lua
+var timeProbe string
+
+// TimeProbe is the source of the script that tells whether a server lets
+// scripts call TIME, which the others read their clock from: it stands
+// alone, without prelude.lua, since the prelude's clock is what it checks.
+func TimeProbe() string { return timeProbe }
+
 // Script is the source of one script: prelude.lua followed by the named
 // files in order. It fails only for a name that is not a file of this
 // package, which a test of the algorithm table catches.

@@ -71,6 +71,10 @@ func Available() bool {
 	return err == nil || os.Getenv("CI") == "true"
 }
 
+// WithoutTime are the StartArgs of a server that refuses TIME, in scripts
+// as everywhere, as AWS ElastiCache Serverless refuses it in scripts.
+var WithoutTime = []string{"--rename-command", "TIME", ""}
+
 // Start starts a standalone server without persistence.
 func Start(t testing.TB) *Server {
 	t.Helper()
