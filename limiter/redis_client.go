@@ -38,6 +38,11 @@ type RedisConfig struct {
 	TLS bool
 	// InsecureSkipVerify accepts any server certificate; for testing only.
 	InsecureSkipVerify bool
+	// TLSOptions are the CAs, client certificate and server name of a TLS
+	// connection (TLS or a rediss:// URL), for the data nodes and, with
+	// MasterName, the Sentinels alike: go-redis dials both with one
+	// tls.Config.
+	TLSOptions RedisTLS
 	// PoolSize bounds the connections per node; zero is go-redis's default
 	// of ten per CPU.
 	PoolSize int
@@ -75,6 +80,9 @@ func (c RedisConfig) Validate() error {
 		return fmt.Errorf("pool_size must not be negative, got %d", c.PoolSize)
 	case c.DialTimeout < 0:
 		return fmt.Errorf("dial_timeout must not be negative, got %v", c.DialTimeout)
+	}
+	if err := c.TLSOptions.validate(c.InsecureSkipVerify); err != nil {
+		return fmt.Errorf("tls: %w", err)
 	}
 	for _, a := range c.Addresses {
 		if a == "" {
@@ -137,6 +145,14 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 			return nil, errors.New("insecure_skip_verify needs tls or a rediss:// url")
 		}
 		opts.TLSConfig.InsecureSkipVerify = true
+	}
+	if c.TLSOptions.set() {
+		if opts.TLSConfig == nil {
+			return nil, errors.New("the tls block's ca, cert, key and server_name need tls or a rediss:// url")
+		}
+		if err := c.TLSOptions.apply(opts.TLSConfig); err != nil {
+			return nil, err
+		}
 	}
 	opts.ContextTimeoutEnabled = true
 	// The store's pipelines hold at most redisMaxPipeline scripts, about 13 KiB
