@@ -81,7 +81,7 @@ func (c RedisConfig) Validate() error {
 	case c.DialTimeout < 0:
 		return fmt.Errorf("dial_timeout must not be negative, got %v", c.DialTimeout)
 	}
-	if err := c.TLSOptions.validate(c.InsecureSkipVerify); err != nil {
+	if err := c.ValidateTLS(); err != nil {
 		return fmt.Errorf("tls: %w", err)
 	}
 	for _, a := range c.Addresses {
@@ -148,7 +148,7 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 	}
 	if c.TLSOptions.set() {
 		if opts.TLSConfig == nil {
-			return nil, errors.New("the tls block's ca, cert, key and server_name need tls or a rediss:// url")
+			return nil, errors.New("the tls block's ca, cert, key and server_name (JSON tls_ca, tls_cert, tls_key, tls_server_name) need tls or a rediss:// url")
 		}
 		if err := c.TLSOptions.apply(opts.TLSConfig); err != nil {
 			return nil, err

@@ -32,16 +32,20 @@ type RedisTLS struct {
 // set reports whether any field of the tls block is given.
 func (t RedisTLS) set() bool { return t != RedisTLS{} }
 
-// validate refuses a tls block that contradicts itself, in the block's
-// own words: it reads no file (Validate runs before placeholders are
-// resolved; NewClient reads them).
-func (t RedisTLS) validate(insecureSkipVerify bool) error {
+// ValidateTLS is the part of Validate that checks the tls block: a
+// client certificate without its key (or a key without its certificate),
+// or a ca that insecure_skip_verify would ignore. The adapter runs it
+// when the block closes, so the refusal points at the block's line. It
+// reads no file: Validate runs before placeholders are resolved, and
+// NewClient reads them.
+func (c RedisConfig) ValidateTLS() error {
+	t := c.TLSOptions
 	switch {
 	case t.CertFile != "" && t.KeyFile == "":
 		return errors.New("cert needs key: a client certificate is sent with its private key")
 	case t.KeyFile != "" && t.CertFile == "":
 		return errors.New("key needs cert: the private key is sent with its client certificate")
-	case t.CAFile != "" && insecureSkipVerify:
+	case t.CAFile != "" && c.InsecureSkipVerify:
 		return errors.New("ca and insecure_skip_verify contradict each other: insecure_skip_verify checks the server's certificate against nothing")
 	}
 	return nil

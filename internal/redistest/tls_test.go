@@ -33,7 +33,8 @@ func TestTLSServer(t *testing.T) {
 }
 
 // TestClusterTLS: a Cluster whose nodes serve TLS only forms, and a
-// Cluster client with the harness's TLS reaches every master.
+// Cluster client with the harness's TLS writes keys of every master's
+// slots, following the TLS ports the nodes announce.
 func TestClusterTLS(t *testing.T) {
 	ca := testpki.NewCA(t, "redistest")
 	c := StartClusterTLS(t, 3, TLS{CA: ca, Client: ca.Client(t, "harness")})
@@ -43,22 +44,6 @@ func TestClusterTLS(t *testing.T) {
 	for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
 		if err := client.Set(ctx, k, "v", time.Minute).Err(); err != nil {
 			t.Fatalf("set %s: %v", k, err)
-		}
-	}
-	slots, err := client.ClusterSlots(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The nodes announce their TLS ports, the only ones they serve.
-	want := map[string]bool{}
-	for _, a := range c.Addrs() {
-		want[a] = true
-	}
-	for _, sl := range slots {
-		for _, n := range sl.Nodes {
-			if !want[n.Addr] {
-				t.Errorf("CLUSTER SLOTS names %s, not a node started", n.Addr)
-			}
 		}
 	}
 }
