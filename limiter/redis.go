@@ -76,6 +76,7 @@ type Redis struct {
 	src    string // the script's source, sent when Redis lacks it
 	// batchScript runs several decisions in one call (see lua.Batch).
 	batchScript *redis.Script
+	batchSrc    string
 	args        []any // the policy's script arguments
 	// pipeline lets concurrent decisions share round trips.
 	pipeline pipeliner
@@ -185,7 +186,7 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	r.keyTail = "}:" + params.policyTag()
 	src := scripts.one
 	r.script, r.src = redis.NewScript(src), src
-	r.batchScript = redis.NewScript(scripts.batch)
+	r.batchScript, r.batchSrc = redis.NewScript(scripts.batch), scripts.batch
 	r.pipeline.runOne = func(c *scriptCall) {
 		c.reply, c.err = r.script.Run(c.ctx, r.client, []string{c.key}, c.args...).Int64Slice()
 	}
@@ -420,7 +421,7 @@ func (r *Redis) outcome(err error) error {
 	if isTimeout(err) {
 		return fmt.Errorf("%w: %w", ErrStoreTimeout, err)
 	}
-	return err
+	return r.nameDeniedCommand(err)
 }
 
 // newCall is the script call deciding for key: its Redis key and

@@ -155,6 +155,11 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		}
 	}
 	opts.ContextTimeoutEnabled = true
+	// No CLIENT SETINFO on connect: Redis 7.0 does not know the command,
+	// so the README's ACL rule cannot grant it there, and a server that
+	// knows it (7.2 and later, Valkey) would log a denial to ACL LOG for
+	// every connection of a user without it.
+	opts.DisableIdentity = true
 	// The store's pipelines hold at most redisMaxPipeline scripts, about 13 KiB
 	// out and 3 KiB back: go-redis's 128 KiB pipeline buffers would only
 	// hold memory.
