@@ -88,3 +88,8 @@ func (o *TLS) cliArgs() []string {
 	}
 	return args
 }
+
+// TLSConfig is the TLS the harness's own connections to s use (its CA,
+// and the client certificate of the TLS it was started with), for a
+// client of a test's own making; nil for a plain-TCP server.
+func (s *Server) TLSConfig() *tls.Config { return s.tls }
