@@ -52,8 +52,10 @@ func NewCA(t testing.TB, name string) *CA {
 	key := newKey(t)
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial(t),
-		Subject:               pkix.Name{CommonName: name},
+		SerialNumber: serial(t),
+		// Never a leaf's subject too: OpenSSL takes a certificate whose
+		// subject is its issuer's for a self-signed one and refuses it.
+		Subject:               pkix.Name{CommonName: "test CA " + name},
 		NotBefore:             now.Add(-validity),
 		NotAfter:              now.Add(validity),
 		IsCA:                  true,
