@@ -24,6 +24,9 @@ const refusalSite = `rate_limit {
 	}
 	redis {
 		url redis://127.0.0.1:6379
+		tls {
+			server_name redis.internal
+		}
 	}
 	jwt {
 		secret s
@@ -37,11 +40,12 @@ var refusalBlocks = []struct {
 	name       string
 	open, last int
 }{
-	{"rate_limit", 1, 16},
+	{"rate_limit", 1, 19},
 	{"zone api", 2, 8},
 	{"zone api: count_response", 5, 6},
-	{"redis", 10, 11},
-	{"jwt", 13, 14},
+	{"redis", 10, 14},
+	{"redis: tls", 12, 13},
+	{"jwt", 16, 17},
 }
 
 // refusalKinds are the shapes of the refusals every block words alike,
@@ -55,7 +59,7 @@ var refusalKinds = map[string]string{
 	"block":     `^%[1]s: [^']+, at Testfile:%[3]d$`,
 }
 
-// TestCaddyfileRefusalsReadAlike: the rate_limit, zone, redis and jwt
+// TestCaddyfileRefusalsReadAlike: the rate_limit, zone, redis (its tls too) and jwt
 // blocks, and rate_limit_status, refuse a repeated option, an unknown one,
 // a missing or an extra argument and a bad value in the same words, naming the block and the
 // option, at the option's line; and a block whose options contradict each
@@ -69,12 +73,14 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"zone api", "repeated", "rate", "rate 6/s"},
 		{"redis", "repeated", "url", "url redis://127.0.0.1:6380"},
 		{"jwt", "repeated", "secret", "secret t"},
+		{"redis: tls", "repeated", "server_name", "server_name other.internal"},
 
 		{"rate_limit", "unknown", "bogus", "bogus 1"},
 		{"zone api", "unknown", "bogus", "bogus 1"},
 		{"redis", "unknown", "bogus", "bogus 1"},
 		{"jwt", "unknown", "bogus", "bogus 1"},
 		{"zone api: count_response", "unknown", "bogus", "bogus 1"},
+		{"redis: tls", "unknown", "bogus", "bogus 1"},
 
 		{"rate_limit", "arguments", "max_keys", "max_keys"},
 		{"zone api", "arguments", "burst", "burst"},
@@ -83,6 +89,8 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"jwt", "arguments", "issuer", "issuer"},
 		{"zone api: count_response", "arguments", "status", "status"},
 		{"zone api", "arguments", "response_cost", "response_cost X-Tokens keep please"},
+		{"redis: tls", "arguments", "ca", "ca"},
+		{"redis: tls", "arguments", "insecure_skip_verify", "insecure_skip_verify yes"},
 
 		{"rate_limit", "arguments", "log_key", "log_key yes"},
 		{"zone api", "arguments", "algorithm", "algorithm token_bucket leaky_bucket"},
@@ -104,6 +112,7 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"redis", "block", "", "shards 127.0.0.1:6379 127.0.0.1:6380"},
 		{"redis", "arguments", "shards", "shards"},
 		{"jwt", "block", "", "public_key key.pem"},
+		{"redis: tls", "block", "", "cert client.pem"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.block+" "+tc.kind+" "+tc.line, func(t *testing.T) {

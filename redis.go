@@ -1,10 +1,13 @@
 package ratelimit
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -47,6 +50,19 @@ type RedisConfig struct {
 	TLS bool `json:"tls,omitempty"`
 	// InsecureSkipVerify accepts any server certificate; for testing only.
 	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+	// TLSCA is a PEM file of the CAs that sign the server's certificate,
+	// trusted instead of the system's (the tls block's ca). It and the
+	// other tls_ fields need tls or a rediss:// url.
+	TLSCA string `json:"tls_ca,omitempty"`
+	// TLSCert and TLSKey are a client certificate and its private key,
+	// PEM files, for a server that requires one (the tls block's cert and
+	// key); one without the other is refused. The files are read when
+	// the config loads: a reload after replacing them connects anew.
+	TLSCert string `json:"tls_cert,omitempty"`
+	TLSKey  string `json:"tls_key,omitempty"`
+	// TLSServerName is the name the server's certificate must carry, when
+	// it is not the host connected to (the tls block's server_name).
+	TLSServerName string `json:"tls_server_name,omitempty"`
 	// Timeout bounds each decision; past it the zone's fail mode applies.
 	// Default: 5ms; at least 1ms, as every duration of the block.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
@@ -110,14 +126,39 @@ const defaultDialTimeout = time.Second
 type redisPoolKey struct {
 	Client  limiter.RedisConfig
 	Breaker limiter.BreakerOptions
+	// TLSFiles stands for what the tls block's files hold, so a reload
+	// after a certificate is renewed in place gets a client that
+	// presents the new one.
+	TLSFiles string
 }
 
 // poolKey is c with placeholders replaced, in the limiter's terms.
 func (c *RedisConfig) poolKey() redisPoolKey {
+	client := c.resolved()
 	return redisPoolKey{
-		Client:  c.resolved(),
-		Breaker: limiter.BreakerOptions{After: time.Duration(c.BreakerAfter), OpenFor: time.Duration(c.BreakerOpenFor)},
+		Client:   client,
+		Breaker:  limiter.BreakerOptions{After: time.Duration(c.BreakerAfter), OpenFor: time.Duration(c.BreakerOpenFor)},
+		TLSFiles: filesDigest(client.TLSOptions.CAFile, client.TLSOptions.CertFile, client.TLSOptions.KeyFile),
 	}
+}
+
+// filesDigest is a SHA-256 of the named files' contents ("" names none),
+// or of why one cannot be read, which NewClient then reports: it keeps no
+// secret, only tells one content from another.
+func filesDigest(paths ...string) string {
+	h := sha256.New()
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			b = []byte(err.Error())
+		}
+		fmt.Fprintf(h, "%s %d\n", p, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // checkResolved refuses a block whose placeholders resolve to nothing: a
@@ -132,6 +173,7 @@ func (c *RedisConfig) checkResolved() error {
 		{"url", c.URL}, {"master_name", c.MasterName},
 		{"username", c.Username}, {"password", c.Password},
 		{"sentinel_username", c.SentinelUsername}, {"sentinel_password", c.SentinelPassword},
+		{"tls ca", c.TLSCA}, {"tls cert", c.TLSCert}, {"tls key", c.TLSKey}, {"tls server_name", c.TLSServerName},
 	}
 	for _, a := range c.Addresses {
 		fields = append(fields, struct{ name, value string }{"addresses", a})
@@ -178,8 +220,14 @@ func (c *RedisConfig) clientConfig(replace func(string) string) limiter.RedisCon
 		DB:                 c.DB,
 		TLS:                c.TLS,
 		InsecureSkipVerify: c.InsecureSkipVerify,
-		PoolSize:           c.PoolSize,
-		DialTimeout:        time.Duration(c.DialTimeout),
+		TLSOptions: limiter.RedisTLS{
+			CAFile:     replace(c.TLSCA),
+			CertFile:   replace(c.TLSCert),
+			KeyFile:    replace(c.TLSKey),
+			ServerName: replace(c.TLSServerName),
+		},
+		PoolSize:    c.PoolSize,
+		DialTimeout: time.Duration(c.DialTimeout),
 	}
 	for _, a := range c.Addresses {
 		r.Addresses = append(r.Addresses, replace(a))
@@ -298,16 +346,8 @@ func (c *RedisConfig) options() map[string]option {
 		"sentinel_username": stringOption("<username>", &c.SentinelUsername),
 		"sentinel_password": stringOption("<password>", &c.SentinelPassword),
 		"db":                intOption(&c.DB, dbBound),
-		"tls": {args: "[insecure_skip_verify]", parse: func(d *caddyfile.Dispenser) error {
-			c.TLS = true
-			switch args := d.RemainingArgs(); {
-			case len(args) == 0:
-			case len(args) == 1 && args[0] == "insecure_skip_verify":
-				c.InsecureSkipVerify = true
-			default:
-				return errArgCount
-			}
-			return nil
+		"tls": {args: "[insecure_skip_verify] [{ ... }]", parse: func(d *caddyfile.Dispenser) error {
+			return c.parseTLS(d)
 		}},
 		"timeout":          durationOption(&c.Timeout, timeoutBound),
 		"dial_timeout":     durationOption(&c.DialTimeout, dialTimeoutBound),
@@ -316,6 +356,38 @@ func (c *RedisConfig) options() map[string]option {
 		"pool_size":        intOption(&c.PoolSize, poolSizeBound),
 		"key_prefix":       stringOption("<prefix>", &c.KeyPrefix),
 	}
+}
+
+// parseTLS reads `tls [insecure_skip_verify]` and its optional block,
+// `tls { ca <PEM file>; cert <PEM file>; key <PEM file>; server_name
+// <name>; insecure_skip_verify }`, and checks the block when it closes,
+// at the tls line. The files are read when the config loads (Provision),
+// so a Caddyfile can be adapted where they do not exist.
+func (c *RedisConfig) parseTLS(d *caddyfile.Dispenser) error {
+	line := d.Line()
+	c.TLS = true
+	switch args := d.RemainingArgs(); {
+	case len(args) == 0:
+	case len(args) == 1 && args[0] == "insecure_skip_verify":
+		c.InsecureSkipVerify = true
+	default:
+		return errArgCount
+	}
+	const block = "redis: tls"
+	err := parseBlock(d, block, map[string]option{
+		"ca":                   stringOption("<PEM file>", &c.TLSCA),
+		"cert":                 stringOption("<PEM file>", &c.TLSCert),
+		"key":                  stringOption("<PEM file>", &c.TLSKey),
+		"server_name":          stringOption("<name>", &c.TLSServerName),
+		"insecure_skip_verify": flagOption(&c.InsecureSkipVerify),
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.clientConfig(func(s string) string { return s }).ValidateTLS(); err != nil {
+		return refuseAt(d, line, "%s: %v", block, err)
+	}
+	return nil
 }
 
 // Interface guard: the redis block is parsed by the handler's parser.

@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"strings"
 	"time"
@@ -58,6 +60,9 @@ func (h *Handler) warmRedis() {
 // decisions that meet these errors fail like any other (fail mode,
 // breaker); this is for the one line at provisioning that says why.
 func redisConfigFix(err error) string {
+	if fix := tlsConfigFix(err); fix != "" {
+		return fix
+	}
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return ""
@@ -68,8 +73,8 @@ func redisConfigFix(err error) string {
 		return "redis rejected the password: check the redis block's password/username (or the url's credentials)"
 	case strings.HasPrefix(msg, "NOAUTH"):
 		return "redis requires a password and none was given: set the redis block's password (and username), or credentials in its url"
-	case strings.HasPrefix(msg, "NOPERM"):
-		return "the redis user may not run what Floodgate needs: grant its ACL user the scripting commands (EVALSHA, EVAL, SCRIPT LOAD), DEL, and the commands its scripts call, on the key_prefix's keys"
+	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "can't run this command or subcommand script"), strings.Contains(msg, "ACL failure in script"):
+		return "the redis user may not run a command Floodgate needs (the error names it): give its ACL user the rule in the README's \"Redis ACL\" section, on the key_prefix's keys"
 	case strings.HasPrefix(msg, "MOVED"):
 		return clusterNodeFix
 	}
@@ -105,4 +110,43 @@ func (h *Handler) checkNotClusterNode(ctx context.Context) {
 			h.logger.Error(fix, zap.String("address", c.Options().Addr))
 		}
 	}
+}
+
+// tlsConfigFix names the fix for a TLS handshake that failed because of
+// the tls block or the certificates it names, or is "" for any other
+// error. Floodgate's side of the handshake fails with x509's errors; the
+// server's refusal of the client certificate arrives as a TLS alert,
+// which crypto/tls reports only as text ("remote error: tls: ...").
+func tlsConfigFix(err error) string {
+	var verify *tls.CertificateVerificationError
+	if errors.As(err, &verify) {
+		var unknown x509.UnknownAuthorityError
+		var host x509.HostnameError
+		var invalid x509.CertificateInvalidError
+		switch {
+		case errors.As(verify.Err, &unknown):
+			return "the redis server's certificate is not signed by the tls block's ca (without ca: by a CA this system trusts): set ca to the PEM file of the CA that signed it"
+		case errors.As(verify.Err, &host):
+			return "the redis server's certificate is not for the name Floodgate connects to: connect by a name it carries, or set the tls block's server_name to one"
+		case errors.As(verify.Err, &invalid) && invalid.Reason == x509.Expired:
+			return "the redis server's certificate has expired or is not valid yet: renew it on the server (or check this machine's clock)"
+		}
+		return "the redis server's certificate does not verify: check the tls block's ca and server_name"
+	}
+	var record tls.RecordHeaderError
+	if errors.As(err, &record) {
+		return "the redis server does not speak TLS on this port: remove tls (or use redis://), or connect to its tls-port"
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "remote error: tls: certificate required"):
+		return "the redis server requires a client certificate: set the tls block's cert and key"
+	case strings.Contains(msg, "remote error: tls: expired certificate"):
+		return "the redis server refused the client certificate as expired (or not valid yet): renew the file the tls block's cert names"
+	case strings.Contains(msg, "remote error: tls: unknown certificate authority"),
+		strings.Contains(msg, "remote error: tls: bad certificate"),
+		strings.Contains(msg, "remote error: tls: unsupported certificate"):
+		return "the redis server does not accept the client certificate: the tls block's cert must be signed by a CA in the server's tls-ca-cert-file and allowed for client authentication"
+	}
+	return ""
 }

@@ -6,6 +6,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"runtime"
@@ -22,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testpki"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
@@ -35,16 +37,32 @@ const clients = 10_000
 // any answer time, so no decision fails while the machine is saturated.
 const storeTimeout = 10 * time.Second
 
-// serverAddr is REDIS_ADDR, or a server started for this test.
+// serverAddr is REDIS_ADDR, or a server started for this test: with
+// BENCH_TLS=1 one that serves TLS only and requires a client certificate,
+// which tlsConfigs then holds the clients' TLS for (redis.sh's TLS run).
 func serverAddr(t testing.TB) string {
 	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
 		return addr
 	}
+	if os.Getenv("BENCH_TLS") == "1" {
+		ca := testpki.NewCA(t, "bench")
+		s := redistest.StartTLS(t, redistest.TLS{CA: ca, Client: ca.Client(t, "bench")})
+		tlsConfigs.Store(s.Addr(), s.TLSConfig())
+		return s.Addr()
+	}
 	return redistest.Start(t).Addr()
 }
 
+// tlsConfigs maps the address of a TLS server serverAddr started to the
+// TLS its clients connect with.
+var tlsConfigs sync.Map
+
 func newClient(t testing.TB, addr string) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: callers, ContextTimeoutEnabled: true})
+	opts := &redis.Options{Addr: addr, PoolSize: callers, ContextTimeoutEnabled: true}
+	if conf, ok := tlsConfigs.Load(addr); ok {
+		opts.TLSConfig = conf.(*tls.Config)
+	}
+	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("redis at %s: %v", addr, err)

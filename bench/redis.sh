@@ -41,7 +41,7 @@ echo "(vs redis_rate: the median over runs of redis_rate's ns/op divided by this
 echo " faster: in how many runs this row beat redis_rate)"
 echo "(steady: 60/min burst 1000, keys outlive the gaps between hits; expiring: 1000/min burst 1000, Floodgate's exact TTLs lapse between hits;"
 echo " lone: steady with one caller, so ns/op is the time one decision takes; algorithms: every algorithm at 1000/min)"
-echo "$runs" | awk '
+summarize() { awk '
 	/^BenchmarkCompare\// {
 		name = $1; sub(/^BenchmarkCompare\//, "", name); sub(/-[0-9]+$/, "", name)
 		if (!(name in seen)) { seen[name] = 1; names[++k] = name }
@@ -64,7 +64,22 @@ echo "$runs" | awk '
 			for (j = 1; j <= n[nm]; j++) { rel[nm, j] = ns[base, j] / ns[nm, j]; if (rel[nm, j] > 1) faster++ }
 			printf "%-44s %10.0f %12.0f %16.2f %16.2f %13.3fx %5d/%-2d\n", nm, m, 1e9 / m, median(cl, nm, n[nm]), median(rd, nm, n[nm]), median(rel, nm, n[nm]), faster, n[nm]
 		}
-	}'
+	}'; }
+echo "$runs" | summarize
+echo
+
+# The same over TLS, in the same run: the test binary starts a redis-server
+# of the same build that serves TLS only and requires a client certificate
+# (certificates made by the test with Go's crypto), and the clients connect
+# with TLS 1.3. Settings steady and lone: throughput and one decision's time.
+tls_runs=""
+for i in $(seq "$count"); do
+	reverse=$([ $((i % 2)) = 0 ] && echo 1 || true)
+	tls_runs+=$(REDIS_ADDR='' BENCH_TLS=1 BENCH_REVERSE=$reverse "$dir/bench.test" -test.run '^$' -test.bench 'BenchmarkCompare/(steady|lone)/' -test.benchtime "$benchtime") || { echo "$tls_runs" >&2; exit 1; }
+	tls_runs+=$'\n'
+done
+echo "Over TLS (client certificate required), settings steady and lone: median of $count alternating runs of -benchtime $benchtime"
+echo "$tls_runs" | summarize
 echo
 
 mem=$(go test -run 'TestMemoryPerKey' -v -count 1 . 2>&1) || { echo "$mem" >&2; exit 1; }

@@ -80,6 +80,7 @@ type Redis struct {
 	src    string // the script's source, sent when Redis lacks it
 	// batchScript runs several decisions in one call (see lua.Batch).
 	batchScript *redis.Script
+	batchSrc    string
 	args        []any // the policy's script arguments
 	// pipeline lets concurrent decisions share round trips.
 	pipeline pipeliner
@@ -202,7 +203,7 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	r.keyTail = "}:" + params.policyTag()
 	src := scripts.one
 	r.script, r.src = redis.NewScript(src), src
-	r.batchScript = redis.NewScript(scripts.batch)
+	r.batchScript, r.batchSrc = redis.NewScript(scripts.batch), scripts.batch
 	r.pipeline.runOne = func(c *scriptCall) {
 		keys := []string{c.key}
 		cmd := r.script.EvalSha(c.ctx, r.client, keys, c.args...)
@@ -475,7 +476,7 @@ func (r *Redis) outcome(b *Breaker, err error) error {
 	if isTimeout(err) {
 		return fmt.Errorf("%w: %w", ErrStoreTimeout, err)
 	}
-	return err
+	return r.nameDeniedCommand(err)
 }
 
 // newCall is the script call deciding for key: its Redis key and

@@ -43,6 +43,11 @@ type RedisConfig struct {
 	TLS bool
 	// InsecureSkipVerify accepts any server certificate; for testing only.
 	InsecureSkipVerify bool
+	// TLSOptions are the CAs, client certificate and server name of a TLS
+	// connection (TLS or a rediss:// URL), for the data nodes and, with
+	// MasterName, the Sentinels alike: go-redis dials both with one
+	// tls.Config.
+	TLSOptions RedisTLS
 	// PoolSize bounds the connections per node; zero is go-redis's default
 	// of ten per CPU.
 	PoolSize int
@@ -82,6 +87,9 @@ func (c RedisConfig) Validate() error {
 		return fmt.Errorf("pool_size must not be negative, got %d", c.PoolSize)
 	case c.DialTimeout < 0:
 		return fmt.Errorf("dial_timeout must not be negative, got %v", c.DialTimeout)
+	}
+	if err := c.ValidateTLS(); err != nil {
+		return fmt.Errorf("tls: %w", err)
 	}
 	for _, a := range c.Addresses {
 		if a == "" {
@@ -151,7 +159,20 @@ func (c RedisConfig) options() (*redis.UniversalOptions, error) {
 		}
 		opts.TLSConfig.InsecureSkipVerify = true
 	}
+	if c.TLSOptions.set() {
+		if opts.TLSConfig == nil {
+			return nil, errors.New("the tls block's ca, cert, key and server_name (JSON tls_ca, tls_cert, tls_key, tls_server_name) need tls or a rediss:// url")
+		}
+		if err := c.TLSOptions.apply(opts.TLSConfig); err != nil {
+			return nil, err
+		}
+	}
 	opts.ContextTimeoutEnabled = true
+	// No CLIENT SETINFO on connect: Redis 7.0 does not know the command,
+	// so the README's ACL rule cannot grant it there, and a server that
+	// knows it (7.2 and later, Valkey) would log a denial to ACL LOG for
+	// every connection of a user without it.
+	opts.DisableIdentity = true
 	// The store's pipelines hold at most redisMaxPipeline scripts, about 13 KiB
 	// out and 3 KiB back: go-redis's 128 KiB pipeline buffers would only
 	// hold memory.

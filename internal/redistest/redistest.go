@@ -11,6 +11,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -43,6 +44,9 @@ type Server struct {
 	dir  string
 	port int
 	args func(s *Server) ([]string, error) // the command line for s
+	// tls is the harness's own connections' TLS, for a server that serves
+	// TLS only; nil for one that serves plain TCP.
+	tls *tls.Config
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -91,9 +95,25 @@ func StartArgs(t testing.TB, extra ...string) *Server {
 // start starts redis-server with extra arguments after the common ones.
 func start(t testing.TB, extra []string) *Server {
 	t.Helper()
-	return startWith(t, func(s *Server) ([]string, error) {
-		return append([]string{
-			"--port", strconv.Itoa(s.port),
+	return startTLS(t, nil, extra)
+}
+
+// startTLS is start for a server that serves TLS only as o says, or
+// plain TCP when o is nil.
+func startTLS(t testing.TB, o *TLS, extra []string) *Server {
+	t.Helper()
+	var conf *tls.Config
+	var tlsArgs func(port int) []string
+	if o != nil {
+		conf = o.clientConfig(t)
+		tlsArgs = func(port int) []string { return o.tlsArgs(t, port) }
+	}
+	return startWithTLS(t, conf, func(s *Server) ([]string, error) {
+		port := []string{"--port", strconv.Itoa(s.port)}
+		if tlsArgs != nil {
+			port = tlsArgs(s.port)
+		}
+		return append(append(port,
 			"--bind", "127.0.0.1",
 			"--dir", s.dir,
 			"--save", "",
@@ -101,7 +121,7 @@ func start(t testing.TB, extra []string) *Server {
 			"--protected-mode", "yes",
 			"--daemonize", "no",
 			"--repl-diskless-sync-delay", "0",
-		}, extra...), nil
+		), extra...), nil
 	})
 }
 
@@ -110,10 +130,17 @@ func start(t testing.TB, extra []string) *Server {
 // was taken before the server could bind it. Restart reuses args.
 func startWith(t testing.TB, args func(s *Server) ([]string, error)) *Server {
 	t.Helper()
+	return startWithTLS(t, nil, args)
+}
+
+// startWithTLS is startWith for a server the harness reaches over TLS
+// with conf, or plain TCP when conf is nil.
+func startWithTLS(t testing.TB, conf *tls.Config, args func(s *Server) ([]string, error)) *Server {
+	t.Helper()
 	bin := Binary(t)
 	var last error
 	for range 3 {
-		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), args: args}
+		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), args: args, tls: conf}
 		if last = s.launch(); last == nil {
 			t.Cleanup(s.Stop)
 			return s
@@ -159,7 +186,7 @@ func (s *Server) exec(args []string) error {
 
 	deadline := time.Now().Add(startTimeout)
 	for {
-		if err := ping(s.Addr()); err == nil {
+		if err := ping(s.Addr(), s.tls); err == nil {
 			return nil
 		}
 		select {
@@ -183,7 +210,7 @@ func (s *Server) Port() int { return s.port }
 // Client returns a client of this server that honours context deadlines,
 // closed by t.Cleanup.
 func (s *Server) Client(t testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true, TLSConfig: s.tls})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -243,10 +270,18 @@ func freePort(t testing.TB) int {
 	return port
 }
 
-// ping sends PING over a fresh connection and checks that the server
-// answers: PONG, or NOAUTH from one that requires a password.
-func ping(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+// ping sends PING over a fresh connection, TLS with conf unless it is
+// nil, and checks that the server answers: PONG, or NOAUTH from one that
+// requires a password.
+func ping(addr string, conf *tls.Config) error {
+	var conn net.Conn
+	var err error
+	dialer := &net.Dialer{Timeout: 200 * time.Millisecond}
+	if conf != nil {
+		conn, err = tls.DialWithDialer(dialer, "tcp", addr, conf)
+	} else {
+		conn, err = dialer.Dial("tcp", addr)
+	}
 	if err != nil {
 		return err
 	}
@@ -299,7 +334,7 @@ func (c *Cluster) Addrs() []string {
 // Client returns a Cluster client that honours context deadlines, closed
 // by t.Cleanup.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true, TLSConfig: c.Masters[0].tls})
 	t.Cleanup(func() { cc.Close() })
 	return cc
 }
@@ -309,7 +344,14 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 // cluster_state:ok.
 func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
-	return startCluster(t, masters, false, 5000)
+	return startCluster(t, nil, masters, false, 5000)
+}
+
+// StartClusterTLS is StartCluster with nodes that serve TLS only, cluster
+// bus and all, as o says.
+func StartClusterTLS(t testing.TB, masters int, o TLS) *Cluster {
+	t.Helper()
+	return startCluster(t, &o, masters, false, 5000)
 }
 
 // ClusterNodeTimeout is the cluster-node-timeout of the nodes
@@ -324,12 +366,13 @@ const ClusterNodeTimeout = time.Second
 // and every replica is in sync with its master.
 func StartClusterWithReplicas(t testing.TB, masters int) *Cluster {
 	t.Helper()
-	return startCluster(t, masters, true, ClusterNodeTimeout.Milliseconds())
+	return startCluster(t, nil, masters, true, ClusterNodeTimeout.Milliseconds())
 }
 
 // startCluster starts the nodes, joins them, and sorts them into masters
-// and replicas by what CLUSTER NODES reports.
-func startCluster(t testing.TB, masters int, replicas bool, nodeTimeoutMS int64) *Cluster {
+// and replicas by what CLUSTER NODES reports; o, unless nil, has them
+// serve TLS only.
+func startCluster(t testing.TB, o *TLS, masters int, replicas bool, nodeTimeoutMS int64) *Cluster {
 	t.Helper()
 	if masters < 3 {
 		t.Fatalf("a Redis Cluster needs at least 3 masters, got %d", masters)
@@ -346,7 +389,7 @@ func startCluster(t testing.TB, masters int, replicas bool, nodeTimeoutMS int64)
 	var all []*Server
 	var addrs []string
 	for range nodes {
-		s := start(t, []string{
+		s := startTLS(t, o, []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", strconv.FormatInt(nodeTimeoutMS, 10),
@@ -355,7 +398,11 @@ func startCluster(t testing.TB, masters int, replicas bool, nodeTimeoutMS int64)
 		all = append(all, s)
 		addrs = append(addrs, s.Addr())
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
+	var args []string
+	if o != nil {
+		args = o.cliArgs()
+	}
+	args = append(append(args, "--cluster", "create"), addrs...)
 	args = append(args, "--cluster-replicas", perMaster, "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
@@ -364,7 +411,7 @@ func startCluster(t testing.TB, masters int, replicas bool, nodeTimeoutMS int64)
 	}
 	deadline := time.Now().Add(startTimeout)
 	for _, s := range all {
-		client := redis.NewClient(&redis.Options{Addr: s.Addr()})
+		client := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: s.tls})
 		for {
 			err := clusterNodeReady(ctx, client, nodes, wantReplicas)
 			if err == nil {
@@ -416,7 +463,7 @@ func clusterNodeReady(ctx context.Context, client *redis.Client, n, replicas int
 // masters with the replica of each.
 func sortCluster(t testing.TB, ctx context.Context, all []*Server) *Cluster {
 	t.Helper()
-	client := redis.NewClient(&redis.Options{Addr: all[0].Addr()})
+	client := redis.NewClient(&redis.Options{Addr: all[0].Addr(), TLSConfig: all[0].tls})
 	defer client.Close()
 	nodes, err := client.ClusterNodes(ctx).Result()
 	if err != nil {

@@ -1,0 +1,141 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testpki"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+)
+
+// tlsRedisSite is a site with one redis zone, "tls", of 5 requests an
+// hour per X-Client, failing as fail says, on the Redis at addrs (one: a
+// standalone server; several: a Cluster) over TLS with the given tls
+// block lines; body tells configs apart.
+func tlsRedisSite(addrs []string, fail, tlsBlock, body string) string {
+	return globalsWith("") + fmt.Sprintf(`
+http://{{http}} {
+	rate_limit {
+		zone tls {
+			key header X-Client
+			algorithm fixed_window
+			events 5
+			window 1h
+			fail %s
+			store redis
+		}
+		redis {
+			addresses %s
+			timeout %s
+			tls {
+%s
+			}
+		}
+	}
+	respond %q
+}
+`, fail, strings.Join(addrs, " "), redisTimeout, "\t\t\t\t"+strings.ReplaceAll(tlsBlock, "\n", "\n\t\t\t\t"), body)
+}
+
+// tlsLines are a tls block's lines for a CA and a client certificate
+// (none when pair is empty).
+func tlsLines(ca string, pair testpki.Pair) string {
+	lines := "ca " + ca
+	if pair.CertFile != "" {
+		lines += "\ncert " + pair.CertFile + "\nkey " + pair.KeyFile
+	}
+	return lines
+}
+
+// TestRedisTLSClientCertificate: a Caddy whose redis block connects over
+// TLS with the tls block's CA and client certificate, to a redis-server
+// that serves TLS only and requires client certificates, decides exactly:
+// 5 requests pass, the 6th gets 429, on a standalone server and on a
+// Cluster whose bus runs over TLS too. A wrong CA, no client certificate
+// and an expired one each fail that Redis's decisions, the zone's fail
+// mode applying (closed: 503, open: 200 without headers), and Caddy's log
+// names the cause, once at the start as an error that names the fix.
+func TestRedisTLSClientCertificate(t *testing.T) {
+	t.Parallel()
+	ca := testpki.NewCA(t, "e2e")
+	harness := redistest.TLS{CA: ca, Client: ca.Client(t, "harness")}
+	client := ca.Client(t, "caddy")
+	standalone := redistest.StartTLS(t, harness)
+	c := newClient(t)
+
+	t.Run("standalone", func(t *testing.T) {
+		inst := caddyproc.Start(t, tlsRedisSite([]string{standalone.Addr()}, "closed", tlsLines(ca.CertFile, client), "standalone"))
+		rs := sequence(t, c, 6, inst.URL("/"), clientHeader("exact")...)
+		wantCodes(t, "over TLS with a client certificate", rs, 200, 200, 200, 200, 200, 429)
+		wantRemaining(t, "over TLS", rs[:5], "tls", 4, 3, 2, 1, 0)
+		if keys := redisDBSize(t, standalone); keys != 1 {
+			t.Errorf("%d keys on the server, want the one client's", keys)
+		}
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
+
+	t.Run("cluster", func(t *testing.T) {
+		cluster := redistest.StartClusterTLS(t, 3, harness)
+		inst := caddyproc.Start(t, tlsRedisSite(cluster.Addrs(), "closed", tlsLines(ca.CertFile, client), "cluster"))
+		for _, who := range []string{"a", "b", "c", "d"} {
+			rs := sequence(t, c, 6, inst.URL("/"), clientHeader(who)...)
+			wantCodes(t, "client "+who+" over TLS on a Cluster", rs, 200, 200, 200, 200, 200, 429)
+		}
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
+
+	other := testpki.NewCA(t, "other")
+	for _, tc := range []struct {
+		name  string
+		tls   string
+		fail  string
+		code  int
+		cause string // in the decisions' log lines
+		fix   string // in the warm start's error
+	}{
+		{"wrong CA", tlsLines(other.CertFile, client), "closed", http.StatusServiceUnavailable,
+			"x509: certificate signed by unknown authority", "the redis server's certificate is not signed by the tls block's ca"},
+		{"no client certificate", tlsLines(ca.CertFile, testpki.Pair{}), "open", http.StatusOK,
+			"tls: certificate required", "the redis server requires a client certificate: set the tls block's cert and key"},
+		{"expired client certificate", tlsLines(ca.CertFile, ca.ExpiredClient(t, "expired")), "closed", http.StatusServiceUnavailable,
+			"tls: expired certificate", "the redis server refused the client certificate as expired"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inst := caddyproc.Start(t, tlsRedisSite([]string{standalone.Addr()}, tc.fail, tc.tls, tc.name))
+			rs := sequence(t, c, 3, inst.URL("/"), clientHeader("refused")...)
+			wantCodes(t, tc.name, rs, tc.code, tc.code, tc.code)
+			for _, r := range rs {
+				if r.hasRateLimitHeaders() {
+					t.Errorf("%s: a response carries rate-limit fields: it was decided", tc.name)
+				}
+			}
+			testutil.Eventually(t, "Caddy's log naming the cause and the fix", func() error {
+				log := inst.Log()
+				var fixes, failures int
+				for line := range strings.SplitSeq(log, "\n") {
+					switch {
+					case strings.Contains(line, tc.fix) && strings.Contains(line, `"level":"error"`):
+						fixes++
+					case strings.Contains(line, "rate limit store failed") && strings.Contains(line, tc.cause):
+						failures++
+					}
+				}
+				if fixes != 1 || failures == 0 {
+					return fmt.Errorf("%d error lines naming the fix %q (want 1), %d failed decisions naming %q (want some)", fixes, tc.fix, failures, tc.cause)
+				}
+				return nil
+			})
+			if t.Failed() {
+				t.Logf("caddy log:\n%s", inst.Log())
+			}
+		})
+	}
+}

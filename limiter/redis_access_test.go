@@ -1,0 +1,123 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// exerciseRedisStore sends, through client, every kind of request the
+// Redis store makes, with the default key prefix: for each algorithm (and
+// a calendar window) a take, a peek, a refund and a reset, each of whose
+// decisions must be what it is on a fresh key; the scripts loaded first,
+// as the warm start does; a lease through a NearCache whose give-back goes
+// out in a batch when it closes; a renewal; and the renewal of a
+// concurrency slot. It returns the first error, naming the operation, so
+// the TLS and ACL tests can check what a refused connection or command
+// says.
+func exerciseRedisStore(ctx context.Context, client redis.UniversalClient) error {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		return err
+	}
+	policies := []Policy{
+		{Algorithm: TokenBucket, Events: 4, Window: time.Minute},
+		{Algorithm: LeakyBucket, Events: 4, Window: time.Minute},
+		{Algorithm: FixedWindow, Events: 4, Window: time.Minute},
+		{Algorithm: SlidingWindowLog, Events: 4, Window: time.Minute},
+		{Algorithm: SlidingWindowCounter, Events: 4, Window: time.Minute},
+		{Algorithm: Concurrency, Events: 4, Window: time.Minute},
+		{Algorithm: FixedWindow, Events: 4, Calendar: &Calendar{Period: Day, Location: berlin}},
+	}
+	for _, p := range policies {
+		name := string(p.Algorithm)
+		if p.Calendar != nil {
+			name = "calendar"
+		}
+		r, err := NewRedis(client, p, RedisOptions{Zone: "access-" + name, Timeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		step := func(op string, err error) error {
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", name, op, err)
+			}
+			return nil
+		}
+		if err := step("preload", r.Preload(ctx)); err != nil {
+			return err
+		}
+		d, err := r.Take(ctx, "k", 1)
+		if err := step("take", err); err != nil {
+			return err
+		}
+		if !d.Allowed || d.Remaining != 3 {
+			return fmt.Errorf("%s take: %+v, want allowed with 3 left", name, d)
+		}
+		if _, err := r.Peek(ctx, "k"); step("peek", err) != nil {
+			return step("peek", err)
+		}
+		if p.Algorithm != LeakyBucket { // a leaky bucket's admissions are not refunded
+			if d, err = r.Refund(ctx, "k", 1, d); step("refund", err) != nil {
+				return step("refund", err)
+			}
+			if d.Remaining != 4 {
+				return fmt.Errorf("%s refund: %+v, want 4 left", name, d)
+			}
+		}
+		if p.Algorithm == Concurrency {
+			if _, err := r.Take(ctx, "slot", 1); step("take a slot", err) != nil {
+				return step("take a slot", err)
+			}
+			if err := step("renew slots", r.renewSlots(ctx)); err != nil {
+				return err
+			}
+		}
+		if _, err := r.Reset(ctx, "k"); step("reset", err) != nil {
+			return step("reset", err)
+		}
+	}
+
+	// Leases: a lease taken and renewed, and what is left given back by
+	// the batch script when the cache closes.
+	p := Policy{Algorithm: FixedWindow, Events: 100, Window: time.Hour}
+	r, err := NewRedis(client, p, RedisOptions{Zone: "access-leases", Timeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	d, err := r.TakeUpTo(ctx, "renewed", 1, 10)
+	if err != nil {
+		return fmt.Errorf("lease: %w", err)
+	}
+	if _, err := r.Renew(ctx, Refund{Key: "renewed", Cost: 4, Taken: d}, 1, 10); err != nil {
+		return fmt.Errorf("lease renewal: %w", err)
+	}
+	var giveBack error
+	nc, err := NewNearCache(r, p, NearCacheOptions{LeaseFraction: 0.5, OnGiveBackError: func(err error) { giveBack = err }})
+	if err != nil {
+		return err
+	}
+	for _, key := range []string{"a", "b", "c"} {
+		if _, err := nc.Take(ctx, key, 1); err != nil {
+			return fmt.Errorf("near cache take: %w", err)
+		}
+	}
+	if err := nc.Close(ctx); err != nil {
+		return fmt.Errorf("near cache give-back: %w", err)
+	}
+	if giveBack != nil {
+		return fmt.Errorf("near cache give-back: %w", giveBack)
+	}
+	for _, key := range []string{"a", "b", "c"} {
+		d, err := r.Peek(ctx, key)
+		if err != nil {
+			return fmt.Errorf("peek after the give-back: %w", err)
+		}
+		if d.Remaining != 99 {
+			return fmt.Errorf("%s after the give-back: %+v, want 99 left", key, d)
+		}
+	}
+	return nil
+}
