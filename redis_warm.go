@@ -22,11 +22,13 @@ const warmBudget = time.Second
 // every Redis store of its zones before the config serves, so the first
 // decision after a start or a reload is an ordinary one rather than one
 // that also dials and meets NOSCRIPT and so runs past a tight timeout. A
-// failure is logged and otherwise ignored: decisions then dial and load
-// scripts themselves, and the zones' fail modes apply as ever. A failure
-// that is the redis block's configuration (a wrong password, none where
-// one is required, a Cluster node given as a standalone server) is logged
-// as an error naming the fix, since waiting will not mend it.
+// failure is logged once and otherwise ignored: the other stores are
+// still warmed (a shard or a master that is down leaves the others
+// ready), decisions dial and load scripts themselves, and the zones' fail
+// modes apply as ever. A failure that is the redis block's configuration
+// (a wrong password, none where one is required, a Cluster node given as
+// a standalone server) is logged as an error naming the fix, since waiting
+// will not mend it, and ends the warm-up.
 func (h *Handler) warmRedis() {
 	var stores []*limiter.Redis
 	for _, z := range h.zones {
@@ -41,16 +43,23 @@ func (h *Handler) warmRedis() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), warmBudget)
 	defer cancel()
+	var failed error
 	for _, rs := range stores {
-		if err := rs.Preload(ctx); err != nil {
-			if fix := redisConfigFix(err); fix != "" {
-				h.logger.Error(fix, zap.Error(err))
-				return
-			}
-			h.logger.Warn("could not warm up Redis before serving: the first decisions may be slow or follow the zones' fail modes",
-				zap.Duration("budget", warmBudget), zap.Error(err))
+		err := rs.Preload(ctx)
+		if err == nil {
+			continue
+		}
+		if fix := redisConfigFix(err); fix != "" {
+			h.logger.Error(fix, zap.Error(err))
 			return
 		}
+		if failed == nil {
+			failed = err
+		}
+	}
+	if failed != nil {
+		h.logger.Warn("could not warm up Redis before serving: the first decisions may be slow or follow the zones' fail modes",
+			zap.Duration("budget", warmBudget), zap.Error(failed))
 	}
 	h.checkNotClusterNode(ctx)
 }

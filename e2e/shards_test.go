@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -310,5 +311,40 @@ func TestRedisShardClusterNodeNamed(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("caddy log:\n%s", log)
+	}
+}
+
+// TestShardsWarmStartWithShardDown: with one shard down at startup, the
+// warm start still loads every Redis zone's scripts on the live shard, as
+// it does with both up (the reference here), so those zones' first
+// decisions pay no NOSCRIPT round trip, which a tight timeout would turn
+// into the fail mode. Found by a review: Preload returned on the TIME
+// probe's error before loading any, and warmRedis stopped at the first
+// store's error, so the other zones were not warmed either.
+func TestShardsWarmStartWithShardDown(t *testing.T) {
+	t.Parallel()
+	routes := []redisRoute{
+		{path: "/tb", zone: "key {query.c}\nalgorithm token_bucket\nrate 20/1h"},
+		{path: "/fw", zone: "key {query.c}\nalgorithm fixed_window\nrate 20/1h"},
+		{path: "/swl", zone: "key {query.c}\nalgorithm sliding_window_log\nrate 20/1h"},
+	}
+	block := func(a, b string) string {
+		return "redis {\nshards " + a + " " + b + "\ntimeout " + redisTimeout + "\n}"
+	}
+
+	up1, up2 := redistest.Start(t), redistest.Start(t)
+	caddyproc.Start(t, redisSite(block(up1.Addr(), up2.Addr()), routes...))
+	want := infoInt(t, up1, "memory", "number_of_cached_scripts")
+
+	live := redistest.Start(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	inst := caddyproc.Start(t, redisSite(block(live.Addr(), dead), routes...))
+	if got := infoInt(t, live, "memory", "number_of_cached_scripts"); got < want {
+		t.Errorf("with the other shard down, the live shard caches %d scripts after the warm start; with both up a shard caches %d\ncaddy log:\n%s", got, want, inst.Log())
 	}
 }

@@ -447,10 +447,10 @@ func (r *Redis) runCall(c *scriptCall) ([]int64, error) {
 // scripts (see ServerClock.refusedTime), and if so puts the instance's
 // clock in their arguments.
 func (r *Redis) onInstanceClock(ctx context.Context, err error, calls ...*scriptCall) bool {
-	if calls[0].args[1] != "" || !r.serverClock.refusedTime(ctx, err) {
+	if calls[0].args[1] != "" || !r.serverClock.refusedTime(ctx, err, calls[0].key) {
 		return false
 	}
-	now := instanceNow()
+	now := r.serverClock.instanceNow()
 	for _, c := range calls {
 		c.args[1] = now
 	}
@@ -497,7 +497,7 @@ func (r *Redis) callOn(ctx context.Context, redisKey string, cost int64, extra a
 		here = r.clock.Now().UnixMicro()
 		now = here
 	case r.serverClock.Instance():
-		now = instanceNow()
+		now = r.serverClock.instanceNow()
 	}
 	c := &scriptCall{ctx: ctx, key: redisKey}
 	c.args = append(c.argv[:0], cost, now)

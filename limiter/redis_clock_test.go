@@ -155,3 +155,107 @@ func TestServerClockFollowsTheServer(t *testing.T) {
 		t.Fatalf("the clock switched %v, want to the instance's and back", got)
 	}
 }
+
+// TestEveryInstanceGoesBackToRedisClock: once the server allows TIME
+// again, every instance goes back to Redis's clock, not only the first to
+// meet the NOSCRIPT of a failover (its EVAL loads the script, so the
+// others' EVALSHA succeeds and they meet none): on the instance's clock a
+// store asks again every recheckEvery. Found by a review: before, the
+// other instances stayed on their own clocks for good.
+//
+// Two stores with a ServerClock each stand for two Caddy instances on one
+// server; the ACL takes TIME away and gives it back, as in
+// TestServerClockFollowsTheServer.
+func TestEveryInstanceGoesBackToRedisClock(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := context.Background()
+	admin := s.Client(t)
+	server := func(cmd ...any) {
+		t.Helper()
+		if err := admin.Do(ctx, cmd...).Err(); err != nil {
+			t.Fatalf("%v: %v", cmd, err)
+		}
+	}
+	p := Policy{Algorithm: TokenBucket, Events: 100, Window: time.Hour}
+	server("ACL", "SETUSER", "default", "-time")
+	var stores []*Redis
+	for _, name := range []string{"first", "second"} {
+		c := s.Client(t) // an instance's own client
+		clock := NewServerClock(c, nil)
+		clock.recheckEvery = reprobeAfter // not 10 s, in a test
+		r := newTestRedis(t, c, p, RedisOptions{Zone: "back", Timeout: time.Second, ServerClock: clock})
+		if err := r.Preload(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !r.InstanceClock() {
+			t.Fatalf("%s: not on the instance's clock on a server refusing TIME", name)
+		}
+		stores = append(stores, r)
+	}
+
+	// The server allows TIME again and has lost its scripts (a failover
+	// to a server that allows TIME).
+	server("ACL", "SETUSER", "default", "+time")
+	time.Sleep(reprobeAfter)
+	server("SCRIPT", "FLUSH")
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; ; i++ {
+		back := 0
+		for _, r := range stores {
+			if _, err := r.Take(ctx, "k", 1); err != nil {
+				t.Fatal(err)
+			}
+			if !r.InstanceClock() {
+				back++
+			}
+		}
+		if back == len(stores) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5s (%d decisions each) after the server allows TIME again, %d of %d instances are back on Redis's clock", i+1, back, len(stores))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestErrorReplyProbesWithinTheTimeout: a decision that fails with an
+// error reply asks only its own server whether it refuses TIME, within the
+// decision's deadline, so a stalled shard elsewhere holds it up no longer
+// than the store's timeout allows (the README: at most timeout × 9/8 before
+// the fail mode applies). Found by a review: the probe asked every shard
+// (every Cluster master) for up to a second, with one shard stalled, while
+// every other failing decision queued behind it.
+func TestErrorReplyProbesWithinTheTimeout(t *testing.T) {
+	shards := startShards(t, 2)
+	ring := shards.ring(t)
+	ctx := context.Background()
+	const timeout = 20 * time.Millisecond
+	r := newTestRedis(t, ring, Policy{Algorithm: TokenBucket, Events: 10, Window: time.Hour},
+		RedisOptions{Zone: "probe", Timeout: timeout})
+	if err := r.Preload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := r.Key("k")
+	for _, s := range shards {
+		if s.Addr() == r.shardOf(key) {
+			// The key's shard is full: the script's write fails with
+			// an OOM error reply at once.
+			if err := s.Client(t).ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			s.Pause()
+			defer s.Resume()
+		}
+	}
+	start := time.Now()
+	_, err := r.Take(ctx, "k", 1)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("decided on a full shard")
+	}
+	if took > 25*timeout {
+		t.Errorf("a decision with a %v timeout that met an error reply took %v (%v): it waited for a TIME probe of the stalled shard", timeout, took.Round(time.Millisecond), err)
+	}
+}

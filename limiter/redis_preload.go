@@ -17,11 +17,22 @@ import (
 // the script themselves, as they would have anyway.
 //
 // It first asks whether the server lets scripts call TIME (ServerClock),
-// unless the stores sharing the client asked within the last second.
+// unless the stores sharing the client asked within the last second. A
+// server that does not answer (a shard or a master down) fails the probe
+// but keeps no other server from getting the scripts.
 func (r *Redis) Preload(ctx context.Context) error {
-	if err := r.serverClock.probeStale(ctx); err != nil {
-		return fmt.Errorf("redis store for zone %q: %w", r.zone, err)
+	probeErr := r.serverClock.probeStale(ctx)
+	if err := r.load(ctx); err != nil {
+		return err
 	}
+	if probeErr != nil {
+		return fmt.Errorf("redis store for zone %q: %w", r.zone, probeErr)
+	}
+	return nil
+}
+
+// load is Preload's loading of the scripts.
+func (r *Redis) load(ctx context.Context) error {
 	load := func(ctx context.Context, c redis.Scripter) error {
 		for _, s := range []*redis.Script{r.script, r.batchScript} {
 			if err := s.Load(ctx, c).Err(); err != nil {

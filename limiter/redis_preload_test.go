@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -57,4 +58,33 @@ func TestRedisPreload(t *testing.T) {
 			t.Fatal("Preload against a stopped server succeeded")
 		}
 	})
+}
+
+// TestPreloadLoadsLiveShardsWhenOneIsDown: with one shard down, Preload
+// still loads the scripts on the live shards ("every shard, whatever the
+// others do"), so their first decisions pay no NOSCRIPT round trip. Found
+// by a review: Preload returned on the TIME probe's error, which the dead
+// shard causes, before loading any.
+func TestPreloadLoadsLiveShardsWhenOneIsDown(t *testing.T) {
+	live := redistest.Start(t)
+	// A port nobody listens on: a shard that is down at startup.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := l.Addr().String()
+	l.Close()
+	ring := newShardsClient(t, RedisConfig{Shards: []string{live.Addr(), down}})
+	r := newTestRedis(t, ring, Policy{Algorithm: TokenBucket, Events: 10, Window: time.Hour},
+		RedisOptions{Zone: "warm", Timeout: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = r.Preload(ctx) // an error is expected: one shard is down
+	ok, err := live.Client(t).ScriptExists(context.Background(), r.script.Hash(), r.batchScript.Hash()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok[0] || !ok[1] {
+		t.Errorf("the live shard's scripts after Preload with another shard down: %v, want both loaded", ok)
+	}
 }

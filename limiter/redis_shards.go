@@ -64,6 +64,7 @@ func newRing(opts *redis.UniversalOptions) *redis.Ring {
 		HeartbeatFn:             ringAlwaysUp,
 		NewConsistentHash:       newShardHash,
 		Protocol:                opts.Protocol,
+		DisableIdentity:         opts.DisableIdentity,
 		Username:                opts.Username,
 		Password:                opts.Password,
 		DB:                      opts.DB,

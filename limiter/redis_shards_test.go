@@ -354,3 +354,21 @@ func BenchmarkShardOf(b *testing.B) {
 		}
 	}
 }
+
+// TestRingSendsNoClientSetinfo: shard connections send no CLIENT SETINFO,
+// as the README promises of every connection (the ACL rule cannot grant it
+// on Redis 7.0; later servers log every denial). Found by a review: newRing
+// copied the options field by field and left DisableIdentity out.
+func TestRingSendsNoClientSetinfo(t *testing.T) {
+	c, err := RedisConfig{Shards: []string{"127.0.0.1:1", "127.0.0.1:2"}}.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ring := c.(*redis.Ring)
+	for _, s := range ring.GetShardClients() {
+		if !s.Options().DisableIdentity {
+			t.Errorf("shard %s: DisableIdentity false: its connections send CLIENT SETINFO", s.Options().Addr)
+		}
+	}
+}
