@@ -131,18 +131,20 @@ for k in "${!servers[@]}"; do
 done
 
 [ "${#servers[@]}" -gt 1 ] || exit 0
-# Side by side: each server's median decisions per second, and its speed
+# Side by side: each server's median decisions per second and server CPU
+# per decision (steadier than wall time on a shared machine), and its speed
 # relative to the first server's, run by run (the servers ran one after
 # another within each run), then the median of those ratios.
 echo
-echo "Decisions per second by server, median of $count runs (vs ${label[0]}: median over runs of its ns/op divided by this server's in the same run)"
+echo "Decisions per second and server CPU µs per decision by server, median of $count runs"
+echo "(vs ${label[0]}: the median over runs of its ns/op divided by this server's in the same run, above 1 is faster)"
 for k in "${!servers[@]}"; do sed "s/^/server=$k /" "$dir/runs$k"; done | awk -v labels="$(printf '%s\n' "${label[@]}")" '
 	BEGIN { ns_ = split(labels, lab, "\n") }
 	{
 		s = substr($1, 8) + 1; r = substr($2, 5) + 0
 		name = $3; sub(/^BenchmarkCompare\//, "", name); sub(/-[0-9]+$/, "", name)
 		if (!(name in seen)) { seen[name] = 1; names[++k] = name }
-		ns[name, s, r] = $5; runs[r] = 1
+		ns[name, s, r] = $5; rd[name, s, r] = $9
 		if (r > maxr) maxr = r
 	}
 	function median(v, m,    i, j, t) {
@@ -152,6 +154,7 @@ for k in "${!servers[@]}"; do sed "s/^/server=$k /" "$dir/runs$k"; done | awk -v
 	END {
 		printf "%-44s", "setting/limiter"
 		for (s = 1; s <= ns_; s++) printf " %28s", lab[s] " dec/s"
+		for (s = 1; s <= ns_; s++) printf " %28s", lab[s] " CPU µs"
 		for (s = 2; s <= ns_; s++) printf " %28s", "vs " lab[1]
 		printf "\n"
 		for (i = 1; i <= k; i++) {
@@ -160,6 +163,11 @@ for k in "${!servers[@]}"; do sed "s/^/server=$k /" "$dir/runs$k"; done | awk -v
 				m = 0; delete v
 				for (r = 1; r <= maxr; r++) if ((nm, s, r) in ns) v[++m] = ns[nm, s, r]
 				printf " %28.0f", 1e9 / median(v, m)
+			}
+			for (s = 1; s <= ns_; s++) {
+				m = 0; delete v
+				for (r = 1; r <= maxr; r++) if ((nm, s, r) in rd) v[++m] = rd[nm, s, r]
+				printf " %28.2f", median(v, m)
 			}
 			for (s = 2; s <= ns_; s++) {
 				m = 0; delete v
