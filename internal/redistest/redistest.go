@@ -123,10 +123,10 @@ func pick(value string) serverChoice {
 	return c
 }
 
-// ServerName is the server binary the tests run against and its version,
+// ServerUnderTest is the server binary the tests run against and its version,
 // such as "redis-server 7.0.15" or "valkey-server 8.0.1", for test logs
 // and benchmark output.
-func ServerName() string { return choice().name }
+func ServerUnderTest() string { return choice().name }
 
 // Binary returns the path of the server binary ServerEnv picks, skipping t
 // when it is missing outside CI and failing t when it is missing under
@@ -206,11 +206,11 @@ func startWith(t testing.TB, args func(s *Server) ([]string, error)) *Server {
 		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), args: args}
 		if last = s.launch(); last == nil {
 			t.Cleanup(s.Stop)
-			t.Logf("redistest: %s on %s", ServerName(), s.Addr())
+			t.Logf("redistest: %s on %s", ServerUnderTest(), s.Addr())
 			return s
 		}
 	}
-	t.Fatalf("starting %s: %v", ServerName(), last)
+	t.Fatalf("starting %s: %v", ServerUnderTest(), last)
 	return nil
 }
 
@@ -255,12 +255,12 @@ func (s *Server) exec(args []string) error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("%s on port %d exited: %s", ServerName(), s.port, tail(logPath))
+			return fmt.Errorf("%s on port %d exited: %s", ServerUnderTest(), s.port, tail(logPath))
 		case <-time.After(pollInterval):
 		}
 		if time.Now().After(deadline) {
 			s.Stop()
-			return fmt.Errorf("%s on port %d did not answer PING within %v: %s", ServerName(), s.port, startTimeout, tail(logPath))
+			return fmt.Errorf("%s on port %d did not answer PING within %v: %s", ServerUnderTest(), s.port, startTimeout, tail(logPath))
 		}
 	}
 }
@@ -300,10 +300,10 @@ func (s *Server) signal(sig syscall.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd == nil {
-		s.t.Fatalf("signal %v: %s on port %d is not running", sig, ServerName(), s.port)
+		s.t.Fatalf("signal %v: %s on port %d is not running", sig, ServerUnderTest(), s.port)
 	}
 	if err := s.cmd.Process.Signal(sig); err != nil {
-		s.t.Fatalf("signal %v to %s on port %d: %v", sig, ServerName(), s.port, err)
+		s.t.Fatalf("signal %v to %s on port %d: %v", sig, ServerUnderTest(), s.port, err)
 	}
 }
 
@@ -320,7 +320,7 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(pollInterval)
 	}
-	s.t.Fatalf("restarting %s on port %d: %v", ServerName(), s.port, err)
+	s.t.Fatalf("restarting %s on port %d: %v", ServerUnderTest(), s.port, err)
 }
 
 // freePort asks the kernel for a free loopback port. Another process may
