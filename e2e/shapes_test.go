@@ -271,11 +271,12 @@ http://{{http}} {
 		}
 		redis {
 			url redis://%s
+			timeout %s
 		}
 	}
 	reverse_proxy %s
 }
-`, srv.Addr(), up.addr)
+`, srv.Addr(), redisTimeout, up.addr)
 	inst := caddyproc.Start(t, cfg)
 	observer := startObserver(t, cfg)
 	c := newClient(t)

@@ -4,7 +4,13 @@
 // t.Cleanup. Tests of the Redis store run against the real server because the
 // scripts, TTLs, slots and failure modes are what they test.
 //
-// Without redis-server on PATH the tests are skipped, unless the environment
+// The environment variable FLOODGATE_REDIS_SERVER picks the server, so the
+// same tests run against each server operators use: "redis" (or unset)
+// runs redis-server, "valkey" runs valkey-server, and an absolute path runs
+// that binary. Clusters are joined with the command-line client that
+// matches (redis-cli, valkey-cli, or the <name>-cli beside the path).
+//
+// Without the server on PATH the tests are skipped, unless the environment
 // variable CI is "true": there a missing server fails loudly, so CI cannot
 // pass without having run them.
 package redistest
@@ -53,26 +59,114 @@ type Server struct {
 	done chan struct{} // closed when cmd has exited
 }
 
-// Binary returns the path of redis-server, skipping t when it is missing
-// outside CI and failing t when it is missing under CI=true.
-func Binary(t testing.TB) string {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redis-server is not on PATH (CI=true requires it): %v", err)
-		}
-		t.Skipf("redis-server is not on PATH: %v", err)
-	}
-	return bin
+// ServerEnv is the environment variable that picks the server the tests
+// run against: "redis" (the default when unset), "valkey", or the absolute
+// path of a server binary.
+const ServerEnv = "FLOODGATE_REDIS_SERVER"
+
+// serverChoice is the server binary and command-line client ServerEnv
+// picks, found once per test binary.
+type serverChoice struct {
+	// bin and cli are paths, or empty with err saying why.
+	bin, cli string
+	err      error
+	// name is "<binary> <version>", such as "valkey-server 8.0.1".
+	name string
 }
 
-// Available reports whether tests can start redis-server, so a test that
+var (
+	chosenOnce sync.Once
+	chosen     serverChoice
+)
+
+// choice reads ServerEnv and finds the binaries it names, once.
+func choice() serverChoice {
+	chosenOnce.Do(func() { chosen = pick(os.Getenv(ServerEnv)) })
+	return chosen
+}
+
+// pick finds the server and client binaries for a value of ServerEnv.
+func pick(value string) serverChoice {
+	var server, cli string
+	switch {
+	case value == "" || value == "redis":
+		server, cli = "redis-server", "redis-cli"
+	case value == "valkey":
+		server, cli = "valkey-server", "valkey-cli"
+	case filepath.IsAbs(value):
+		server = value
+		// The client is installed beside the server under the matching
+		// name (valkey-server, valkey-cli); failing that, any on PATH.
+		base := strings.TrimSuffix(filepath.Base(value), "-server")
+		cli = filepath.Join(filepath.Dir(value), base+"-cli")
+		if _, err := os.Stat(cli); err != nil {
+			cli = "redis-cli"
+			if _, err := exec.LookPath(cli); err != nil {
+				cli = "valkey-cli"
+			}
+		}
+	default:
+		return serverChoice{err: fmt.Errorf(`%s=%q: want "redis", "valkey" or the absolute path of a server binary`, ServerEnv, value)}
+	}
+	c := serverChoice{name: filepath.Base(server)}
+	var err error
+	if c.bin, err = exec.LookPath(server); err != nil {
+		c.err = fmt.Errorf("%s is not on PATH: %w", server, err)
+		return c
+	}
+	// A missing client fails only what needs it (joining a Cluster).
+	c.cli, _ = exec.LookPath(cli)
+	if out, err := exec.Command(c.bin, "--version").Output(); err == nil {
+		// "Redis server v=7.0.15 sha=..." or "Valkey server v=8.0.1 ...".
+		for f := range strings.FieldsSeq(string(out)) {
+			if v, ok := strings.CutPrefix(f, "v="); ok {
+				c.name += " " + v
+			}
+		}
+	}
+	return c
+}
+
+// ServerUnderTest is the server binary the tests run against and its version,
+// such as "redis-server 7.0.15" or "valkey-server 8.0.1", for test logs
+// and benchmark output.
+func ServerUnderTest() string { return choice().name }
+
+// Binary returns the path of the server binary ServerEnv picks, skipping t
+// when it is missing outside CI and failing t when it is missing under
+// CI=true (or when ServerEnv names no server at all).
+func Binary(t testing.TB) string {
+	t.Helper()
+	c := choice()
+	switch {
+	case c.err == nil:
+	case c.name == "": // ServerEnv names no server: a mistake, never a skip
+		t.Fatal(c.err)
+	case os.Getenv("CI") == "true":
+		t.Fatalf("%v (CI=true requires it)", c.err)
+	default:
+		t.Skip(c.err)
+	}
+	return c.bin
+}
+
+// cliBinary returns the path of the command-line client that matches the
+// server, failing or skipping t as Binary does when the server is missing.
+func cliBinary(t testing.TB) string {
+	t.Helper()
+	Binary(t)
+	c := choice()
+	if c.cli == "" {
+		t.Fatalf("no command-line client for %s on PATH (redis-cli or valkey-cli)", c.name)
+	}
+	return c.cli
+}
+
+// Available reports whether tests can start the server, so a test that
 // also runs without it can leave its Redis part out. Under CI=true it is
 // always true: Start then fails the test rather than skip it.
 func Available() bool {
-	_, err := exec.LookPath("redis-server")
-	return err == nil || os.Getenv("CI") == "true"
+	return choice().err == nil || os.Getenv("CI") == "true"
 }
 
 // WithoutTime are the StartArgs of a server that refuses TIME, in scripts
@@ -143,10 +237,11 @@ func startWithTLS(t testing.TB, conf *tls.Config, args func(s *Server) ([]string
 		s := &Server{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), args: args, tls: conf}
 		if last = s.launch(); last == nil {
 			t.Cleanup(s.Stop)
+			t.Logf("redistest: %s on %s", ServerUnderTest(), s.Addr())
 			return s
 		}
 	}
-	t.Fatalf("starting redis-server: %v", last)
+	t.Fatalf("starting %s: %v", ServerUnderTest(), last)
 	return nil
 }
 
@@ -191,12 +286,12 @@ func (s *Server) exec(args []string) error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("redis-server on port %d exited: %s", s.port, tail(logPath))
+			return fmt.Errorf("%s on port %d exited: %s", ServerUnderTest(), s.port, tail(logPath))
 		case <-time.After(pollInterval):
 		}
 		if time.Now().After(deadline) {
 			s.Stop()
-			return fmt.Errorf("redis-server on port %d did not answer PING within %v: %s", s.port, startTimeout, tail(logPath))
+			return fmt.Errorf("%s on port %d did not answer PING within %v: %s", ServerUnderTest(), s.port, startTimeout, tail(logPath))
 		}
 	}
 }
@@ -236,10 +331,10 @@ func (s *Server) signal(sig syscall.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd == nil {
-		s.t.Fatalf("signal %v: redis-server on port %d is not running", sig, s.port)
+		s.t.Fatalf("signal %v: %s on port %d is not running", sig, ServerUnderTest(), s.port)
 	}
 	if err := s.cmd.Process.Signal(sig); err != nil {
-		s.t.Fatalf("signal %v to redis-server on port %d: %v", sig, s.port, err)
+		s.t.Fatalf("signal %v to %s on port %d: %v", sig, ServerUnderTest(), s.port, err)
 	}
 }
 
@@ -256,7 +351,7 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(pollInterval)
 	}
-	s.t.Fatalf("restarting redis-server on port %d: %v", s.port, err)
+	s.t.Fatalf("restarting %s on port %d: %v", ServerUnderTest(), s.port, err)
 }
 
 // freePort asks the kernel for a free loopback port. Another process may
@@ -377,11 +472,7 @@ func startCluster(t testing.TB, o *TLS, masters int, replicas bool, nodeTimeoutM
 	if masters < 3 {
 		t.Fatalf("a Redis Cluster needs at least 3 masters, got %d", masters)
 	}
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		Binary(t) // skips or fails the same way a missing server does
-		t.Fatalf("redis-cli is not on PATH: %v", err)
-	}
+	cli := cliBinary(t)
 	nodes, perMaster, wantReplicas := masters, "0", 0
 	if replicas {
 		nodes, perMaster, wantReplicas = 2*masters, "1", masters
@@ -407,7 +498,7 @@ func startCluster(t testing.TB, o *TLS, masters int, replicas bool, nodeTimeoutM
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+		t.Fatalf("%s --cluster create: %v\n%s", filepath.Base(cli), err, out)
 	}
 	deadline := time.Now().Add(startTimeout)
 	for _, s := range all {
@@ -537,9 +628,10 @@ func (s *Sentinel) Addrs() []string {
 }
 
 // StartSentinel starts a master, a replica of it, and a Sentinel (run as
-// redis-server <sentinel.conf> --sentinel, since Debian ships no separate
-// redis-sentinel binary) monitoring the master as "floodgate-master", and
-// waits until the replica is in sync and the Sentinel knows the master.
+// <server> <sentinel.conf> --sentinel, since Debian ships no separate
+// redis-sentinel binary; valkey-server runs Sentinel the same way)
+// monitoring the master as "floodgate-master", and waits until the replica
+// is in sync and the Sentinel knows the master.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	return StartSentinelAuth(t, "")

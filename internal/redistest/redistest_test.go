@@ -54,3 +54,25 @@ func TestSentinel(t *testing.T) {
 		t.Fatalf("sentinel without a master name or address: %+v", s)
 	}
 }
+
+func TestPickServer(t *testing.T) {
+	if c := pick("mongodb"); c.err == nil || c.name != "" {
+		t.Fatalf("pick(mongodb) = %+v, want an error naming no server", c)
+	}
+	if c := pick("/nonexistent/valkey-server"); c.err == nil || c.name != "valkey-server" {
+		t.Fatalf("pick of a missing path = %+v, want an error and the binary's name", c)
+	}
+	for _, value := range []string{"", "redis", "valkey"} {
+		c := pick(value)
+		if c.err != nil {
+			t.Logf("%s=%q: %v", ServerEnv, value, c.err)
+			continue
+		}
+		if !strings.Contains(c.name, "-server ") || c.cli == "" {
+			t.Errorf("%s=%q: name %q, cli %q; want a server and version, and a client", ServerEnv, value, c.name, c.cli)
+		}
+		if abs := pick(c.bin); abs.err != nil || abs.name != c.name {
+			t.Errorf("%s=%s: %+v, want %q as by name", ServerEnv, c.bin, abs, c.name)
+		}
+	}
+}
