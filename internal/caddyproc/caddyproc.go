@@ -192,7 +192,7 @@ func (i *Instance) launch(bin, template string) error {
 	i.cmd, i.done = cmd, done
 	i.mu.Unlock()
 
-	if err := i.waitReady(listeners, done); err != nil {
+	if err := i.waitReady(listeners, cmd.Process.Pid, done); err != nil {
 		i.Stop()
 		return fmt.Errorf("%w\n--- caddy output ---\n%s", err, i.Log())
 	}
@@ -200,15 +200,17 @@ func (i *Instance) launch(bin, template string) error {
 }
 
 // waitReady polls until the admin endpoint answers and each listener
-// accepts a connection. Listeners are only dialled, never sent a request,
-// so no rate limit is touched before the test begins.
-func (i *Instance) waitReady(listeners []string, exited <-chan struct{}) error {
+// accepts a connection, each on a socket of process pid (an answer from
+// another test process's Caddy that got the port first is not this one's:
+// see proc.Listens). Listeners are only dialled, never sent a request, so
+// no rate limit is touched before the test begins.
+func (i *Instance) waitReady(listeners []string, pid int, exited <-chan struct{}) error {
 	deadline := time.Now().Add(startTimeout)
 	client := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: time.Second}
 	defer client.CloseIdleConnections()
 	pending := append([]string{"admin"}, listeners...)
 	for len(pending) > 0 {
-		if i.answers(client, pending[0]) {
+		if i.answers(client, pending[0]) && i.listens(pid, pending[0]) {
 			pending = pending[1:]
 			continue
 		}
@@ -242,6 +244,17 @@ func (i *Instance) answers(client *http.Client, name string) bool {
 	}
 	conn.Close()
 	return true
+}
+
+// listens reports whether process pid listens on the named address's
+// port.
+func (i *Instance) listens(pid int, name string) bool {
+	_, port, err := net.SplitHostPort(i.Addr(name))
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && proc.Listens(pid, n)
 }
 
 // expand fills the placeholders of template, allocating a free port for

@@ -281,7 +281,10 @@ func (s *Server) exec(args []string) error {
 
 	deadline := time.Now().Add(startTimeout)
 	for {
-		if err := ping(s.Addr(), s.tls); err == nil {
+		// An answer is this server's only if this process listens on
+		// the port: another test process's server may hold it (see
+		// proc.Listens), and ours is then about to exit.
+		if err := ping(s.Addr(), s.tls); err == nil && proc.Listens(cmd.Process.Pid, s.port) {
 			return nil
 		}
 		select {

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +75,20 @@ func TestPickServer(t *testing.T) {
 		if abs := pick(c.bin); abs.err != nil || abs.name != c.name {
 			t.Errorf("%s=%s: %+v, want %q as by name", ServerEnv, c.bin, abs, c.name)
 		}
+	}
+}
+
+// TestStartNeverTakesAnotherServer: a server started on a port that
+// another server already holds (another test process got it first) fails
+// to bind and exits; Start must not take the other one, which answers
+// PING there, for its own.
+func TestStartNeverTakesAnotherServer(t *testing.T) {
+	other := Start(t)
+	s := &Server{t: t, bin: Binary(t), dir: t.TempDir(), port: other.Port(), args: func(s *Server) ([]string, error) {
+		return []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", ""}, nil
+	}}
+	if err := s.launch(); err == nil {
+		s.Stop()
+		t.Fatalf("launched on %s, which another server holds: the other server's PING was taken for this one's", other.Addr())
 	}
 }
