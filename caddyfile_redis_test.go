@@ -11,39 +11,35 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
 
+// adaptRedisBlock adapts a site whose one zone keeps its state in Redis,
+// with body as its redis block's lines, and parses the same directive:
+// the adapted JSON and the handler.
+func adaptRedisBlock(t *testing.T, body string) ([]byte, *Handler) {
+	t.Helper()
+	directive := "rate_limit {\n\tzone shared {\n\t\trate 10/s\n\t\tstore redis\n\t}\n\tredis {\n\t\t" +
+		strings.ReplaceAll(body, "\n", "\n\t\t") + "\n\t}\n}\n"
+	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
+	out, warnings, err := adapter.Adapt([]byte(":8080 {\n"+directive+"respond \"ok\"\n}\n"), nil)
+	if err != nil {
+		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
+	}
+	h, err := parseDirective(t, directive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, h
+}
+
 // TestCaddyfileRedisTimings: dial_timeout, breaker_after and
 // breaker_open_for parse from the redis block, adapt to their JSON names,
 // and reach the client settings and the pool key, so a reload that changes
 // any of them gets a client of its own.
 func TestCaddyfileRedisTimings(t *testing.T) {
-	input := `:8080 {
-		rate_limit {
-			zone shared {
-				rate 10/s
-				store redis
-			}
-			redis {
-				url redis://127.0.0.1:6379
-				dial_timeout 2s
-				breaker_after 300ms
-				breaker_open_for 3s
-			}
-		}
-		respond "ok"
-	}`
-	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
-	out, warnings, err := adapter.Adapt([]byte(input), nil)
-	if err != nil {
-		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
-	}
+	out, h := adaptRedisBlock(t, "url redis://127.0.0.1:6379\ndial_timeout 2s\nbreaker_after 300ms\nbreaker_open_for 3s")
 	for _, want := range []string{`"dial_timeout":2000000000`, `"breaker_after":300000000`, `"breaker_open_for":3000000000`} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("adapted JSON lacks %s:\n%s", want, out)
 		}
-	}
-	h, err := parseDirective(t, "rate_limit {\n"+input[strings.Index(input, "zone"):strings.LastIndex(input, "respond")])
-	if err != nil {
-		t.Fatal(err)
 	}
 	key := h.Redis.poolKey()
 	if key.Client.DialTimeout != 2*time.Second || key.Breaker.After != 300*time.Millisecond || key.Breaker.OpenFor != 3*time.Second {
@@ -100,31 +96,9 @@ func TestCaddyfileRedisTimingErrors(t *testing.T) {
 // options and its placeholders resolved; one left unset refuses the
 // config, naming shards.
 func TestCaddyfileRedisShards(t *testing.T) {
-	input := `:8080 {
-		rate_limit {
-			zone shared {
-				rate 10/s
-				store redis
-			}
-			redis {
-				shards 10.0.0.1:6379 {env.FLOODGATE_TEST_SHARD} 10.0.0.3:6379
-				password s3cret
-				db 2
-			}
-		}
-		respond "ok"
-	}`
-	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
-	out, warnings, err := adapter.Adapt([]byte(input), nil)
-	if err != nil {
-		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
-	}
+	out, h := adaptRedisBlock(t, "shards 10.0.0.1:6379 {env.FLOODGATE_TEST_SHARD} 10.0.0.3:6379\npassword s3cret\ndb 2")
 	if want := `"shards":["10.0.0.1:6379","{env.FLOODGATE_TEST_SHARD}","10.0.0.3:6379"]`; !strings.Contains(string(out), want) {
 		t.Errorf("adapted JSON lacks %s:\n%s", want, out)
-	}
-	h, err := parseDirective(t, "rate_limit {\n"+input[strings.Index(input, "zone"):strings.LastIndex(input, "respond")])
-	if err != nil {
-		t.Fatal(err)
 	}
 	if err := h.Redis.checkResolved(); err == nil || !strings.Contains(err.Error(), "shards") {
 		t.Errorf("an unset shard placeholder: %v, want shards refused", err)

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
@@ -24,10 +22,6 @@ import (
 // insecure_skip_verify keep their meaning, and insecure_skip_verify may
 // also stand in the block.
 func TestCaddyfileRedisTLS(t *testing.T) {
-	site := func(tls string) string {
-		return ":8080 {\n\trate_limit {\n\t\tzone a {\n\t\t\trate 5/s\n\t\t\tstore redis\n\t\t}\n\t\tredis {\n\t\t\taddresses 10.0.0.1:6380\n" + tls + "\n\t\t}\n\t}\n\trespond ok\n}"
-	}
-	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
 	for _, tc := range []struct {
 		name, tls string
 		want      RedisConfig
@@ -41,10 +35,7 @@ func TestCaddyfileRedisTLS(t *testing.T) {
 		{"empty block", "tls {\n}", RedisConfig{TLS: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, _, err := adapter.Adapt([]byte(site(tc.tls)), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			out, _ := adaptRedisBlock(t, "addresses 10.0.0.1:6380\n"+tc.tls)
 			var cfg struct {
 				Apps struct {
 					HTTP struct {
@@ -87,7 +78,7 @@ func TestCaddyfileRedisTLS(t *testing.T) {
 	}
 	// tls takes no other argument, also before a block.
 	for _, bad := range []string{"tls yes", "tls insecure_skip_verify please", "tls on {\n}"} {
-		_, _, err := adapter.Adapt([]byte(site(bad)), nil)
+		_, err := parseDirective(t, "rate_limit {\n\tzone a {\n\t\trate 5/s\n\t\tstore redis\n\t}\n\tredis {\n\t\taddresses 10.0.0.1:6380\n\t\t"+bad+"\n\t}\n}\n")
 		if err == nil || !strings.Contains(err.Error(), "redis: option 'tls' takes [insecure_skip_verify] [{ ... }]") {
 			t.Errorf("%q: %v", bad, err)
 		}

@@ -313,6 +313,16 @@ type burstResult struct {
 	elapsed     time.Duration
 }
 
+// wantAnswered fails t unless every request of the burst was answered
+// 200 or 429.
+func (res burstResult) wantAnswered(t *testing.T, what string) {
+	t.Helper()
+	if len(res.errs) > 0 || len(res.other) > 0 {
+		t.Errorf("%s: %d requests unanswered (first: %v), other statuses %v: want only 200 and 429",
+			what, len(res.errs), firstErr(res.errs), res.other)
+	}
+}
+
 // burst sends n requests at once (each goroutine waits for one start
 // signal), the i-th to urls[i%len(urls)], and counts the answers.
 func burst(c *http.Client, urls []string, n int) burstResult {

@@ -128,20 +128,7 @@ func TestRedisShardsSpreadKeys(t *testing.T) {
 			t.Errorf("shard %s: scripts loaded %v, %v; want both", s.Addr(), ok, err)
 		}
 	}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range 90 {
-		wg.Go(func() {
-			<-start
-			d, err := r.Take(ctx, fmt.Sprintf("client-%d", i), 1)
-			if err != nil || !d.Allowed || d.Remaining != 9 {
-				t.Errorf("client-%d: %+v %v", i, d, err)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	checkPipelined(t, []*Redis{r})
+	takeForClients(t, r, 90, 9)
 	sizes := shards.dbSizes(t)
 	t.Logf("keys per shard: %v", sizes)
 	for i, n := range sizes {

@@ -258,20 +258,19 @@ func TestRedisLimitsOfOneZoneNameKeepApart(t *testing.T) {
 	}
 }
 
-func TestRedisClusterSpreadsKeys(t *testing.T) {
-	c := redistest.StartCluster(t, 3)
-	client := c.Client(t)
-	ctx := context.Background()
-	r := newTestRedis(t, client, Policy{Algorithm: SlidingWindowCounter, Events: 10, Window: time.Minute}, RedisOptions{Zone: "spread", Timeout: time.Second})
-	// Concurrent, so most decisions go out in pipelines, which the Cluster
-	// client splits by master.
+// takeForClients has n clients ("client-0", ...) take one unit each from r
+// at once, so most decisions go out in pipelines (a Cluster or Ring client
+// splits them by server), and fails t unless each is admitted with
+// remaining left or none was pipelined.
+func takeForClients(t *testing.T, r *Redis, n int, remaining int64) {
+	t.Helper()
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	for i := range 90 {
+	for i := range n {
 		wg.Go(func() {
 			<-start
-			d, err := r.Take(ctx, fmt.Sprintf("client-%d", i), 1)
-			if err != nil || !d.Allowed || d.Remaining != 9 {
+			d, err := r.Take(context.Background(), fmt.Sprintf("client-%d", i), 1)
+			if err != nil || !d.Allowed || d.Remaining != remaining {
 				t.Errorf("client-%d: %+v %v", i, d, err)
 			}
 		})
@@ -279,6 +278,14 @@ func TestRedisClusterSpreadsKeys(t *testing.T) {
 	close(start)
 	wg.Wait()
 	checkPipelined(t, []*Redis{r})
+}
+
+func TestRedisClusterSpreadsKeys(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	client := c.Client(t)
+	ctx := context.Background()
+	r := newTestRedis(t, client, Policy{Algorithm: SlidingWindowCounter, Events: 10, Window: time.Minute}, RedisOptions{Zone: "spread", Timeout: time.Second})
+	takeForClients(t, r, 90, 9)
 	var mu sync.Mutex
 	var sizes []int64
 	err := client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
