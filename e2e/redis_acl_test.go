@@ -12,30 +12,11 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
-// aclSite is a site with one redis zone, "acl", of 3 requests an hour per
-// X-Client, failing closed, whose redis block logs in as user.
+// aclSite is a site with one redis zone, "acl" at /acl, of 3 requests an
+// hour per X-Client, failing closed, whose redis block logs in as user.
 func aclSite(addr, user, password string) string {
-	return globalsWith("") + fmt.Sprintf(`
-http://{{http}} {
-	rate_limit {
-		zone acl {
-			key header X-Client
-			algorithm sliding_window_log
-			events 3
-			window 1h
-			fail closed
-			store redis
-		}
-		redis {
-			url redis://%s
-			username %s
-			password %s
-			timeout %s
-		}
-	}
-	respond "ok"
-}
-`, addr, user, password, redisTimeout)
+	return redisSite(fmt.Sprintf("redis {\nurl redis://%s\nusername %s\npassword %s\ntimeout %s\n}", addr, user, password, redisTimeout),
+		redisRoute{path: "/acl", zone: "key header X-Client\nalgorithm sliding_window_log\nevents 3\nwindow 1h\nfail closed"})
 }
 
 // TestRedisACLUser: a Caddy whose redis block logs in as a user created
@@ -53,7 +34,7 @@ func TestRedisACLUser(t *testing.T) {
 	c := newClient(t)
 
 	inst := caddyproc.Start(t, aclSite(srv.Addr(), "floodgate", password))
-	wantCodes(t, "as the README's ACL user", sequence(t, c, 4, inst.URL("/"), clientHeader("k")...), 200, 200, 200, 429)
+	wantCodes(t, "as the README's ACL user", sequence(t, c, 4, inst.URL("/acl"), clientHeader("k")...), 200, 200, 200, 429)
 	var st map[string]any
 	if code := adminCall(t, inst, http.MethodGet, "/rate_limit/zones/acl?key=k", &st); code != 200 || st["remaining"] != 0.0 {
 		t.Fatalf("inspect: %d %v", code, st)
@@ -61,7 +42,7 @@ func TestRedisACLUser(t *testing.T) {
 	if code := adminCall(t, inst, http.MethodDelete, "/rate_limit/zones/acl?key=k", &st); code != 200 || st["reset"] != true {
 		t.Fatalf("reset: %d %v", code, st)
 	}
-	wantCodes(t, "after the reset", sequence(t, c, 1, inst.URL("/"), clientHeader("k")...), 200)
+	wantCodes(t, "after the reset", sequence(t, c, 1, inst.URL("/acl"), clientHeader("k")...), 200)
 	if denied := srv.ACLDenials(t); len(denied) > 0 {
 		t.Errorf("the server logged ACL denials: %v", denied)
 	}
@@ -87,7 +68,7 @@ func TestRedisACLUser(t *testing.T) {
 		t.Run(tc.user, func(t *testing.T) {
 			srv.SetUser(t, tc.user, without(tc.drop))
 			inst := caddyproc.Start(t, aclSite(srv.Addr(), tc.user, password))
-			wantCodes(t, "without "+tc.drop, sequence(t, c, 1, inst.URL("/"), clientHeader("m")...), tc.code)
+			wantCodes(t, "without "+tc.drop, sequence(t, c, 1, inst.URL("/acl"), clientHeader("m")...), tc.code)
 			testutil.Eventually(t, "Caddy's log naming the command", func() error {
 				for line := range strings.SplitSeq(inst.Log(), "\n") {
 					if strings.Contains(line, tc.inLog) && strings.Contains(line, `"level":"`+tc.level+`"`) {

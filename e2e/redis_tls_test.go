@@ -12,33 +12,13 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
-// tlsRedisSite is a site with one redis zone, "tls", of 5 requests an
-// hour per X-Client, failing as fail says, on the Redis at addrs (one: a
-// standalone server; several: a Cluster) over TLS with the given tls
-// block lines; body tells configs apart.
-func tlsRedisSite(addrs []string, fail, tlsBlock, body string) string {
-	return globalsWith("") + fmt.Sprintf(`
-http://{{http}} {
-	rate_limit {
-		zone tls {
-			key header X-Client
-			algorithm fixed_window
-			events 5
-			window 1h
-			fail %s
-			store redis
-		}
-		redis {
-			addresses %s
-			timeout %s
-			tls {
-%s
-			}
-		}
-	}
-	respond %q
-}
-`, fail, strings.Join(addrs, " "), redisTimeout, "\t\t\t\t"+strings.ReplaceAll(tlsBlock, "\n", "\n\t\t\t\t"), body)
+// tlsRedisSite is a site with one redis zone, "tls" at /tls, of 5
+// requests an hour per X-Client, failing as fail says, on the Redis at
+// addrs (one: a standalone server; several: a Cluster) over TLS with the
+// given tls block lines.
+func tlsRedisSite(addrs []string, fail, tlsBlock string) string {
+	return redisSite(fmt.Sprintf("redis {\naddresses %s\ntimeout %s\ntls {\n%s\n}\n}", strings.Join(addrs, " "), redisTimeout, tlsBlock),
+		redisRoute{path: "/tls", zone: "key header X-Client\nalgorithm fixed_window\nevents 5\nwindow 1h\nfail " + fail})
 }
 
 // tlsLines are a tls block's lines for a CA and a client certificate
@@ -68,8 +48,8 @@ func TestRedisTLSClientCertificate(t *testing.T) {
 	c := newClient(t)
 
 	t.Run("standalone", func(t *testing.T) {
-		inst := caddyproc.Start(t, tlsRedisSite([]string{standalone.Addr()}, "closed", tlsLines(ca.CertFile, client), "standalone"))
-		rs := sequence(t, c, 6, inst.URL("/"), clientHeader("exact")...)
+		inst := caddyproc.Start(t, tlsRedisSite([]string{standalone.Addr()}, "closed", tlsLines(ca.CertFile, client)))
+		rs := sequence(t, c, 6, inst.URL("/tls"), clientHeader("exact")...)
 		wantCodes(t, "over TLS with a client certificate", rs, 200, 200, 200, 200, 200, 429)
 		wantRemaining(t, "over TLS", rs[:5], "tls", 4, 3, 2, 1, 0)
 		if keys := redisDBSize(t, standalone); keys != 1 {
@@ -82,9 +62,9 @@ func TestRedisTLSClientCertificate(t *testing.T) {
 
 	t.Run("cluster", func(t *testing.T) {
 		cluster := redistest.StartClusterTLS(t, 3, harness)
-		inst := caddyproc.Start(t, tlsRedisSite(cluster.Addrs(), "closed", tlsLines(ca.CertFile, client), "cluster"))
+		inst := caddyproc.Start(t, tlsRedisSite(cluster.Addrs(), "closed", tlsLines(ca.CertFile, client)))
 		for _, who := range []string{"a", "b", "c", "d"} {
-			rs := sequence(t, c, 6, inst.URL("/"), clientHeader(who)...)
+			rs := sequence(t, c, 6, inst.URL("/tls"), clientHeader(who)...)
 			wantCodes(t, "client "+who+" over TLS on a Cluster", rs, 200, 200, 200, 200, 200, 429)
 		}
 		if t.Failed() {
@@ -109,8 +89,8 @@ func TestRedisTLSClientCertificate(t *testing.T) {
 			"tls: expired certificate", "the redis server refused the client certificate as expired"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			inst := caddyproc.Start(t, tlsRedisSite([]string{standalone.Addr()}, tc.fail, tc.tls, tc.name))
-			rs := sequence(t, c, 3, inst.URL("/"), clientHeader("refused")...)
+			inst := caddyproc.Start(t, tlsRedisSite([]string{standalone.Addr()}, tc.fail, tc.tls))
+			rs := sequence(t, c, 3, inst.URL("/tls"), clientHeader("refused")...)
 			wantCodes(t, tc.name, rs, tc.code, tc.code, tc.code)
 			for _, r := range rs {
 				if r.hasRateLimitHeaders() {
