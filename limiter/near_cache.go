@@ -628,3 +628,28 @@ var _ Leaser = (*Memory)(nil)
 var _ Store = (*NearCache)(nil)
 var _ Charger = (*NearCache)(nil)
 var _ Charger = (*Memory)(nil)
+
+// GiveBack returns the unspent units of key's lease to the store and
+// forgets its cached refusal, because key's requests are now decided by
+// another limit (an override was set, changed or removed): units leased
+// under one limit are never spent under another. It waits for the
+// give-back until ctx is done.
+func (c *NearCache) GiveBack(ctx context.Context, key string) error {
+	sh := c.shard(key)
+	var back []Refund
+	sh.mu.Lock()
+	if k := sh.keys[key]; k != nil {
+		if k.units > 0 {
+			back = []Refund{{Key: key, Cost: k.units, Taken: k.grant}}
+		}
+		k.units, k.expires, k.deniedUntil = 0, 0, 0
+	}
+	sh.mu.Unlock()
+	if len(back) == 0 {
+		return nil
+	}
+	if err := c.store.RefundMany(ctx, back); err != nil {
+		return fmt.Errorf("giving back %d unspent units of key's lease: %w", back[0].Cost, err)
+	}
+	return nil
+}

@@ -1,0 +1,293 @@
+package limiter
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// OverrideAction is what an override does to its key's requests.
+type OverrideAction uint8
+
+// The override actions. The zero value is not one: a record without an
+// action is refused when parsed.
+const (
+	// OverrideLimit decides the key by a quota of its own instead of its
+	// zone's or tier's (a customer's upgrade).
+	OverrideLimit OverrideAction = iota + 1
+	// OverrideBlock refuses every request of the key (a suspected abuser).
+	OverrideBlock
+	// OverrideExempt never limits the key (an internal client).
+	OverrideExempt
+)
+
+// String is the action as the admin API and the stored records name it.
+func (a OverrideAction) String() string {
+	switch a {
+	case OverrideLimit:
+		return "limit"
+	case OverrideBlock:
+		return "block"
+	case OverrideExempt:
+		return "exempt"
+	}
+	return fmt.Sprintf("OverrideAction(%d)", uint8(a))
+}
+
+// ParseOverrideAction reads an action's name.
+func ParseOverrideAction(s string) (OverrideAction, error) {
+	switch s {
+	case "limit":
+		return OverrideLimit, nil
+	case "block":
+		return OverrideBlock, nil
+	case "exempt":
+		return OverrideExempt, nil
+	}
+	return 0, fmt.Errorf("unknown action %q (want limit, block or exempt)", s)
+}
+
+// MaxOverrideKeyLen bounds an override's key, in bytes: longer than any key
+// a zone's template makes from a request's bounded fields, short enough
+// that a table of many overrides stays small.
+const MaxOverrideKeyLen = 1024
+
+// Override is one key's exception to its zone's limit, set at run time by
+// an operator and kept in the zone's store (per instance for a memory
+// zone, shared through Redis for a redis zone). Its zero quota fields take
+// the zone's: an override is resolved against the zone it applies to when
+// it is applied, so it follows a reload that changes the zone's window.
+type Override struct {
+	Action OverrideAction
+	// Events is the quota of an OverrideLimit.
+	Events int64
+	// Window is its window; zero takes the zone's.
+	Window time.Duration
+	// Period is its calendar period, for a calendar zone; "" takes the
+	// zone's.
+	Period Period
+	// Burst is its bucket capacity; zero takes the zone's.
+	Burst int64
+	// Expires is when the override lapses, to the millisecond; the zero
+	// time never.
+	Expires time.Time
+}
+
+// Active reports whether o is in force at now: it lapses at Expires.
+func (o *Override) Active(now time.Time) bool {
+	return o.Expires.IsZero() || now.Before(o.Expires)
+}
+
+// overrideRecord is an Override as stored and sent: JSON with integer
+// units, so every instance reads it alike whatever its Go version.
+type overrideRecord struct {
+	Action    string `json:"action"`
+	Limit     int64  `json:"limit,omitempty"`
+	WindowUS  int64  `json:"window_us,omitempty"`
+	Period    string `json:"period,omitempty"`
+	Burst     int64  `json:"burst,omitempty"`
+	ExpiresMS int64  `json:"expires_ms,omitempty"`
+}
+
+// MarshalJSON implements json.Marshaler with the stored record's format.
+func (o Override) MarshalJSON() ([]byte, error) {
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
+	r := overrideRecord{Action: o.Action.String(), Limit: o.Events, WindowUS: o.Window.Microseconds(), Period: string(o.Period), Burst: o.Burst}
+	if !o.Expires.IsZero() {
+		r.ExpiresMS = o.Expires.UnixMilli()
+	}
+	return json.Marshal(r)
+}
+
+// UnmarshalJSON implements json.Unmarshaler, refusing a record Check
+// refuses: a corrupt or foreign value is never applied.
+func (o *Override) UnmarshalJSON(b []byte) error {
+	var r overrideRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("override record: %w", err)
+	}
+	a, err := ParseOverrideAction(r.Action)
+	if err != nil {
+		return fmt.Errorf("override record: %w", err)
+	}
+	v := Override{Action: a, Events: r.Limit, Window: time.Duration(r.WindowUS) * time.Microsecond, Period: Period(r.Period), Burst: r.Burst}
+	if r.WindowUS < 0 || r.WindowUS > int64(maxOverrideWindow/time.Microsecond) {
+		return fmt.Errorf("override record: window_us %d out of range", r.WindowUS)
+	}
+	if r.ExpiresMS != 0 {
+		v.Expires = time.UnixMilli(r.ExpiresMS)
+	}
+	if err := v.Check(); err != nil {
+		return fmt.Errorf("override record: %w", err)
+	}
+	*o = v
+	return nil
+}
+
+// maxOverrideWindow bounds an override's window as a zone's is bounded.
+const maxOverrideWindow = 366 * 24 * time.Hour
+
+// Check refuses an override that is not one: an unknown action, a quota
+// on an action that takes none, or numbers out of range. Whether its
+// quota suits the zone's algorithm is the zone's to check (Policy).
+func (o *Override) Check() error {
+	switch o.Action {
+	case OverrideLimit:
+		if o.Events <= 0 {
+			return fmt.Errorf("limit must be positive, got %d", o.Events)
+		}
+		if o.Window < 0 || o.Window > maxOverrideWindow {
+			return fmt.Errorf("window must be from 1µs to %v, got %v", maxOverrideWindow, o.Window)
+		}
+		if o.Burst < 0 {
+			return fmt.Errorf("burst must not be negative, got %d", o.Burst)
+		}
+		if o.Period != "" {
+			if !slices.Contains(Periods, o.Period) {
+				return fmt.Errorf("unknown period %q (want day, week or month)", o.Period)
+			}
+			if o.Window != 0 {
+				return errors.New("give a window or a period, not both")
+			}
+		}
+	case OverrideBlock, OverrideExempt:
+		if o.Events != 0 || o.Window != 0 || o.Burst != 0 || o.Period != "" {
+			return fmt.Errorf("%s takes no limit, window, period or burst", o.Action)
+		}
+	default:
+		return fmt.Errorf("unknown action %d", o.Action)
+	}
+	if !o.Expires.IsZero() && o.Expires.UnixMilli() <= 0 {
+		return fmt.Errorf("expires %v is before 1970", o.Expires)
+	}
+	return nil
+}
+
+// Policy is p (the policy of the zone the override applies to) with the
+// override's quota: the algorithm and max_delay stay; a window, period or
+// burst the override leaves out stays the zone's.
+func (o *Override) Policy(p Policy) Policy {
+	p.Events = o.Events
+	if o.Burst != 0 {
+		p.Burst = o.Burst
+	}
+	switch {
+	case p.Calendar != nil && o.Period != "":
+		p.Calendar = &Calendar{Period: o.Period, Location: p.Calendar.Location}
+	case p.Calendar == nil && o.Window != 0:
+		p.Window = o.Window
+	}
+	return p
+}
+
+// OverrideTable is one zone's overrides by key, read on every request of
+// the zone and written rarely. A zone without any pays one atomic load.
+type OverrideTable struct {
+	n  atomic.Int64
+	mu sync.RWMutex
+	m  map[string]Override
+}
+
+// NewOverrideTable returns an empty table.
+func NewOverrideTable() *OverrideTable {
+	return &OverrideTable{m: map[string]Override{}}
+}
+
+// Lookup returns key's override, expired or not: the caller, which knows
+// the time, asks Active.
+func (t *OverrideTable) Lookup(key string) (Override, bool) {
+	if t == nil || t.n.Load() == 0 {
+		return Override{}, false
+	}
+	t.mu.RLock()
+	o, ok := t.m[key]
+	t.mu.RUnlock()
+	return o, ok
+}
+
+// Put sets key's override, reporting whether that changed it.
+func (t *OverrideTable) Put(key string, o Override) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, had := t.m[key]
+	t.m[key] = o
+	t.n.Store(int64(len(t.m)))
+	return !had || old != o
+}
+
+// Remove deletes key's override, reporting whether there was one.
+func (t *OverrideTable) Remove(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, had := t.m[key]
+	delete(t.m, key)
+	t.n.Store(int64(len(t.m)))
+	return had
+}
+
+// Replace makes the table hold exactly all, and returns the keys whose
+// override it changed (set, changed or removed), so their leases can be
+// given back.
+func (t *OverrideTable) Replace(all map[string]Override) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var changed []string
+	for k, old := range t.m {
+		if o, ok := all[k]; !ok || o != old {
+			changed = append(changed, k)
+		}
+	}
+	for k := range all {
+		if _, had := t.m[k]; !had {
+			changed = append(changed, k)
+		}
+	}
+	t.m = all
+	t.n.Store(int64(len(all)))
+	return changed
+}
+
+// RemoveExpired deletes every override that lapsed by now and returns
+// their keys.
+func (t *OverrideTable) RemoveExpired(now time.Time) []string {
+	if t.n.Load() == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var gone []string
+	for k, o := range t.m {
+		if !o.Active(now) {
+			delete(t.m, k)
+			gone = append(gone, k)
+		}
+	}
+	t.n.Store(int64(len(t.m)))
+	return gone
+}
+
+// Snapshot copies the table.
+func (t *OverrideTable) Snapshot() map[string]Override {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make(map[string]Override, len(t.m))
+	for k, o := range t.m {
+		out[k] = o
+	}
+	return out
+}
+
+// Len is how many overrides the table holds, lapsed ones included until
+// they are removed.
+func (t *OverrideTable) Len() int {
+	if t == nil {
+		return 0
+	}
+	return int(t.n.Load())
+}
