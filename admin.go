@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -26,6 +27,9 @@ func init() {
 //	GET    /rate_limit/zones/<zone>?key=<key>     a key's state, consuming nothing
 //	DELETE /rate_limit/zones/<zone>?key=<key>     forget a key's state
 //	GET    /rate_limit/zones/<zone>/top?n=10      the keys seen most in the last minute
+//	GET    /rate_limit/zones/<zone>/overrides[?key=<key>]  the zone's runtime overrides
+//	PUT    /rate_limit/zones/<zone>/overrides?key=<key>    set one (body: see overrideBody)
+//	DELETE /rate_limit/zones/<zone>/overrides?key=<key>    remove one
 //
 // `tier=<value>` picks a tier's limit. The README's "Operations" section
 // shows each with its answer. Caddy loads every admin.api module by itself:
@@ -77,6 +81,8 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		return resetKey(w, r, found)
 	case len(segs) == 2 && segs[1] == "top" && r.Method == http.MethodGet:
 		return topKeys(w, r, found)
+	case len(segs) == 2 && segs[1] == "overrides":
+		return serveOverrides(w, r, name, found)
 	case len(segs) == 1 || (len(segs) == 2 && segs[1] == "top"):
 		return adminError(http.StatusMethodNotAllowed, "method %s not allowed", r.Method)
 	}
@@ -159,6 +165,10 @@ type keyState struct {
 	Limit      int64   `json:"limit"`
 	Remaining  int64   `json:"remaining"`
 	ResetAfter float64 `json:"reset_after"`
+	// Override is the key's override in force, which the state is of:
+	// its own limit's, or a block's (limit 0, reset_after the wait), or an
+	// exemption's (no limit: the numbers are 0).
+	Override *overrideView `json:"override,omitempty"`
 }
 
 // keyQuery reads the key and tier of an inspect or reset.
@@ -183,12 +193,24 @@ func limitOf(z *zone, tier string) (*limit, error) {
 
 func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) error {
 	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyState, error) {
+		now := time.Now()
+		l, o, blocked := z.keyOverride(key, l, now)
+		st := keyState{Zone: z.name, Tier: tier, Key: key}
+		if o != nil {
+			v := viewOverride(key, *o, now)
+			st.Override = &v
+		}
+		switch {
+		case l == nil: // exempt
+			return st, nil
+		case blocked > 0:
+			st.ResetAfter = blocked.Seconds()
+			return st, nil
+		}
 		d, err := l.store.Peek(r.Context(), key)
-		q, _ := l.policy.Quota()
-		return keyState{
-			Zone: z.name, Tier: tier, Key: key, Limit: q,
-			Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
-		}, err
+		st.Limit, _ = l.policy.Quota()
+		st.Remaining, st.ResetAfter = d.Remaining, d.ResetAfter.Seconds()
+		return st, err
 	})
 }
 

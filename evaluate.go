@@ -83,6 +83,9 @@ type candidate struct {
 	// missingDeny is set when the key is missing and the zone refuses
 	// such requests.
 	missingDeny bool
+	// blocked is set when the key's override blocks it: the request is
+	// refused, told to wait that long.
+	blocked time.Duration
 	// early is set when the decision was asked for ahead of its turn,
 	// together with the request's other remote zones; d and err hold it.
 	early bool
@@ -177,7 +180,7 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 			continue
 		}
 		ev.candidates = append(ev.candidates, c)
-		if c.missingDeny && !z.dryRun {
+		if c.refusedUnasked() && !z.dryRun {
 			break // the zones after it are not evaluated
 		}
 	}
@@ -220,6 +223,12 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 		}
 	}
 	c.key = key
+	if o, ok := z.ov.lookup(key); ok && o.Active(h.now()) {
+		// Override, then tier, then the zone's own limit.
+		if !h.applyOverride(z, o, c) {
+			return false, nil
+		}
+	}
 	if err := h.requestCost(r, repl, claims, c); err != nil {
 		if !z.dryRun {
 			return false, err
@@ -270,7 +279,12 @@ func (ev *evaluation) decideRemoteEarly(ctx context.Context) {
 }
 
 // remoteTake reports whether c is decided by a remote store's Take.
-func (c *candidate) remoteTake() bool { return c.limit.remote && !c.missingDeny }
+func (c *candidate) remoteTake() bool { return c.limit.remote && !c.refusedUnasked() }
+
+// refusedUnasked reports whether c is refused without asking its store:
+// its key is missing and the zone denies such requests, or its override
+// blocks it.
+func (c *candidate) refusedUnasked() bool { return c.missingDeny || c.blocked > 0 }
 
 // refundEarly refunds what the remote zones from candidates[from:] took
 // ahead of their turn, since the request stopped before it.
@@ -287,11 +301,15 @@ func (ev *evaluation) refundEarly(ctx context.Context, from int) {
 // evaluation: a refusal, or a failure of a `fail closed` zone.
 func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bool) {
 	z, l := c.zone, c.limit
-	if c.missingDeny {
-		d := limiter.Decision{RetryAfter: l.window}
-		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, d: d})
+	if c.refusedUnasked() {
+		d, source := limiter.Decision{RetryAfter: l.window}, sourceMissingKey
+		if c.blocked > 0 {
+			d = limiter.Decision{RetryAfter: c.blocked, ResetAfter: c.blocked}
+			source = sourceOverride
+		}
+		ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, key: c.key, d: d})
 		z.metrics.count(false, z.dryRun, limiter.SourceStore)
-		h.sample(z, c.key, limiter.Decision{}, sourceMissingKey, 0)
+		h.sample(z, c.key, limiter.Decision{}, source, 0)
 		if z.dryRun {
 			h.logDenial(r, z, c.key, d, true)
 			return false

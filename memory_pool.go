@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -52,8 +53,9 @@ func releaseMemoryStore(key string) {
 }
 
 // sweeper is a handler's housekeeping goroutine: it forgets idle keys of
-// its memory stores every sweep interval, and moves its zones' hot-key
-// counters on every second (they keep the last minute). It belongs to one
+// its memory stores every sweep interval, and every second moves its
+// zones' hot-key counters on (they keep the last minute) and removes
+// lapsed overrides. It belongs to one
 // handler and stops in its Cleanup.
 type sweeper struct {
 	done chan struct{}
@@ -65,11 +67,7 @@ type sweeper struct {
 // half-minute generations, so a late tick loses nothing.
 const rotateEvery = time.Second
 
-func startSweeper(interval time.Duration, zones []*zone) *sweeper {
-	var mems []*limiter.Memory
-	for _, z := range zones {
-		mems = append(mems, z.memories()...)
-	}
+func startSweeper(interval time.Duration, zones []*zone, logger *zap.Logger) *sweeper {
 	s := &sweeper{done: make(chan struct{})}
 	s.wg.Add(1)
 	go func() {
@@ -83,12 +81,18 @@ func startSweeper(interval time.Duration, zones []*zone) *sweeper {
 			case <-s.done:
 				return
 			case <-sweep.C:
-				for _, m := range mems {
-					m.Sweep()
+				// Listed each time: a zone builds stores for its
+				// overrides as they are set.
+				for _, z := range zones {
+					for _, m := range z.memories() {
+						m.Sweep()
+					}
 				}
 			case <-rotate.C:
+				now := time.Now()
 				for _, z := range zones {
 					z.hot.Rotate()
+					z.sweepOverrides(now, logger)
 				}
 			}
 		}

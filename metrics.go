@@ -23,6 +23,9 @@ type zoneMetrics struct {
 	// responseCosts counts a response_cost zone's responses by what their
 	// cost was (see responseCostResult); nil for other zones.
 	responseCosts []prometheus.Counter
+	// overridden counts decisions made under an override, by action
+	// (limiter.OverrideAction - 1).
+	overridden [3]prometheus.Counter
 }
 
 // responseCostResult is what a response said of its cost.
@@ -45,6 +48,7 @@ type metricVecs struct {
 	storeFailures *prometheus.CounterVec
 	local         *prometheus.CounterVec
 	responseCosts *prometheus.CounterVec
+	overrides     *prometheus.CounterVec
 	seconds       *prometheus.HistogramVec
 }
 
@@ -63,6 +67,7 @@ var metricFamilies = &metricVecs{
 	storeFailures: counterVec("store_failures_total", "Store errors and timeouts by zone and the fail mode that applied.", "fail"),
 	local:         counterVec("local_decisions_total", "Decisions of redis zones made in memory without a round trip, by zone and source (lease, deny_cache).", "source"),
 	responseCosts: counterVec("response_costs_total", "Responses of response_cost zones by zone and what their cost header said: read, capped (above the quota, which is charged), missing or invalid (the up-front cost stands).", "result"),
+	overrides:     counterVec("override_decisions_total", "Requests decided under a runtime override, by zone and the override's action (limit, block, exempt); they count in decisions_total too.", "action"),
 	seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
@@ -91,7 +96,7 @@ func registerMetrics(ctx caddy.Context) (*metricVecs, error) {
 		return nil, nil
 	}
 	m := metricFamilies
-	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.responseCosts, m.seconds, zoneGauges} {
+	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.responseCosts, m.overrides, m.seconds, zoneGauges} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) || are.ExistingCollector != c {
@@ -110,6 +115,7 @@ func (m *metricVecs) forgetZone(name string) {
 	m.storeFailures.DeletePartialMatch(labels)
 	m.local.DeletePartialMatch(labels)
 	m.responseCosts.DeletePartialMatch(labels)
+	m.overrides.DeletePartialMatch(labels)
 	m.seconds.DeletePartialMatch(labels)
 }
 
@@ -127,6 +133,9 @@ func (m *metricVecs) forZone(name, fail string, timed, responseCost bool) *zoneM
 		storeFailures: m.storeFailures.WithLabelValues(name, fail),
 		fromLease:     m.local.WithLabelValues(name, limiter.SourceLease.String()),
 		fromDenyCache: m.local.WithLabelValues(name, limiter.SourceDenyCache.String()),
+	}
+	for i, a := range []limiter.OverrideAction{limiter.OverrideLimit, limiter.OverrideBlock, limiter.OverrideExempt} {
+		zm.overridden[i] = m.overrides.WithLabelValues(name, a.String())
 	}
 	if timed {
 		zm.decisionSeconds = m.seconds.WithLabelValues(name)
@@ -155,16 +164,19 @@ var zoneGauges = &zoneCollector{
 		"Keys a zone holds in memory: a memory zone's state, a redis zone's leases and cached refusals.", []string{"zone"}, nil),
 	up: prometheus.NewDesc("caddy_http_rate_limit_store_up",
 		"1 while a zone's store decides, 0 while a redis zone's breaker has stopped asking Redis.", []string{"zone"}, nil),
+	overrides: prometheus.NewDesc("caddy_http_rate_limit_overrides",
+		"Runtime overrides a zone holds (set through the admin API), lapsed ones until they are swept.", []string{"zone"}, nil),
 	instanceClock: prometheus.NewDesc("caddy_http_rate_limit_instance_clock",
 		"1 while a redis zone decides by this instance's clock because its Redis refuses TIME in scripts, 0 while by Redis's clock.", []string{"zone"}, nil),
 }
 
-type zoneCollector struct{ keys, up, instanceClock *prometheus.Desc }
+type zoneCollector struct{ keys, up, overrides, instanceClock *prometheus.Desc }
 
 // Describe implements prometheus.Collector.
 func (c *zoneCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.keys
 	ch <- c.up
+	ch <- c.overrides
 	ch <- c.instanceClock
 }
 
@@ -173,7 +185,7 @@ func (c *zoneCollector) Describe(ch chan<- *prometheus.Desc) {
 // reports the larger key count and is up only if both are.
 func (c *zoneCollector) Collect(ch chan<- prometheus.Metric) {
 	type gauges struct {
-		keys                   int
+		keys, overrides        int
 		up, remote, onInstance bool
 	}
 	byName := map[string]*gauges{}
@@ -190,6 +202,7 @@ func (c *zoneCollector) Collect(ch chan<- prometheus.Metric) {
 			names = append(names, z.name)
 		}
 		g.keys = max(g.keys, z.keysHeld())
+		g.overrides = max(g.overrides, z.overrideCount())
 		g.up = g.up && z.storeUp()
 		g.remote = g.remote || z.limit.remote
 		g.onInstance = g.onInstance || z.instanceClock()
@@ -198,6 +211,7 @@ func (c *zoneCollector) Collect(ch chan<- prometheus.Metric) {
 		g := byName[name]
 		ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(g.keys), name)
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, boolGauge(g.up), name)
+		ch <- prometheus.MustNewConstMetric(c.overrides, prometheus.GaugeValue, float64(g.overrides), name)
 		if g.remote {
 			ch <- prometheus.MustNewConstMetric(c.instanceClock, prometheus.GaugeValue, boolGauge(g.onInstance), name)
 		}
@@ -237,6 +251,13 @@ func (zm *zoneMetrics) count(allowed, dryRun bool, source limiter.Source) {
 func (zm *zoneMetrics) responseCost(r responseCostResult) {
 	if zm != nil && int(r) < len(zm.responseCosts) {
 		zm.responseCosts[r].Inc()
+	}
+}
+
+// override records a decision made under an override; safe on nil.
+func (zm *zoneMetrics) override(a limiter.OverrideAction) {
+	if zm != nil && a >= limiter.OverrideLimit && a <= limiter.OverrideExempt {
+		zm.overridden[a-1].Inc()
 	}
 }
 

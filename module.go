@@ -326,7 +326,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if interval <= 0 {
 		interval = time.Minute
 	}
-	h.sweeper = startSweeper(interval, h.zones)
+	h.sweeper = startSweeper(interval, h.zones, h.logger)
 	zones.add(h, ctx.Done())
 	h.warmRedis()
 	return nil

@@ -17,6 +17,7 @@ const (
 	sourceDenyCache  = "deny_cache"
 	sourceFallback   = "fallback"
 	sourceMissingKey = "missing_key"
+	sourceOverride   = "override"
 )
 
 // sourceOf names where d was made: the zone's memory store, Redis, its

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -186,7 +187,13 @@ func (s *StatusHandler) stateIn(r *http.Request, repl *caddy.Replacer, z *zone, 
 		}
 		key = missingKeyNamespace + z.key.clientIP(r)
 	}
-	l := z.limitFor(r, repl, claims)
+	l, _, blocked := z.keyOverride(key, z.limitFor(r, repl, claims), time.Now())
+	switch {
+	case l == nil: // exempt: the zone reports nothing of the key
+		return zoneState{}, false
+	case blocked > 0:
+		return zoneState{Zone: z.name, Reset: ceilSeconds(blocked), Window: ceilSeconds(l.window)}, true
+	}
 	d, err := l.store.Peek(r.Context(), key)
 	if err != nil && z.fail == failLocal && l.local != nil {
 		// What decides the client's requests while the store fails.

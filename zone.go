@@ -68,6 +68,9 @@ type zone struct {
 	exceeded error
 	// placeholder is the name boxed once for the replacer.
 	placeholder any
+	// ov is the zone's runtime overrides (see overrides.go); nil only in
+	// tests that build zones by hand.
+	ov *overrideState
 }
 
 // limit is a policy with its store and what the headers say about it.
@@ -441,7 +444,11 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		z.key.ipv6Bits = 64
 	}
 	p := cfg.policy()
-	if z.limit, err = h.newLimit(name, "", cfg, p); err != nil {
+	if z.limit, err = h.newLimit(name, "", false, cfg, p); err != nil {
+		z.release()
+		return nil, err
+	}
+	if err := h.provisionOverrides(ctx, z, cfg); err != nil {
 		z.release()
 		return nil, err
 	}
@@ -454,7 +461,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		tk.ipv4Bits, tk.ipv6Bits = 32, 128
 		z.tierKey, z.tiers = &tk, make(map[string]*limit, len(cfg.Tier.Limits))
 		for value, tl := range cfg.Tier.Limits {
-			l, err := h.newLimit(name, value, cfg, tierPolicy(p, tl))
+			l, err := h.newLimit(name, value, false, cfg, tierPolicy(p, tl))
 			if err != nil {
 				z.release()
 				return nil, fmt.Errorf("tier %q: %w", value, err)
@@ -466,14 +473,18 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 }
 
 // newLimit opens the stores of one policy of a zone: the zone's own
-// (tier "") or a tier's, whose state is always kept apart.
-func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limit, error) {
+// (tier ""), a tier's or, with override, one of its override limits',
+// whose states are always kept apart.
+func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limiter.Policy) (limit, error) {
 	q, w := p.Quota()
 	l := limit{policy: p, traits: p.Algorithm.Traits(), maxCost: p.MaxCost(), quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
 	if p.Calendar != nil {
 		l.calendar = &calendarPolicy{name: name, policy: p}
 	}
 	state := limiter.StateID(name, tier)
+	if override {
+		state = limiter.OverrideStateID(name)
+	}
 	if cfg.Store != storeRedis {
 		mem, key, err := loadMemoryStore(state, p, h.MaxKeys, h.clock)
 		if err != nil {
@@ -483,11 +494,12 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 		return l, nil
 	}
 	rs, err := limiter.NewRedis(h.redis.UniversalClient, p, limiter.RedisOptions{
-		Prefix:  h.Redis.KeyPrefix,
-		Zone:    name,
-		Tier:    tier,
-		Timeout: time.Duration(h.Redis.Timeout),
-		Breaker: h.redis.breaker,
+		Prefix:   h.Redis.KeyPrefix,
+		Zone:     name,
+		Tier:     tier,
+		Override: override,
+		Timeout:  time.Duration(h.Redis.Timeout),
+		Breaker:  h.redis.breaker,
 
 		ServerClock: h.redis.clock,
 		OnRenewError: func(err error) {
@@ -524,13 +536,14 @@ func (h *Handler) newLimit(name, tier string, cfg *Zone, p limiter.Policy) (limi
 	return l, nil
 }
 
-// limits lists the zone's own limit and its tiers'.
+// limits lists the zone's own limit, its tiers' and those built for its
+// overrides.
 func (z *zone) limits() []*limit {
 	ls := []*limit{&z.limit}
 	for _, l := range z.tiers {
 		ls = append(ls, l)
 	}
-	return ls
+	return append(ls, z.overrideLimits()...)
 }
 
 // release gives back what provisionZone acquired: leases go back to Redis

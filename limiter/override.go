@@ -291,3 +291,6 @@ func (t *OverrideTable) Len() int {
 	}
 	return int(t.n.Load())
 }
+
+// MaxOverrides bounds how many overrides one zone holds.
+const MaxOverrides = 1_000_000

@@ -41,6 +41,10 @@ type RedisOptions struct {
 	// StateID.
 	Zone string
 	Tier string
+	// Override keeps the state of one of the zone's override limits
+	// (OverrideStateID) instead of its own or a tier's; Tier is then
+	// ignored.
+	Override bool
 	// Timeout bounds each decision; zero means DefaultRedisTimeout. A
 	// decision may run up to an eighth of it longer: deadlines are rounded
 	// up so that decisions share timers (see deadlines).
@@ -187,7 +191,11 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	if prefix == "" {
 		prefix = DefaultRedisPrefix
 	}
-	r.keyHead = escapeKeyPart(prefix) + StateID(opts.Zone, opts.Tier) + ":{"
+	state := StateID(opts.Zone, opts.Tier)
+	if opts.Override {
+		state = OverrideStateID(opts.Zone)
+	}
+	r.keyHead = escapeKeyPart(prefix) + state + ":{"
 
 	r.args = params.alg.redisArgs(&params)
 	scripts := params.alg.scripts
@@ -562,3 +570,14 @@ var (
 // breaker has stopped asking a failing Redis, or, on shards, any one
 // shard's breaker has stopped asking it.
 func (r *Redis) Up() bool { return !r.breaker.anyOpen() }
+
+// CheckRedisPolicy reports why the Redis store cannot enforce p exactly,
+// as NewRedis would refuse it, so a limit set at run time (an override)
+// is refused when it is set rather than when a request needs it.
+func CheckRedisPolicy(p Policy) error {
+	params, err := p.compile()
+	if err != nil {
+		return err
+	}
+	return checkRedisExact(params)
+}

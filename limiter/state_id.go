@@ -18,6 +18,15 @@ func StateID(zone, tier string) string {
 	return id
 }
 
+// OverrideStateID names the state of a zone's override limits (runtime
+// overrides set through the admin API), apart from the zone's own limit
+// and every tier's: "#override" cannot be written by a tier, whose '#' is
+// escaped. Two override limits of one zone differ in their policy, which
+// the stores' keys carry too.
+func OverrideStateID(zone string) string {
+	return escapeKeyPart(zone) + "#override"
+}
+
 // keyPartEscapes percent-encodes what escapeKeyPart must.
 var keyPartEscapes = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D", "#", "%23")
 

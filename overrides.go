@@ -1,0 +1,332 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// overrideSet is where one zone name's overrides are kept and changed:
+// this instance's memory and Caddy's storage for a memory zone
+// (memoryOverrides), Redis for a redis zone (redisOverrides). The admin API
+// is its only writer.
+type overrideSet interface {
+	// table is the set as the request path reads it.
+	table() *limiter.OverrideTable
+	put(ctx context.Context, key string, o limiter.Override) error
+	remove(ctx context.Context, key string) (bool, error)
+	// list is the set as its store holds it, lapsed overrides left out.
+	list(ctx context.Context) (map[string]limiter.Override, error)
+}
+
+// maxOverrideLimits bounds how many distinct override limits one zone
+// builds stores for: each is a store (and for a redis zone with
+// local_quota, a near cache) of its own. Overrides beyond it that need a
+// new limit are refused when set, and decided by the zone's own limit if
+// another instance set them.
+const maxOverrideLimits = 1000
+
+// blockRetry is how long a block without an expiry tells a client to wait:
+// it is asked again after an hour, and refused again.
+const blockRetry = time.Hour
+
+// overrideState is a zone's overrides as its requests see them.
+type overrideState struct {
+	set overrideSet
+	// newLimit builds a store for an override's policy, as the zone's
+	// handler builds its tiers' (Handler.newLimit), with state of its own.
+	newLimit func(p limiter.Policy) (limit, error)
+	// block is what a blocked key's headers report: a quota of 0.
+	block limit
+
+	mu sync.Mutex
+	// limits are the stores built for override policies, by policy.
+	limits map[string]*limit
+	// failLogged limits the log of overrides that cannot be applied.
+	failLogged time.Time
+}
+
+// provisionOverrides gives z its overrides: a memory zone's from this
+// process (or Caddy's storage), a redis zone's from Redis.
+func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) error {
+	name := z.name
+	z.ov = &overrideState{
+		newLimit: func(p limiter.Policy) (limit, error) { return h.newLimit(name, "", true, cfg, p) },
+		block:    blockLimit(name, &z.limit),
+	}
+	if cfg.Store == storeRedis {
+		set, err := h.redisOverrides(ctx, name)
+		if err != nil {
+			return err
+		}
+		z.ov.set = set
+		return nil
+	}
+	z.ov.set = loadMemoryOverrides(ctx, name, h.logger)
+	return nil
+}
+
+// policyKey names a policy among a zone's override limits.
+func policyKey(p limiter.Policy) string { return p.String() }
+
+// lookup returns key's override, lapsed or not (the caller asks Active).
+// A zone without overrides pays one atomic load.
+func (st *overrideState) lookup(key string) (limiter.Override, bool) {
+	if st == nil {
+		return limiter.Override{}, false
+	}
+	return st.set.table().Lookup(key)
+}
+
+// overrideLimit is the limit an OverrideLimit decides by: one store per
+// distinct policy, built on first use and kept while the zone lives.
+func (z *zone) overrideLimit(o limiter.Override) (*limit, error) {
+	p := o.Policy(z.limit.policy)
+	k := policyKey(p)
+	st := z.ov
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if l := st.limits[k]; l != nil {
+		return l, nil
+	}
+	if len(st.limits) >= maxOverrideLimits {
+		return nil, fmt.Errorf("zone %q already has %d distinct override limits", z.name, maxOverrideLimits)
+	}
+	l, err := st.newLimit(p)
+	if err != nil {
+		return nil, err
+	}
+	if st.limits == nil {
+		st.limits = map[string]*limit{}
+	}
+	st.limits[k] = &l
+	return &l, nil
+}
+
+// overrideLimits lists the limits built for overrides.
+func (z *zone) overrideLimits() []*limit {
+	if z.ov == nil {
+		return nil
+	}
+	z.ov.mu.Lock()
+	defer z.ov.mu.Unlock()
+	out := make([]*limit, 0, len(z.ov.limits))
+	for _, l := range z.ov.limits {
+		out = append(out, l)
+	}
+	return out
+}
+
+// checkOverride refuses an override z cannot enforce, with a message for
+// the admin API's 400: the policy it makes with the zone's must be valid,
+// and what the zone's options need of a policy must still hold.
+func (z *zone) checkOverride(o limiter.Override) error {
+	if err := o.Check(); err != nil {
+		return err
+	}
+	if o.Action != limiter.OverrideLimit {
+		return nil
+	}
+	p := z.limit.policy
+	switch {
+	case o.Burst != 0 && !z.limit.traits.Bucket:
+		return fmt.Errorf("burst applies only to token_bucket and leaky_bucket, not %s", p.Algorithm)
+	case p.Calendar != nil && o.Window != 0:
+		return fmt.Errorf("zone %q counts per calendar %s: give the window as day, week or month", z.name, p.Calendar.Period)
+	case p.Calendar == nil && o.Period != "":
+		return fmt.Errorf("zone %q is not a calendar zone: give the window as a duration such as 1h", z.name)
+	}
+	if o.Window != 0 {
+		if err := windowBound.check(caddy.Duration(o.Window)); err != nil {
+			return err
+		}
+	}
+	op := o.Policy(p)
+	if err := op.Validate(); err != nil {
+		return err
+	}
+	if z.costTemplate == nil && z.cost > op.MaxCost() {
+		return fmt.Errorf("the zone's cost %d exceeds what this limit can ever admit (%d)", z.cost, op.MaxCost())
+	}
+	if z.limit.remote {
+		// The Redis scripts' exactness bounds (limiter.NewRedis).
+		if err := limiter.CheckRedisPolicy(op); err != nil {
+			return err
+		}
+	}
+	if z.ov != nil {
+		z.ov.mu.Lock()
+		n, known := len(z.ov.limits), z.ov.limits[policyKey(op)] != nil
+		z.ov.mu.Unlock()
+		if !known && n >= maxOverrideLimits {
+			return fmt.Errorf("zone %q already has %d distinct override limits: reuse one of them", z.name, maxOverrideLimits)
+		}
+	}
+	return nil
+}
+
+// overrideChanged gives back what this instance leased for key under any
+// of the zone's limits, once key's override was set, changed or removed:
+// units leased under one limit are never spent under another. The
+// give-backs run off the caller's path.
+func (z *zone) overrideChanged(key string, logger *zap.Logger) {
+	var nears []*limiter.NearCache
+	for _, l := range z.limits() {
+		if l.near != nil {
+			nears = append(nears, l.near)
+		}
+	}
+	if len(nears) == 0 {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), nearCloseTimeout)
+		defer cancel()
+		for _, n := range nears {
+			if err := n.GiveBack(ctx, key); err != nil && logger != nil {
+				logger.Warn("leases of a key whose override changed could not be given back to Redis; they return when its state expires",
+					zap.String("zone", z.name), zap.Error(err))
+			}
+		}
+	}()
+}
+
+// blockLimit is what a blocked key's headers report for zone name: a quota
+// of 0 per blockRetry.
+func blockLimit(name string, zl *limit) limit {
+	p := zl.policy
+	p.Calendar = nil
+	return limit{
+		policy: p, traits: zl.traits,
+		quotaText:  "0",
+		window:     blockRetry,
+		policyItem: formatPolicyItem(name, p, 0, blockRetry),
+	}
+}
+
+// blockFor is how long a blocked key is told to wait at now: until its
+// override lapses, or blockRetry when that is later or never.
+func blockFor(o limiter.Override, now time.Time) time.Duration {
+	if o.Expires.IsZero() {
+		return blockRetry
+	}
+	return min(blockRetry, o.Expires.Sub(now))
+}
+
+// logOverrideFailure logs, at most every failLogInterval per zone, an
+// override that could not be applied: its key is then decided by the
+// zone's own limit.
+func (z *zone) logOverrideFailure(logger *zap.Logger, err error) {
+	z.ov.mu.Lock()
+	now := time.Now()
+	due := now.Sub(z.ov.failLogged) >= failLogInterval
+	if due {
+		z.ov.failLogged = now
+	}
+	z.ov.mu.Unlock()
+	if due && logger != nil {
+		logger.Warn("an override's limit cannot be applied; its key is decided by the zone's own limit", zap.String("zone", z.name), zap.Error(err))
+	}
+}
+
+// overrideView is an override as the admin API shows it.
+type overrideView struct {
+	Key    string `json:"key"`
+	Action string `json:"action"`
+	Limit  int64  `json:"limit,omitempty"`
+	// Window is the override's own window ("1h0m0s", or a calendar
+	// period), absent when it takes the zone's.
+	Window string `json:"window,omitempty"`
+	Burst  int64  `json:"burst,omitempty"`
+	// Expires is when it lapses (RFC 3339), and ExpiresIn the seconds
+	// left; both absent for an override that never lapses.
+	Expires   string  `json:"expires,omitempty"`
+	ExpiresIn float64 `json:"expires_in,omitempty"`
+}
+
+// viewOverride shows o, set for key, at now.
+func viewOverride(key string, o limiter.Override, now time.Time) overrideView {
+	v := overrideView{Key: key, Action: o.Action.String(), Limit: o.Events, Burst: o.Burst}
+	switch {
+	case o.Period != "":
+		v.Window = string(o.Period)
+	case o.Window != 0:
+		v.Window = o.Window.String()
+	}
+	if !o.Expires.IsZero() {
+		v.Expires = o.Expires.UTC().Format(time.RFC3339Nano)
+		v.ExpiresIn, _ = strconv.ParseFloat(strconv.FormatFloat(o.Expires.Sub(now).Seconds(), 'f', 3, 64), 64)
+	}
+	return v
+}
+
+// applyOverride makes c follow its key's override o, and reports whether
+// the zone still applies to the request: an exempt key is not limited,
+// and the zone writes none of its fields.
+func (h *Handler) applyOverride(z *zone, o limiter.Override, c *candidate) bool {
+	z.metrics.override(o.Action)
+	switch o.Action {
+	case limiter.OverrideExempt:
+		z.metrics.count(true, z.dryRun, limiter.SourceStore)
+		return false
+	case limiter.OverrideBlock:
+		c.limit = &z.ov.block
+		c.blocked = max(time.Millisecond, blockFor(o, h.now()))
+		return true
+	}
+	l, err := z.overrideLimit(o)
+	if err != nil {
+		z.logOverrideFailure(h.logger, err)
+		return true
+	}
+	c.limit = l
+	return true
+}
+
+// overrideCount is how many overrides the zone holds.
+func (z *zone) overrideCount() int {
+	if z.ov == nil || z.ov.set == nil {
+		return 0
+	}
+	return z.ov.set.table().Len()
+}
+
+// sweepOverrides removes the zone's overrides that lapsed by now, giving
+// back what their keys leased under them.
+func (z *zone) sweepOverrides(now time.Time, logger *zap.Logger) {
+	if z.ov == nil || z.ov.set == nil {
+		return
+	}
+	for _, key := range z.ov.set.table().RemoveExpired(now) {
+		z.overrideChanged(key, logger)
+	}
+}
+
+// keyOverride is what key's override, in force at now, makes of its
+// limit base (a tier's or the zone's own): the limit that decides it, or
+// a block (blocked > 0, l the block's), or an exemption (exempt, l nil).
+// Without an override it is base. The admin API's inspect and
+// rate_limit_status read keys through it, as the request path does.
+func (z *zone) keyOverride(key string, base *limit, now time.Time) (l *limit, o *limiter.Override, blocked time.Duration) {
+	ov, ok := z.ov.lookup(key)
+	if !ok || !ov.Active(now) {
+		return base, nil, 0
+	}
+	switch ov.Action {
+	case limiter.OverrideExempt:
+		return nil, &ov, 0
+	case limiter.OverrideBlock:
+		return &z.ov.block, &ov, max(time.Millisecond, blockFor(ov, now))
+	}
+	if l, err := z.overrideLimit(ov); err == nil {
+		return l, &ov, 0
+	}
+	return base, nil, 0
+}
