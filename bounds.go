@@ -114,6 +114,8 @@ var (
 	dialTimeoutBound    = durationBound{name: "dial_timeout", floor: minDuration}
 	breakerAfterBound   = durationBound{name: "breaker_after", floor: minDuration}
 	breakerOpenForBound = durationBound{name: "breaker_open_for", floor: minDuration}
+	// A refresh reads one field of each zone's overrides from Redis.
+	overridesRefreshBound = durationBound{name: "overrides_refresh", floor: 100 * time.Millisecond}
 )
 
 // intBound is the range of an integer option: when set (not 0, which a

@@ -102,6 +102,7 @@ func TestCaddyfileRefusalsReadAlike(t *testing.T) {
 		{"zone api", "value", "calendar", "calendar day"},
 		{"zone api", "value", "calendar", "calendar day Nowhere/Else"},
 		{"redis", "value", "pool_size", "pool_size many"},
+		{"redis", "value", "overrides_refresh", "overrides_refresh 10ms"},
 		{"jwt", "value", "leeway", "leeway soon"},
 		{"zone api: count_response", "value", "status", "status 4x"},
 		{"zone api", "value", "cost", "cost {http.request.header.X-Cost"},

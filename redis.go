@@ -85,6 +85,10 @@ type RedisConfig struct {
 	PoolSize int `json:"pool_size,omitempty"`
 	// KeyPrefix starts every key Floodgate writes. Default: "floodgate:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
+	// OverridesRefresh is how often each instance checks its redis zones'
+	// runtime overrides against Redis, catching up a change whose message
+	// it missed. Default: 60s; at least 100ms.
+	OverridesRefresh caddy.Duration `json:"overrides_refresh,omitempty"`
 }
 
 // validate refuses a block that names no server or contradicts itself
@@ -107,6 +111,7 @@ func (c *RedisConfig) validate() error {
 		{c.DialTimeout, dialTimeoutBound},
 		{c.BreakerAfter, breakerAfterBound},
 		{c.BreakerOpenFor, breakerOpenForBound},
+		{c.OverridesRefresh, overridesRefreshBound},
 	} {
 		if err := d.bound.check(d.v); err != nil {
 			return err
@@ -349,12 +354,13 @@ func (c *RedisConfig) options() map[string]option {
 		"tls": {args: "[insecure_skip_verify] [{ ... }]", parse: func(d *caddyfile.Dispenser) error {
 			return c.parseTLS(d)
 		}},
-		"timeout":          durationOption(&c.Timeout, timeoutBound),
-		"dial_timeout":     durationOption(&c.DialTimeout, dialTimeoutBound),
-		"breaker_after":    durationOption(&c.BreakerAfter, breakerAfterBound),
-		"breaker_open_for": durationOption(&c.BreakerOpenFor, breakerOpenForBound),
-		"pool_size":        intOption(&c.PoolSize, poolSizeBound),
-		"key_prefix":       stringOption("<prefix>", &c.KeyPrefix),
+		"timeout":           durationOption(&c.Timeout, timeoutBound),
+		"dial_timeout":      durationOption(&c.DialTimeout, dialTimeoutBound),
+		"breaker_after":     durationOption(&c.BreakerAfter, breakerAfterBound),
+		"breaker_open_for":  durationOption(&c.BreakerOpenFor, breakerOpenForBound),
+		"pool_size":         intOption(&c.PoolSize, poolSizeBound),
+		"key_prefix":        stringOption("<prefix>", &c.KeyPrefix),
+		"overrides_refresh": durationOption(&c.OverridesRefresh, overridesRefreshBound),
 	}
 }
 

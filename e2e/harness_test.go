@@ -530,6 +530,8 @@ type keyState struct {
 	Limit      int64   `json:"limit"`
 	Remaining  int64   `json:"remaining"`
 	ResetAfter float64 `json:"reset_after"`
+	// Override is the key's runtime override in force, if any.
+	Override map[string]any `json:"override"`
 }
 
 // keyReset is the answer of reset.
