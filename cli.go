@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -385,7 +386,8 @@ var overrideHeader = []string{"ZONE", "KEY", "ACTION", "LIMIT", "WINDOW", "BURST
 
 // overrideRow is one override as a table shows it: a window or burst the
 // override leaves to the zone reads "zone's" and "-", an action without a
-// quota "-", an override without expiry "never".
+// quota "-", an override without expiry "never", the time left whole
+// seconds.
 func overrideRow(zone string, v overrideView) []string {
 	limit, window, burst := "-", "-", "-"
 	if v.Action == "limit" {
@@ -402,7 +404,8 @@ func overrideRow(zone string, v overrideView) []string {
 	}
 	expires, in := "never", "-"
 	if v.Expires != "" {
-		expires, in = v.Expires, seconds(v.ExpiresIn)
+		// Whole seconds, rounded up as Retry-After is.
+		expires, in = v.Expires, seconds(math.Ceil(v.ExpiresIn))
 		if t, err := time.Parse(time.RFC3339Nano, v.Expires); err == nil {
 			expires = t.UTC().Format(time.RFC3339)
 		}
