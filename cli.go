@@ -348,6 +348,17 @@ func overrideCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "override list|set|block|exempt|delete <zone> [<key>] [<n>/<duration>]",
 		Short: "Lists and changes a zone's runtime overrides: one key's own limit, a block or an exemption",
+		// A mistyped subcommand fails, rather than printing the help and
+		// exiting 0 as a command without a Run does.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return caddycmd.WrapCommandFuncForCobra(func(caddycmd.Flags) (int, error) {
+				return caddy.ExitCodeFailedStartup, fmt.Errorf("unknown override command %q: want list, set, block, exempt or delete", args[0])
+			})(cmd, args)
+		},
 	}
 	cmd.AddCommand(
 		cliCommandArgs("list", "<zone> [<key>]", "Lists a zone's overrides, or one key's", cobra.RangeArgs(1, 2), cliOverrideList),

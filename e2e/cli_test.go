@@ -361,6 +361,7 @@ func TestCLIOverride(t *testing.T) {
 			{[]string{"override", "list", "api", "nobody"}, `zone \"api\" has no override for key \"nobody\" (HTTP 404)`},
 			{[]string{"override", "set", "api", "k"}, `accepts 3 arg(s), received 2`},
 			{[]string{"override", "list"}, `accepts between 1 and 2 arg(s), received 0`},
+			{[]string{"override", "remove", "api", "k"}, `unknown override command \"remove\": want list, set, block, exempt or delete`},
 		} {
 			out, errOut, code := cliRun(t, inst, e.args...)
 			if code == 0 || out != "" || !strings.Contains(errOut, e.want) {
