@@ -3,8 +3,11 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -46,9 +49,11 @@ type overrideState struct {
 	// block is what a blocked key's headers report: a quota of 0.
 	block limit
 
-	mu sync.Mutex
-	// limits are the stores built for override policies, by policy.
-	limits map[string]*limit
+	// limits are the stores built for override limits, by their quota:
+	// read without a lock on every request under an override, replaced
+	// (under mu) when one is added.
+	limits atomic.Pointer[map[overrideQuota]*limit]
+	mu     sync.Mutex
 	// failLogged limits the log of overrides that cannot be applied.
 	failLogged time.Time
 }
@@ -120,8 +125,17 @@ func (z *zone) freshen(ctx context.Context, key string, o limiter.Override, now 
 	return nil
 }
 
-// policyKey names a policy among a zone's override limits.
-func policyKey(p limiter.Policy) string { return p.String() }
+// overrideQuota is what of an OverrideLimit makes its policy: the key of
+// its limit among the zone's, found without formatting a policy.
+type overrideQuota struct {
+	events, burst int64
+	window        time.Duration
+	period        limiter.Period
+}
+
+func quotaOfOverride(o limiter.Override) overrideQuota {
+	return overrideQuota{events: o.Events, burst: o.Burst, window: o.Window, period: o.Period}
+}
 
 // lookup returns key's override, lapsed or not (the caller asks Active).
 // A zone without overrides pays one atomic load.
@@ -133,28 +147,41 @@ func (st *overrideState) lookup(key string) (limiter.Override, bool) {
 }
 
 // overrideLimit is the limit an OverrideLimit decides by: one store per
-// distinct policy, built on first use and kept while the zone lives.
+// distinct quota, built on first use and kept while the zone lives.
 func (z *zone) overrideLimit(o limiter.Override) (*limit, error) {
-	p := o.Policy(z.limit.policy)
-	k := policyKey(p)
+	k := quotaOfOverride(o)
 	st := z.ov
+	if m := st.limits.Load(); m != nil {
+		if l := (*m)[k]; l != nil {
+			return l, nil
+		}
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if l := st.limits[k]; l != nil {
+	old := st.built()
+	if l := old[k]; l != nil {
 		return l, nil
 	}
-	if len(st.limits) >= maxOverrideLimits {
+	if len(old) >= maxOverrideLimits {
 		return nil, fmt.Errorf("zone %q already has %d distinct override limits", z.name, maxOverrideLimits)
 	}
-	l, err := st.newLimit(p)
+	l, err := st.newLimit(o.Policy(z.limit.policy))
 	if err != nil {
 		return nil, err
 	}
-	if st.limits == nil {
-		st.limits = map[string]*limit{}
-	}
-	st.limits[k] = &l
+	m := make(map[overrideQuota]*limit, len(old)+1)
+	maps.Copy(m, old)
+	m[k] = &l
+	st.limits.Store(&m)
 	return &l, nil
+}
+
+// built is the override limits built so far.
+func (st *overrideState) built() map[overrideQuota]*limit {
+	if m := st.limits.Load(); m != nil {
+		return *m
+	}
+	return nil
 }
 
 // overrideLimits lists the limits built for overrides.
@@ -162,13 +189,7 @@ func (z *zone) overrideLimits() []*limit {
 	if z.ov == nil {
 		return nil
 	}
-	z.ov.mu.Lock()
-	defer z.ov.mu.Unlock()
-	out := make([]*limit, 0, len(z.ov.limits))
-	for _, l := range z.ov.limits {
-		out = append(out, l)
-	}
-	return out
+	return slices.Collect(maps.Values(z.ov.built()))
 }
 
 // checkOverride refuses an override z cannot enforce, with a message for
@@ -209,10 +230,8 @@ func (z *zone) checkOverride(o limiter.Override) error {
 		}
 	}
 	if z.ov != nil {
-		z.ov.mu.Lock()
-		n, known := len(z.ov.limits), z.ov.limits[policyKey(op)] != nil
-		z.ov.mu.Unlock()
-		if !known && n >= maxOverrideLimits {
+		built := z.ov.built()
+		if built[quotaOfOverride(o)] == nil && len(built) >= maxOverrideLimits {
 			return fmt.Errorf("zone %q already has %d distinct override limits: reuse one of them", z.name, maxOverrideLimits)
 		}
 	}
