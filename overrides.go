@@ -106,8 +106,10 @@ func (z *zone) freshen(ctx context.Context, key string, o limiter.Override, now 
 	if o.Action != limiter.OverrideLimit {
 		return nil
 	}
-	p := policyKey(o.Policy(z.limit.policy))
-	if old, ok := z.ov.lookup(key); ok && old.Active(now) && old.Action == limiter.OverrideLimit && policyKey(old.Policy(z.limit.policy)) == p {
+	// Compared as the memory pool and the Redis key names tell limits
+	// apart: by the policy each makes with the zone's.
+	p := o.Policy(z.limit.policy).String()
+	if old, ok := z.ov.lookup(key); ok && old.Active(now) && old.Action == limiter.OverrideLimit && old.Policy(z.limit.policy).String() == p {
 		return nil
 	}
 	l, err := z.overrideLimit(o)
