@@ -260,6 +260,11 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 	var out []zoneOverride
 	for _, s := range sets {
 		k := s.zone.key.typed(key)
+		for _, z := range s.zones {
+			if err := z.freshen(r.Context(), k, o, now); err != nil {
+				return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
+			}
+		}
 		if err := s.set.put(r.Context(), k, o); err != nil {
 			return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -25,12 +26,22 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "zones | inspect <zone> <key> | reset <zone> <key> | top <zone> [--address <interface>] [--json]",
-		Short: "Inspects and resets the rate limits of the running Caddy",
+		Usage: "zones | inspect <zone> <key> | reset <zone> <key> | top <zone> | override list|set|block|exempt|delete <zone> [<key>] [<n>/<duration>] [--address <interface>] [--json]",
+		Short: "Inspects, resets and overrides the rate limits of the running Caddy",
 		Long: `
 Reads the rate limits of the running Caddy instance through its admin API
 (the routes under /rate_limit/): the zones of the running config, the state
 of one key, the keys seen most in the last minute, and resets a key.
+
+'override' lists and changes a zone's runtime overrides, which take
+precedence over the key's tier and the zone's own limit without a reload:
+'set' gives a key a limit of its own (<n>/<duration> such as 1000/1h, or
+<n>/day, <n>/week or <n>/month in a calendar zone; a bare <n> keeps the
+zone's window), 'block' refuses every request of the key, 'exempt' never
+limits it, and 'delete' removes the override. --expires (a duration such as
+90m, or an RFC 3339 time) makes an override lapse by itself. A redis zone's
+overrides apply on every instance sharing its Redis; a memory zone's on
+this instance only, kept across reloads and restarts.
 
 Keys are given as the zone sees them (the evaluated key template, such as a
 client IP or an API key header's value); a client's full IP address is
@@ -55,6 +66,7 @@ Output is an aligned table; --json prints the admin API's answer as is.
 				withTier(cliCommand("inspect", "<zone> <key> [--tier <value>]", "Shows a key's state without consuming from it", 2, cliInspect)),
 				withTier(cliCommand("reset", "<zone> <key> [--tier <value>]", "Forgets a key's state, so its next request starts afresh", 2, cliReset)),
 				withTop(cliCommand("top", "<zone> [-n <count>]", "Lists the keys a zone saw most in the last minute", 1, cliTop)),
+				overrideCommand(),
 			)
 		},
 	})
@@ -67,10 +79,16 @@ type cliFunc func(api *adminClient, fl caddycmd.Flags, args []string, out io.Wri
 // against the admin address the flags determine, routing its error through
 // Caddy's own handling (logged, non-zero exit status).
 func cliCommand(name, usage, short string, nargs int, f cliFunc) *cobra.Command {
+	return cliCommandArgs(name, usage, short, cobra.ExactArgs(nargs), f)
+}
+
+// cliCommandArgs is cliCommand for a subcommand whose arguments args
+// checks, such as override list's optional key.
+func cliCommandArgs(name, usage, short string, args cobra.PositionalArgs, f cliFunc) *cobra.Command {
 	return &cobra.Command{
 		Use:   strings.TrimSpace(name + " " + usage),
 		Short: short,
-		Args:  cobra.ExactArgs(nargs),
+		Args:  args,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			run := func(fl caddycmd.Flags) (int, error) {
 				addr, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
@@ -110,19 +128,24 @@ type adminClient struct {
 // call sends method to the admin API at uri and returns the answer's body.
 // An error answer is reported by the message and status the API gave.
 func (c *adminClient) call(method, uri string) ([]byte, error) {
-	resp, err := c.send(method, uri)
+	return c.callWith(method, uri, nil)
+}
+
+// callWith is call with a JSON request body (none when nil).
+func (c *adminClient) callWith(method, uri string, body []byte) ([]byte, error) {
+	resp, err := c.send(method, uri, body)
 	if err != nil {
 		return nil, fmt.Errorf("asking the admin API at %s: %w", c.addr, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
 		return nil, fmt.Errorf("reading the answer of %s %s: %w", method, uri, err)
 	}
 	if resp.StatusCode >= 400 {
-		return nil, answerError(resp.StatusCode, body)
+		return nil, answerError(resp.StatusCode, answer)
 	}
-	return body, nil
+	return answer, nil
 }
 
 // maxAnswer bounds what the CLI reads of one answer; a top list of 1000
@@ -134,7 +157,7 @@ const maxAnswer = 8 << 20
 // string, and the CLI wants the status and body apart. Like it, send dials
 // the admin address's own network (tcp or a unix socket) and names a
 // loopback origin, which the admin endpoint requires.
-func (c *adminClient) send(method, uri string) (*http.Response, error) {
+func (c *adminClient) send(method, uri string, body []byte) (*http.Response, error) {
 	addr, err := caddy.ParseNetworkAddress(c.addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin address %q: %w", c.addr, err)
@@ -150,9 +173,16 @@ func (c *adminClient) send(method, uri string) (*http.Response, error) {
 		dial, _, _ = strings.Cut(addr.Host, "|")
 		base, origin = "http://127.0.0.1", ""
 	}
-	req, err := http.NewRequest(method, base+uri, nil)
+	var payload io.Reader
+	if body != nil {
+		payload = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, base+uri, payload)
 	if err != nil {
 		return nil, fmt.Errorf("making the request: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	if origin != "" {
 		req.Header.Set("Origin", origin)
@@ -214,7 +244,12 @@ func oneOrAll[T any](body []byte) ([]T, error) {
 // --json, else as a table of header and the rows cells makes of each
 // element of the answer, which is one T or an array of them.
 func show[T any](api *adminClient, out io.Writer, method, uri string, header []string, cells func(T) [][]string) error {
-	body, err := api.call(method, uri)
+	return showWith(api, out, method, uri, nil, header, cells)
+}
+
+// showWith is show with a JSON request body (none when nil).
+func showWith[T any](api *adminClient, out io.Writer, method, uri string, reqBody []byte, header []string, cells func(T) [][]string) error {
+	body, err := api.callWith(method, uri, reqBody)
 	if err != nil {
 		return err
 	}
@@ -304,5 +339,182 @@ func cliTop(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) e
 			rows = append(rows, []string{t.Zone, k.Key, strconv.FormatUint(k.Requests, 10), strconv.FormatUint(k.Denied, 10)})
 		}
 		return rows
+	})
+}
+
+// overrideCommand is `caddy rate-limit override`: a zone's runtime
+// overrides, listed and changed through the admin API's /overrides routes.
+func overrideCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "override list|set|block|exempt|delete <zone> [<key>] [<n>/<duration>]",
+		Short: "Lists and changes a zone's runtime overrides: one key's own limit, a block or an exemption",
+		// A mistyped subcommand fails, rather than printing the help and
+		// exiting 0 as a command without a Run does.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return caddycmd.WrapCommandFuncForCobra(func(caddycmd.Flags) (int, error) {
+				return caddy.ExitCodeFailedStartup, fmt.Errorf("unknown override command %q: want list, set, block, exempt or delete", args[0])
+			})(cmd, args)
+		},
+	}
+	cmd.AddCommand(
+		cliCommandArgs("list", "<zone> [<key>]", "Lists a zone's overrides, or one key's", cobra.RangeArgs(1, 2), cliOverrideList),
+		withOverrideSet(cliCommand("set", "<zone> <key> <n>/<duration> [--burst <n>] [--expires <duration>|<RFC 3339>]", "Gives a key a limit of its own, such as 1000/1h", 3, cliOverrideSet)),
+		withExpires(cliCommand("block", "<zone> <key> [--expires <duration>|<RFC 3339>]", "Refuses every request of a key (429)", 2, cliOverrideAction("block"))),
+		withExpires(cliCommand("exempt", "<zone> <key> [--expires <duration>|<RFC 3339>]", "Never limits a key", 2, cliOverrideAction("exempt"))),
+		cliCommand("delete", "<zone> <key>", "Removes a key's override: the key's tier or the zone decides it again", 2, cliOverrideDelete),
+	)
+	return cmd
+}
+
+// withExpires adds --expires to the subcommands that set an override.
+func withExpires(cmd *cobra.Command) *cobra.Command {
+	cmd.Flags().String("expires", "", "When the override lapses: a duration from now (90m, 2d) or an RFC 3339 time; never if not given")
+	return cmd
+}
+
+// withOverrideSet adds --burst and --expires to override set.
+func withOverrideSet(cmd *cobra.Command) *cobra.Command {
+	cmd.Flags().Int64("burst", 0, "The bucket's capacity (token_bucket and leaky_bucket zones); the zone's if not given")
+	return withExpires(cmd)
+}
+
+// overridesURI is the admin API URI of a zone's overrides, and of one
+// key's when key is not "".
+func overridesURI(zone, key string) string {
+	uri := zonePath(zone) + "/overrides"
+	if key != "" {
+		uri += "?" + url.Values{"key": {key}}.Encode()
+	}
+	return uri
+}
+
+// overrideHeader heads the tables of overrides.
+var overrideHeader = []string{"ZONE", "KEY", "ACTION", "LIMIT", "WINDOW", "BURST", "EXPIRES", "EXPIRES IN"}
+
+// overrideRow is one override as a table shows it: a window or burst the
+// override leaves to the zone reads "zone's" and "-", an action without a
+// quota "-", an override without expiry "never", the time left whole
+// seconds.
+func overrideRow(zone string, v overrideView) []string {
+	limit, window, burst := "-", "-", "-"
+	if v.Action == "limit" {
+		limit, window = strconv.FormatInt(v.Limit, 10), "zone's"
+		if v.Window != "" {
+			window = v.Window
+			if d, err := time.ParseDuration(v.Window); err == nil {
+				window = seconds(d.Seconds())
+			}
+		}
+		if v.Burst != 0 {
+			burst = strconv.FormatInt(v.Burst, 10)
+		}
+	}
+	expires, in := "never", "-"
+	if v.Expires != "" {
+		// Whole seconds, rounded up as Retry-After is.
+		expires, in = v.Expires, seconds(math.Ceil(v.ExpiresIn))
+		if t, err := time.Parse(time.RFC3339Nano, v.Expires); err == nil {
+			expires = t.UTC().Format(time.RFC3339)
+		}
+	}
+	return []string{zone, v.Key, v.Action, limit, window, burst, expires, in}
+}
+
+// showOverride shows the answer of a PUT, or of a GET of one key: the
+// override, for each distinct set of the zone's overrides.
+func showOverride(api *adminClient, out io.Writer, method, uri string, body []byte) error {
+	return showWith(api, out, method, uri, body, overrideHeader, func(o zoneOverride) [][]string {
+		return [][]string{overrideRow(o.Zone, o.Override)}
+	})
+}
+
+func cliOverrideList(api *adminClient, _ caddycmd.Flags, args []string, out io.Writer) error {
+	if len(args) == 2 {
+		return showOverride(api, out, http.MethodGet, overridesURI(args[0], args[1]), nil)
+	}
+	return show(api, out, http.MethodGet, overridesURI(args[0], ""), overrideHeader, func(zo zoneOverrides) [][]string {
+		rows := make([][]string, 0, len(zo.Overrides))
+		for _, v := range zo.Overrides {
+			rows = append(rows, overrideRow(zo.Zone, v))
+		}
+		return rows
+	})
+}
+
+func cliOverrideSet(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
+	body, err := overrideSetBody(args[2], fl)
+	if err != nil {
+		return err
+	}
+	return showOverride(api, out, http.MethodPut, overridesURI(args[0], args[1]), body)
+}
+
+// overrideSetBody is the PUT body of `override set`: its limit written as
+// a Caddyfile tier's (<n>/<duration>, or <n>/day|week|month), or a bare
+// <n> that keeps the zone's window, with --burst and --expires.
+func overrideSetBody(rate string, fl caddycmd.Flags) ([]byte, error) {
+	var b overrideRequest
+	if n, err := strconv.ParseInt(rate, 10, 64); err == nil {
+		if n <= 0 {
+			return nil, fmt.Errorf("the limit must be a positive integer, got %q", rate)
+		}
+		b.Limit = &n
+	} else {
+		tl, err := parseTierRate(rate)
+		if err != nil {
+			return nil, fmt.Errorf("the limit %q: %w", rate, err)
+		}
+		b.Limit, b.Window = &tl.MaxEvents, tl.Period
+		if tl.Period == "" {
+			b.Window = time.Duration(tl.Window).String()
+		}
+	}
+	if fl.Changed("burst") {
+		burst, err := fl.GetInt64("burst")
+		if err != nil {
+			return nil, fmt.Errorf("--burst: %w", err)
+		}
+		b.Burst = &burst
+	}
+	b.Expires = fl.String("expires")
+	return b.marshal()
+}
+
+// overrideRequest is the CLI's PUT body: overrideBody as the API reads
+// it, leaving out what the command does not set.
+type overrideRequest struct {
+	Action  string `json:"action,omitempty"`
+	Limit   *int64 `json:"limit,omitempty"`
+	Window  string `json:"window,omitempty"`
+	Burst   *int64 `json:"burst,omitempty"`
+	Expires string `json:"expires,omitempty"`
+}
+
+func (b overrideRequest) marshal() ([]byte, error) {
+	body, err := json.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("writing the override: %w", err)
+	}
+	return body, nil
+}
+
+// cliOverrideAction is `override block` or `override exempt`.
+func cliOverrideAction(action string) cliFunc {
+	return func(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
+		body, err := overrideRequest{Action: action, Expires: fl.String("expires")}.marshal()
+		if err != nil {
+			return err
+		}
+		return showOverride(api, out, http.MethodPut, overridesURI(args[0], args[1]), body)
+	}
+}
+
+func cliOverrideDelete(api *adminClient, _ caddycmd.Flags, args []string, out io.Writer) error {
+	return show(api, out, http.MethodDelete, overridesURI(args[0], args[1]), []string{"ZONE", "KEY", "DELETED"}, func(r overrideRemoval) [][]string {
+		return [][]string{{r.Zone, r.Key, strconv.FormatBool(r.Deleted)}}
 	})
 }

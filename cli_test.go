@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 )
 
 // TestCLISeconds: windows and waits read as Go durations without trailing
@@ -82,5 +83,42 @@ func TestCLIAnswers(t *testing.T) {
 	}
 	if _, err := (&adminClient{addr: "localhost:1-2"}).call(http.MethodGet, "/"); err == nil {
 		t.Error("a port range was taken for an admin address")
+	}
+}
+
+// TestCLIOverrideSetBody: `override set` writes its limit as the API reads
+// it: <n>/<duration> as a tier's rate (a bare unit meaning one of it),
+// <n>/day|week|month as a calendar period, a bare <n> leaving the window
+// to the zone; --burst only when given (0 included, for the API to
+// refuse), --expires as typed; and refuses what no limit can be.
+func TestCLIOverrideSetBody(t *testing.T) {
+	for _, c := range []struct {
+		rate  string
+		flags []string
+		want  string
+	}{
+		{"1000/1h", nil, `{"limit":1000,"window":"1h0m0s"}`},
+		{"5/s", nil, `{"limit":5,"window":"1s"}`},
+		{"10000/d", nil, `{"limit":10000,"window":"24h0m0s"}`},
+		{"100/month", nil, `{"limit":100,"window":"month"}`},
+		{"7", nil, `{"limit":7}`},
+		{"6/30m", []string{"--burst", "2", "--expires", "90m"}, `{"limit":6,"window":"30m0s","burst":2,"expires":"90m"}`},
+		{"6/30m", []string{"--burst", "0"}, `{"limit":6,"window":"30m0s","burst":0}`},
+		{"6", []string{"--expires", "2026-12-01T00:00:00Z"}, `{"limit":6,"expires":"2026-12-01T00:00:00Z"}`},
+	} {
+		cmd := withOverrideSet(cliCommand("set", "", "", 3, cliOverrideSet))
+		if err := cmd.Flags().Parse(c.flags); err != nil {
+			t.Fatal(err)
+		}
+		body, err := overrideSetBody(c.rate, caddycmd.Flags{FlagSet: cmd.Flags()})
+		if err != nil || string(body) != c.want {
+			t.Errorf("set %s %v: %s, %v; want %s", c.rate, c.flags, body, err, c.want)
+		}
+	}
+	for _, rate := range []string{"0", "-3", "0/1h", "ten", "5/fortnight", "5/0s", ""} {
+		cmd := withOverrideSet(cliCommand("set", "", "", 3, cliOverrideSet))
+		if body, err := overrideSetBody(rate, caddycmd.Flags{FlagSet: cmd.Flags()}); err == nil {
+			t.Errorf("set %q: %s, want a refusal", rate, body)
+		}
 	}
 }

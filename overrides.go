@@ -75,6 +75,55 @@ func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) erro
 		return nil
 	}
 	z.ov.set = loadMemoryOverrides(ctx, name, h.logger)
+	z.buildOverrideLimits()
+	return nil
+}
+
+// buildOverrideLimits builds the limits of the overrides z holds when it
+// is provisioned, as its own limit and its tiers' are: a reload then
+// takes over their memory stores from the config it replaces, keeping
+// the state of keys under overrides as it keeps every other key's. (Built
+// on first use instead, they would be made afresh once the replaced
+// config had let go of them.) A limit that cannot be built is left to the
+// request path, which logs it.
+func (z *zone) buildOverrideLimits() {
+	now := time.Now()
+	for _, o := range z.ov.set.table().Snapshot() {
+		if o.Action == limiter.OverrideLimit && o.Active(now) {
+			_, _ = z.overrideLimit(o)
+		}
+	}
+}
+
+// freshen starts key's state under the limit of o, about to be set,
+// afresh unless key's override in force at now already has that limit:
+// an override's limit starts fresh whenever the key's limit changes (from
+// the zone's or a tier's, from another override's, back to an earlier
+// one, or after a delete), not when only its expiry does. It runs before
+// the override is set, so no request is decided by the new limit before
+// its state is fresh.
+func (z *zone) freshen(ctx context.Context, key string, o limiter.Override, now time.Time) error {
+	if o.Action != limiter.OverrideLimit {
+		return nil
+	}
+	// Compared as the memory pool and the Redis key names tell limits
+	// apart: by the policy each makes with the zone's.
+	p := o.Policy(z.limit.policy).String()
+	if old, ok := z.ov.lookup(key); ok && old.Active(now) && old.Action == limiter.OverrideLimit && old.Policy(z.limit.policy).String() == p {
+		return nil
+	}
+	l, err := z.overrideLimit(o)
+	if err != nil {
+		return err
+	}
+	for _, s := range []limiter.Store{l.store, l.local} {
+		if s == nil {
+			continue
+		}
+		if _, err := s.Reset(ctx, key); err != nil {
+			return fmt.Errorf("starting the key's state under its new limit afresh: %w", err)
+		}
+	}
 	return nil
 }
 

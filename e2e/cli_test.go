@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 )
@@ -210,6 +211,165 @@ func TestCLI(t *testing.T) {
 			if code == 0 || out != "" || !strings.Contains(errOut, e.want) {
 				t.Errorf("caddy rate-limit %s: exit %d, stdout %q, stderr %q; want a non-zero exit and %s", strings.Join(e.args, " "), code, out, errOut, e.want)
 			}
+		}
+	})
+}
+
+// cliOverrideSite has memory zones only: api (3/1h, an exact sliding
+// window), cal (100 per calendar month) and bucket (a token bucket), each
+// keyed by X-Client on its own path.
+func cliOverrideSite() string {
+	zone := func(path, name, opts string) string {
+		return `	handle ` + path + ` {
+		rate_limit {
+			zone ` + name + ` {
+				key {header.X-Client}
+` + opts + `			}
+		}
+		respond "ok"
+	}
+`
+	}
+	return globals + "\nhttp://{{http}} {\n" +
+		zone("/api", "api", "\t\t\t\trate 3/1h\n") +
+		zone("/cal", "cal", "\t\t\t\tcalendar month\n\t\t\t\tevents 100\n") +
+		zone("/bucket", "bucket", "\t\t\t\talgorithm token_bucket\n\t\t\t\trate 3/1h\n\t\t\t\tburst 3\n") +
+		"}\n"
+}
+
+// TestCLIOverride: `caddy rate-limit override` against a running Caddy:
+// set (n/duration, a bare n, n/day in a calendar zone, --burst, --expires),
+// block, exempt, list (a zone's, one key's, --json as the API answers),
+// delete; requests follow each change (X-RateLimit-Limit, 429, no
+// fields); and refusals, the CLI's own and the API's, print the message
+// and exit non-zero with nothing on standard output.
+func TestCLIOverride(t *testing.T) {
+	t.Parallel()
+	inst := caddyproc.Start(t, cliOverrideSite())
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
+	c := newClient(t)
+	const key = "a/b:c d" // escaped as a query value
+	limitOf := func(path, client string) string {
+		t.Helper()
+		r := get(t, c, inst.URL(path), "X-Client", client)
+		return r.header.Get("X-RateLimit-Limit")
+	}
+
+	t.Run("set", func(t *testing.T) {
+		if l := limitOf("/api", key); l != "3" {
+			t.Fatalf("before the override: X-RateLimit-Limit %q, want 3", l)
+		}
+		rows := cliTable(t, inst, "override", "set", "api", key, "10/1h", "--expires", "2h")
+		if len(rows) != 1 {
+			t.Fatalf("set: %v", rows)
+		}
+		wantRow(t, "set", rows, map[string]string{"ZONE": "api", "KEY": key, "ACTION": "limit", "LIMIT": "10", "WINDOW": "1h", "BURST": "-"})
+		if in := rows[0]["EXPIRES IN"]; !strings.HasPrefix(in, "1h59m") && in != "2h" {
+			t.Errorf("set --expires 2h: EXPIRES IN %q", in)
+		}
+		if _, err := time.Parse(time.RFC3339, rows[0]["EXPIRES"]); err != nil {
+			t.Errorf("EXPIRES %q: %v", rows[0]["EXPIRES"], err)
+		}
+		if l := limitOf("/api", key); l != "10" {
+			t.Errorf("after override set 10/1h: X-RateLimit-Limit %q, want 10", l)
+		}
+		wantRow(t, "bare n", cliTable(t, inst, "override", "set", "api", "k2", "7"), map[string]string{"KEY": "k2", "LIMIT": "7", "WINDOW": "zone's", "EXPIRES": "never", "EXPIRES IN": "-"})
+		if l := limitOf("/api", "k2"); l != "7" {
+			t.Errorf("after override set 7: X-RateLimit-Limit %q, want 7", l)
+		}
+		wantRow(t, "calendar", cliTable(t, inst, "override", "set", "cal", "c", "500/day"), map[string]string{"ZONE": "cal", "KEY": "c", "LIMIT": "500", "WINDOW": "day"})
+		if l := limitOf("/cal", "c"); l != "500" {
+			t.Errorf("after override set 500/day: X-RateLimit-Limit %q, want 500", l)
+		}
+		wantRow(t, "burst", cliTable(t, inst, "override", "set", "bucket", "t", "6/30m", "--burst", "2"), map[string]string{"ZONE": "bucket", "LIMIT": "6", "WINDOW": "30m", "BURST": "2"})
+		var v struct {
+			Zone     string       `json:"zone"`
+			Override overrideView `json:"override"`
+		}
+		cliJSON(t, inst, &v, "override", "set", "bucket", "t", "6/30m", "--burst", "2")
+		if v.Zone != "bucket" || v.Override != (overrideView{Key: "t", Action: "limit", Limit: 6, Window: "30m0s", Burst: 2}) {
+			t.Errorf("set --json: %+v", v)
+		}
+	})
+
+	t.Run("block exempt", func(t *testing.T) {
+		rows := cliTable(t, inst, "override", "block", "api", "bad", "--expires", "30s")
+		wantRow(t, "block", rows, map[string]string{"ZONE": "api", "KEY": "bad", "ACTION": "block", "LIMIT": "-", "WINDOW": "-"})
+		r := get(t, c, inst.URL("/api"), "X-Client", "bad")
+		checkDenial(t, r, "api", 29, 30)
+		wantRow(t, "exempt", cliTable(t, inst, "override", "exempt", "api", "ops"), map[string]string{"KEY": "ops", "ACTION": "exempt", "EXPIRES": "never"})
+		for i, r := range sequence(t, c, 5, inst.URL("/api"), "X-Client", "ops") {
+			if r.code != 200 || r.hasRateLimitHeaders() {
+				t.Errorf("exempt, request %d: %d %v", i+1, r.code, r.header)
+			}
+		}
+	})
+
+	t.Run("list", func(t *testing.T) {
+		rows := cliTable(t, inst, "override", "list", "api")
+		if len(rows) != 4 {
+			t.Errorf("list api: %v, want 4 rows", rows)
+		}
+		for _, k := range []string{key, "k2", "bad", "ops"} {
+			wantRow(t, "list api", rows, map[string]string{"ZONE": "api", "KEY": k})
+		}
+		wantRow(t, "list api "+key, cliTable(t, inst, "override", "list", "api", key), map[string]string{"KEY": key, "LIMIT": "10"})
+		var fromCLI, fromAPI map[string]any
+		cliJSON(t, inst, &fromCLI, "override", "list", "cal")
+		adminCall(t, inst, http.MethodGet, "/rate_limit/zones/cal/overrides", &fromAPI)
+		if !reflect.DeepEqual(fromCLI, fromAPI) || len(fromAPI["overrides"].([]any)) != 1 {
+			t.Errorf("list cal --json: %v, want the API's %v", fromCLI, fromAPI)
+		}
+		if rows := cliTable(t, inst, "override", "list", "bucket"); len(rows) != 1 {
+			t.Errorf("list bucket: %v", rows)
+		}
+	})
+
+	t.Run("delete", func(t *testing.T) {
+		wantRow(t, "delete", cliTable(t, inst, "override", "delete", "api", key), map[string]string{"ZONE": "api", "KEY": key, "DELETED": "true"})
+		if l := limitOf("/api", key); l != "3" {
+			t.Errorf("after override delete: X-RateLimit-Limit %q, want the zone's 3", l)
+		}
+		var removed struct {
+			Deleted bool `json:"deleted"`
+		}
+		cliJSON(t, inst, &removed, "override", "delete", "api", key)
+		if removed.Deleted {
+			t.Error("delete --json of a key without an override: deleted true")
+		}
+	})
+
+	t.Run("errors", func(t *testing.T) {
+		for _, e := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"override", "set", "api", "k", "0/1h"}, `the limit \"0/1h\": events must be a positive integer`},
+			{[]string{"override", "set", "api", "k", "ten"}, `the limit \"ten\": want <events>/<duration>`},
+			{[]string{"override", "set", "api", "k", "5/1h", "--burst", "2"}, `zone \"api\" (sliding_window_log): burst applies only to token_bucket and leaky_bucket, not sliding_window_log (HTTP 400)`},
+			{[]string{"override", "set", "cal", "k", "5/1h"}, `give the window as day, week or month (HTTP 400)`},
+			{[]string{"override", "set", "api", "k", "5/day"}, `zone \"api\" is not a calendar zone`},
+			{[]string{"override", "set", "api", "k", "5/1h", "--expires", "2020-01-01T00:00:00Z"}, `is already past (HTTP 400)`},
+			{[]string{"override", "block", "api", "k", "--expires", "later"}, `expires \"later\" is neither a duration`},
+			{[]string{"override", "set", "nope", "k", "5/1h"}, `no zone \"nope\" in the running config (HTTP 404)`},
+			{[]string{"override", "list", "nope", "--json"}, `no zone \"nope\" in the running config (HTTP 404)`},
+			{[]string{"override", "delete", "nope", "k"}, `no zone \"nope\" in the running config (HTTP 404)`},
+			{[]string{"override", "list", "api", "nobody"}, `zone \"api\" has no override for key \"nobody\" (HTTP 404)`},
+			{[]string{"override", "set", "api", "k"}, `accepts 3 arg(s), received 2`},
+			{[]string{"override", "list"}, `accepts between 1 and 2 arg(s), received 0`},
+			{[]string{"override", "remove", "api", "k"}, `unknown override command \"remove\": want list, set, block, exempt or delete`},
+		} {
+			out, errOut, code := cliRun(t, inst, e.args...)
+			if code == 0 || out != "" || !strings.Contains(errOut, e.want) {
+				t.Errorf("caddy rate-limit %s: exit %d, stdout %q, stderr %q; want a non-zero exit and %s", strings.Join(e.args, " "), code, out, errOut, e.want)
+			}
+		}
+		if l := limitOf("/api", "k"); l != "3" {
+			t.Errorf("after refused commands: X-RateLimit-Limit %q, want the zone's 3", l)
 		}
 	})
 }

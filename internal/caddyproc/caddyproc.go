@@ -85,6 +85,9 @@ type Instance struct {
 	dir     string
 	adapter string
 	env     []string // extra "NAME=value" for the process (WithEnv)
+	// template is the config the instance was started with, which
+	// Restart runs again.
+	template string
 
 	mu    sync.Mutex
 	addrs map[string]string // placeholder name -> 127.0.0.1:port
@@ -132,7 +135,7 @@ func start(t testing.TB, config, adapter string, opts []Option) *Instance {
 	bin := Binary(t)
 	var last error
 	for range 3 {
-		inst := &Instance{t: t, dir: t.TempDir(), adapter: adapter, addrs: map[string]string{}, log: new(lockedBuffer)}
+		inst := &Instance{t: t, dir: t.TempDir(), adapter: adapter, template: config, addrs: map[string]string{}, log: new(lockedBuffer)}
 		for _, opt := range opts {
 			opt(inst)
 		}
@@ -360,6 +363,31 @@ func (i *Instance) Stop() {
 		return
 	}
 	proc.Stop(cmd.Process, done, stopTimeout, syscall.SIGTERM)
+}
+
+// Restart stops the process and runs Caddy again as Start did: with the
+// config it was started with (not one loaded since), in the same
+// directory and home, so what Caddy saved in its storage (under
+// XDG_DATA_HOME) is found again, and on the same ports, or fresh ones if
+// another process took one meanwhile. It returns once the new process
+// answers, as Start does; the test fails if it cannot start.
+func (i *Instance) Restart() {
+	i.t.Helper()
+	i.Stop()
+	bin := Binary(i.t)
+	var last error
+	for range 3 {
+		if last = i.launch(bin, i.template); last == nil {
+			return
+		}
+		if !strings.Contains(last.Error(), "address already in use") {
+			break
+		}
+		i.mu.Lock()
+		i.addrs = map[string]string{}
+		i.mu.Unlock()
+	}
+	i.t.Fatalf("caddyproc: restarting caddy: %v", last)
 }
 
 // newAddr picks a free loopback address that no other placeholder of this
