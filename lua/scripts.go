@@ -22,6 +22,10 @@
 // Which parts make which algorithm's script is said once, in package
 // limiter's algorithm table, so adding an algorithm touches its own .lua
 // file and that table, not this package.
+//
+// Two scripts decide nothing and stand alone, without the prelude:
+// time_probe.lua (TimeProbe) and override_set.lua (OverrideSet), which
+// writes a zone's runtime overrides.
 package lua
 
 import (
@@ -40,6 +44,15 @@ var timeProbe string
 // scripts call TIME, which the others read their clock from: it stands
 // alone, without prelude.lua, since the prelude's clock is what it checks.
 func TimeProbe() string { return timeProbe }
+
+//go:embed override_set.lua
+var overrideSet string
+
+// OverrideSet is the source of the script that writes or deletes one
+// runtime override in its zone's set, changes the set's version and
+// publishes the change, atomically, so every instance learns of exactly
+// the writes the set holds (see limiter/redis_overrides.go).
+func OverrideSet() string { return overrideSet }
 
 // Script is the source of one script: prelude.lua followed by the named
 // files in order. It fails only for a name that is not a file of this
