@@ -13,10 +13,10 @@ import (
 // a calendar window) a take, a peek, a refund and a reset, each of whose
 // decisions must be what it is on a fresh key; the scripts loaded first,
 // as the warm start does; a lease through a NearCache whose give-back goes
-// out in a batch when it closes; a renewal; and the renewal of a
-// concurrency slot. It returns the first error, naming the operation, so
-// the TLS and ACL tests can check what a refused connection or command
-// says.
+// out in a batch when it closes; a renewal; the renewal of a concurrency
+// slot; and runtime overrides (exerciseRedisOverrides). It returns the
+// first error, naming the operation, so the TLS and ACL tests can check
+// what a refused connection or command says.
 func exerciseRedisStore(ctx context.Context, client redis.UniversalClient) error {
 	berlin, err := time.LoadLocation("Europe/Berlin")
 	if err != nil {
@@ -119,5 +119,5 @@ func exerciseRedisStore(ctx context.Context, client redis.UniversalClient) error
 			return fmt.Errorf("%s after the give-back: %+v, want 99 left", key, d)
 		}
 	}
-	return nil
+	return exerciseRedisOverrides(ctx, client)
 }

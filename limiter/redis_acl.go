@@ -24,17 +24,18 @@ var scriptCommand = regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'`)
 // ACL user lacks without ACL LOG. Any other error is returned as it is;
 // err stays in the chain either way.
 func (r *Redis) nameDeniedCommand(err error) error {
+	return nameScriptDenial(err, map[string]string{r.script.Hash(): r.src, r.batchScript.Hash(): r.batchSrc})
+}
+
+// nameScriptDenial is nameDeniedCommand for the scripts whose sources are
+// given by their SHA1.
+func nameScriptDenial(err error, sources map[string]string) error {
 	m := scriptDenial.FindStringSubmatch(err.Error())
 	if m == nil {
 		return err
 	}
-	var src string
-	switch m[1] {
-	case r.script.Hash():
-		src = r.src
-	case r.batchScript.Hash():
-		src = r.batchSrc
-	default:
+	src, ok := sources[m[1]]
+	if !ok {
 		return err
 	}
 	line, convErr := strconv.Atoi(m[2])

@@ -88,6 +88,10 @@ func TestRedisACLUserMissingCommand(t *testing.T) {
 		{"+script|load", []string{"'script|load' command"}},
 		{"+pexpire", []string{"calls PEXPIRE: the ACL user needs +pexpire", "'pexpire' command"}},
 		{"+zadd", []string{"calls ZADD: the ACL user needs +zadd", "'zadd' command"}},
+		{"+hgetall", []string{"'hgetall' command"}},
+		{"+hset", []string{"calls HSET: the ACL user needs +hset", "'hset' command"}},
+		{"+subscribe", []string{"'subscribe' command"}},
+		{"&floodgate:*", []string{"can't publish to the channel", "no permissions to access one of the channels"}},
 	} {
 		t.Run(tc.drop, func(t *testing.T) {
 			if !slices.Contains(rule, tc.drop) {

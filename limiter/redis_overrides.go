@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -119,6 +120,9 @@ type RedisOverrides struct {
 	onSkip   func(zone, key string, err error)
 	onError  func(err error)
 	script   *redis.Script
+	// most is the most overrides a zone may hold: MaxOverrides, less in
+	// tests.
+	most int
 
 	// ctx ends the zones' goroutines and their calls when Close cancels it.
 	ctx    context.Context
@@ -150,6 +154,9 @@ type overrideZone struct {
 	// own are the versions of this instance's writes, so that their
 	// messages are not taken for another instance's.
 	own map[string]ownWrite
+	// loads counts whole loads, so tests can tell that a message was
+	// applied by reading its key alone.
+	loads atomic.Int64
 
 	psMu     sync.Mutex
 	ps       *redis.PubSub
@@ -199,6 +206,7 @@ func NewRedisOverrides(client redis.UniversalClient, opts RedisOverridesOptions)
 		onError:  opts.OnError,
 		script:   redis.NewScript(lua.OverrideSet()),
 		zones:    map[string]*overrideZone{},
+		most:     MaxOverrides,
 	}
 	if r.prefix == "" {
 		r.prefix = DefaultRedisPrefix
@@ -325,7 +333,7 @@ func (r *RedisOverrides) Set(ctx context.Context, zone, key string, o Override) 
 		return fmt.Errorf("setting the override of %q in zone %q: %w", key, zone, err)
 	}
 	if existed < 0 {
-		return fmt.Errorf("setting the override of %q in zone %q: %w: the zone holds %d, the most it may", key, zone, ErrTooManyOverrides, MaxOverrides)
+		return fmt.Errorf("setting the override of %q in zone %q: %w: the zone holds %d, the most it may", key, zone, ErrTooManyOverrides, r.most)
 	}
 	return nil
 }
@@ -367,11 +375,13 @@ func (r *RedisOverrides) write(ctx context.Context, zone, key, rec string, keep 
 		z.mu.Unlock()
 	}
 	set := r.setKey(zone)
-	reply, err := r.script.Run(ctx, r.client, []string{set}, key, rec, next, keep, set, zone, MaxOverrides).Slice()
+	reply, err := r.script.Run(ctx, r.client, []string{set}, key, rec, next, keep, set, zone, r.most).Slice()
 	var existed int64
 	var prev string
 	if err == nil {
 		existed, prev, err = readSetReply(reply)
+	} else {
+		err = nameScriptDenial(err, map[string]string{r.script.Hash(): lua.OverrideSet()})
 	}
 	if z == nil {
 		return existed, err
@@ -708,6 +718,7 @@ func (z *overrideZone) checkLocked(ctx context.Context) ([]string, map[string]st
 // another type is as good as no set: the table is emptied and the error
 // says what holds the name.
 func (z *overrideZone) loadLocked(ctx context.Context) ([]string, map[string]string, error) {
+	z.loads.Add(1)
 	h, err := z.r.client.HGetAll(ctx, z.key).Result()
 	if err != nil {
 		if !isWrongType(err) {
@@ -757,14 +768,14 @@ func (r *RedisOverrides) readSet(zone string, h map[string]string) (string, map[
 				lapsed = map[string]string{}
 			}
 			lapsed[k] = v
-		case len(set) >= MaxOverrides:
+		case len(set) >= r.most:
 			extra++
 		default:
 			set[k] = o
 		}
 	}
 	if extra > 0 {
-		r.fail(fmt.Errorf("overrides of zone %q: the set holds %d more than the %d a zone may; they are skipped", zone, extra, MaxOverrides))
+		r.fail(fmt.Errorf("overrides of zone %q: the set holds %d more than the %d a zone may; they are skipped", zone, extra, r.most))
 	}
 	return version, set, lapsed
 }

@@ -35,7 +35,8 @@
 -- when the set is new or would lapse sooner, and a persistent set stays
 -- so. Redis thus drops a set once every record in it has lapsed.
 
-local set, field, record, version = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local set = KEYS[1]
+local field, record, version = ARGV[1], ARGV[2], ARGV[3]
 local prev = redis.call('HGET', set, '')
 if not prev then
   prev = ''
