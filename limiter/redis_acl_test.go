@@ -91,7 +91,7 @@ func TestRedisACLUserMissingCommand(t *testing.T) {
 		{"+hgetall", []string{"'hgetall' command"}},
 		{"+hset", []string{"calls HSET: the ACL user needs +hset", "'hset' command"}},
 		{"+subscribe", []string{"'subscribe' command"}},
-		{"&floodgate:*", []string{"can't publish to the channel", "no permissions to access one of the channels"}},
+		{"&floodgate:*", []string{"can't publish to the channel", "No permissions to access a channel", "no permissions to access one of the channels"}},
 	} {
 		t.Run(tc.drop, func(t *testing.T) {
 			if !slices.Contains(rule, tc.drop) {

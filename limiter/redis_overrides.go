@@ -157,6 +157,9 @@ type overrideZone struct {
 	// loads counts whole loads, so tests can tell that a message was
 	// applied by reading its key alone.
 	loads atomic.Int64
+	// subscriptions counts the subscription's confirmations handled, so
+	// tests can wait until a zone hears its messages.
+	subscriptions atomic.Int64
 
 	psMu     sync.Mutex
 	ps       *redis.PubSub
@@ -533,6 +536,7 @@ func (z *overrideZone) subscribe() {
 				// Subscribed anew: whatever was published while it was
 				// not is in the set's version.
 				z.check()
+				z.subscriptions.Add(1)
 			}
 		case *redis.Message:
 			z.message(m.Payload)

@@ -108,6 +108,21 @@ func (o testOverrides) loads(zone string) int64 {
 	return o.zones[zone].loads.Load()
 }
 
+// subscribed waits until zone's subscription is confirmed and handled, so
+// that no message published after it is missed.
+func (o testOverrides) subscribed(t testing.TB, zone string) {
+	t.Helper()
+	o.mu.Lock()
+	z := o.zones[zone]
+	o.mu.Unlock()
+	testutil.Eventually(t, zone+"'s subscription", func() error {
+		if z.subscriptions.Load() == 0 {
+			return errors.New("not subscribed yet")
+		}
+		return nil
+	})
+}
+
 // holds is nil once table holds want for key (nil: no override).
 func holds(table *OverrideTable, key string, want *Override) func() error {
 	return func() error {
@@ -154,6 +169,8 @@ func TestRedisOverridesPropagate(t *testing.T) {
 	b := newTestOverrides(t, redisClient(t, cfg), RedisOverridesOptions{})
 	ta, tb := a.zone(t, "api"), b.zone(t, "api")
 	ctx := context.Background()
+	a.subscribed(t, "api")
+	b.subscribed(t, "api")
 
 	for i, o := range []Override{tenX, twoX, block, exempt} {
 		a.set(t, "api", "alice", o)
@@ -251,6 +268,7 @@ func TestRedisOverridesMissedMessage(t *testing.T) {
 		// A refresh of an hour: only the resubscription can bring it.
 		b := newTestOverrides(t, s.Client(t), RedisOverridesOptions{Refresh: time.Hour})
 		table := b.zone(t, "resub")
+		b.subscribed(t, "resub")
 		writeQuietly(t, "resub", "bob", tenX)
 		time.Sleep(100 * time.Millisecond) // a message would have come by now
 		if err := holds(table, "bob", nil)(); err != nil {
@@ -260,6 +278,12 @@ func TestRedisOverridesMissedMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 		d := testutil.Within(t, "the resubscription's reload", propagationLimit, holds(table, "bob", &tenX))
+		testutil.Eventually(t, "the second subscription", func() error {
+			if n := b.zones["resub"].subscriptions.Load(); n != 2 {
+				return fmt.Errorf("%d subscriptions, want 2", n)
+			}
+			return nil
+		})
 		t.Logf("applied %v after CLIENT KILL", d)
 		testutil.Eventually(t, "OnChange", func() error {
 			if got := b.events.changes(); !slices.Equal(got, []string{"resub/bob"}) {
@@ -301,6 +325,7 @@ func TestRedisOverridesMissedMessage(t *testing.T) {
 		a := newTestOverrides(t, s.Client(t), RedisOverridesOptions{})
 		b := newTestOverrides(t, s.Client(t), RedisOverridesOptions{Refresh: time.Hour})
 		table := b.zone(t, "turn")
+		b.subscribed(t, "turn")
 		a.set(t, "turn", "erin", tenX)
 		testutil.Within(t, "b to apply", propagationLimit, holds(table, "erin", &tenX))
 		// Written quietly, then a message that does not start from b's
@@ -668,6 +693,7 @@ func TestRedisOverridesClusterAndShards(t *testing.T) {
 			}
 			for _, z := range zones {
 				table := b.zone(t, z)
+				b.subscribed(t, z)
 				a.set(t, z, "alice", tenX)
 				testutil.Within(t, z+": the set", propagationLimit, holds(table, "alice", &tenX))
 				if _, err := a.Delete(context.Background(), z, "alice"); err != nil {
