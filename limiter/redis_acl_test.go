@@ -88,7 +88,7 @@ func TestRedisACLUserMissingCommand(t *testing.T) {
 		{"+script|load", []string{"'script|load' command"}},
 		{"+pexpire", []string{"calls PEXPIRE: the ACL user needs +pexpire", "'pexpire' command"}},
 		{"+zadd", []string{"calls ZADD: the ACL user needs +zadd", "'zadd' command"}},
-		{"+hgetall", []string{"'hgetall' command"}},
+		{"+hscan", []string{"'hscan' command"}},
 		{"+hset", []string{"calls HSET: the ACL user needs +hset", "'hset' command"}},
 		{"+subscribe", []string{"'subscribe' command"}},
 		{"&floodgate:*", []string{"can't publish to the channel", "No permissions to access a channel", "no permissions to access one of the channels"}},

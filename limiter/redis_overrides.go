@@ -271,8 +271,6 @@ func (r *RedisOverrides) Zone(ctx context.Context, zone string) (*OverrideTable,
 	go z.subscribe()
 	go z.refreshEvery()
 
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
 	_, lapsed, err := z.loadLocked(ctx)
 	z.mu.Unlock()
 	if err != nil {
@@ -369,8 +367,6 @@ func (r *RedisOverrides) write(ctx context.Context, zone, key, rec string, keep 
 	z := r.zones[zone]
 	r.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
 	next := newOverrideVersion()
 	if z != nil {
 		z.mu.Lock()
@@ -378,7 +374,9 @@ func (r *RedisOverrides) write(ctx context.Context, zone, key, rec string, keep 
 		z.mu.Unlock()
 	}
 	set := r.setKey(zone)
-	reply, err := r.script.Run(ctx, r.client, []string{set}, key, rec, next, keep, set, zone, r.most).Slice()
+	callCtx, cancel := r.call(ctx)
+	reply, err := r.script.Run(callCtx, r.client, []string{set}, key, rec, next, keep, set, zone, r.most).Slice()
+	cancel()
 	var existed int64
 	var prev string
 	if err == nil {
@@ -461,14 +459,12 @@ func (r *RedisOverrides) List(ctx context.Context, zone string) (map[string]Over
 	if closed {
 		return nil, fmt.Errorf("listing the overrides of zone %q: %w", zone, errOverridesClosed)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
 	setKey := r.setKey(zone)
-	h, err := r.client.HGetAll(ctx, setKey).Result()
+	_, h, err := r.scanSet(ctx, setKey)
 	if err != nil {
 		return nil, fmt.Errorf("listing the overrides of zone %q: %w", zone, err)
 	}
-	_, set, lapsed := r.readSet(zone, h)
+	_, set, lapsed := r.readSet(zone, "", h)
 	r.prune(ctx, zone, setKey, lapsed)
 	return set, nil
 }
@@ -553,7 +549,7 @@ func (z *overrideZone) openSubscription() (*redis.PubSub, error) {
 	if z.psClosed {
 		return nil, errOverridesClosed
 	}
-	ctx, cancel := context.WithTimeout(z.r.ctx, z.r.timeout)
+	ctx, cancel := z.r.call(z.r.ctx)
 	defer cancel()
 	var ps *redis.PubSub
 	if ring, ok := z.r.client.(*redis.Ring); ok {
@@ -614,8 +610,7 @@ func (z *overrideZone) refreshEvery() {
 // check compares the set's version with the table's and reloads the set
 // when they differ.
 func (z *overrideZone) check() {
-	ctx, cancel := context.WithTimeout(z.r.ctx, z.r.timeout)
-	defer cancel()
+	ctx := z.r.ctx
 	z.mu.Lock()
 	changed, lapsed, err := z.checkLocked(ctx)
 	z.mu.Unlock()
@@ -624,8 +619,7 @@ func (z *overrideZone) check() {
 
 // message applies one message of the zone's channel.
 func (z *overrideZone) message(payload string) {
-	ctx, cancel := context.WithTimeout(z.r.ctx, z.r.timeout)
-	defer cancel()
+	ctx := z.r.ctx
 	z.mu.Lock()
 	changed, lapsed, err := z.messageLocked(ctx, payload)
 	z.mu.Unlock()
@@ -683,6 +677,8 @@ func (z *overrideZone) messageLocked(ctx context.Context, payload string) ([]str
 // or removes the key when it has none (or an unreadable or lapsed one);
 // it reports whether the table changed.
 func (z *overrideZone) applyKeyLocked(ctx context.Context, key string) (bool, error) {
+	ctx, cancel := z.r.call(ctx)
+	defer cancel()
 	v, err := z.r.client.HGet(ctx, z.key, key).Result()
 	if errors.Is(err, redis.Nil) {
 		return z.table.Remove(key), nil
@@ -702,7 +698,9 @@ func (z *overrideZone) applyKeyLocked(ctx context.Context, key string) (bool, er
 // to prune.
 func (z *overrideZone) checkLocked(ctx context.Context) ([]string, map[string]string, error) {
 	if z.loaded {
-		v, err := z.r.client.HGet(ctx, z.key, "").Result()
+		callCtx, cancel := z.r.call(ctx)
+		v, err := z.r.client.HGet(callCtx, z.key, "").Result()
+		cancel()
 		switch {
 		case errors.Is(err, redis.Nil):
 			v = "" // no set, or one without a version: none
@@ -723,7 +721,7 @@ func (z *overrideZone) checkLocked(ctx context.Context) ([]string, map[string]st
 // says what holds the name.
 func (z *overrideZone) loadLocked(ctx context.Context) ([]string, map[string]string, error) {
 	z.loads.Add(1)
-	h, err := z.r.client.HGetAll(ctx, z.key).Result()
+	version, h, err := z.r.scanSet(ctx, z.key)
 	if err != nil {
 		if !isWrongType(err) {
 			return nil, nil, fmt.Errorf("loading %s: %w", z.key, err)
@@ -732,7 +730,7 @@ func (z *overrideZone) loadLocked(ctx context.Context) ([]string, map[string]str
 		z.loaded, z.version = false, ""
 		return changed, nil, fmt.Errorf("loading %s: it is not a hash, so the zone has no overrides until it is deleted: %w", z.key, err)
 	}
-	version, set, lapsed := z.r.readSet(z.name, h)
+	_, set, lapsed := z.r.readSet(z.name, version, h)
 	changed := z.table.Replace(set)
 	z.loaded, z.version = true, version
 	z.forgetOwnLocked()
@@ -750,13 +748,12 @@ func (z *overrideZone) forgetOwnLocked() {
 	}
 }
 
-// readSet splits a zone's set as HGETALL returns it into its version, the
-// overrides in force, and the lapsed records (by key, as stored). Records
-// that cannot be read are skipped through OnSkip; past MaxOverrides the
-// rest are skipped with one OnError.
-func (r *RedisOverrides) readSet(zone string, h map[string]string) (string, map[string]Override, map[string]string) {
+// readSet splits a zone's set as scanSet returns it into the overrides in
+// force and the lapsed records (by key, as stored); it passes version
+// through. Records that cannot be read are skipped through OnSkip; past
+// MaxOverrides the rest are skipped with one OnError.
+func (r *RedisOverrides) readSet(zone, version string, h map[string]string) (string, map[string]Override, map[string]string) {
 	now := r.clock.Now()
-	version := h[""]
 	set := make(map[string]Override, len(h))
 	var lapsed map[string]string
 	extra := 0
@@ -816,6 +813,8 @@ func (r *RedisOverrides) prune(ctx context.Context, zone, setKey string, lapsed 
 	if len(lapsed) == 0 || ctx.Err() != nil {
 		return
 	}
+	ctx, cancel := r.call(ctx)
+	defer cancel()
 	args := func(k, v string) []any { return []any{k, "", "", 0, setKey, zone, 0, v} }
 	keys := []string{setKey}
 	n := 0
@@ -841,6 +840,51 @@ func (r *RedisOverrides) prune(ctx context.Context, zone, setKey string, lapsed 
 	}
 	if err = errors.Join(first, err); err != nil {
 		r.fail(fmt.Errorf("overrides of zone %q: removing lapsed overrides: %w", zone, err))
+	}
+}
+
+// call bounds one call to Redis made within ctx by the timeout.
+func (r *RedisOverrides) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.timeout)
+}
+
+// scanChunk is how many fields one HSCAN call asks for.
+const scanChunk = 1000
+
+// scanSet reads a zone's set: its version, read first, and then every
+// field in chunks of about scanChunk by HSCAN, each call bounded by the
+// timeout, so a large set neither holds up Redis (as one HGETALL of
+// 100,000 fields would, and every decision of the instances with it) nor
+// needs a longer timeout. The chunks are not one snapshot: a write made
+// during the scan may be read or not, but its message starts from a
+// version no earlier than the one returned, so it is applied after the
+// load whichever it was. A missing set is version "" with no fields.
+func (r *RedisOverrides) scanSet(ctx context.Context, key string) (string, map[string]string, error) {
+	callCtx, cancel := r.call(ctx)
+	version, err := r.client.HGet(callCtx, key, "").Result()
+	cancel()
+	switch {
+	case errors.Is(err, redis.Nil):
+		version = ""
+	case err != nil:
+		return "", nil, err
+	}
+	h := map[string]string{}
+	var cursor uint64
+	for {
+		callCtx, cancel := r.call(ctx)
+		kvs, next, err := r.client.HScan(callCtx, key, cursor, "", scanChunk).Result()
+		cancel()
+		if err != nil {
+			return "", nil, err
+		}
+		for i := 0; i+1 < len(kvs); i += 2 {
+			h[kvs[i]] = kvs[i+1]
+		}
+		if next == 0 {
+			return version, h, nil
+		}
+		cursor = next
 	}
 }
 

@@ -906,3 +906,46 @@ func overrideTableOf(n int) *OverrideTable {
 	t.Replace(m)
 	return t
 }
+
+// BenchmarkRedisOverridesLoad: a whole load of a zone's set of 100,000
+// overrides (HSCAN in chunks and parsing every record), what an instance pays when
+// it opens the zone, resubscribes, or finds the version moved without the
+// message.
+func BenchmarkRedisOverridesLoad(b *testing.B) {
+	const n = 100_000
+	s := redistest.Start(b)
+	ctx := context.Background()
+	client := s.Client(b)
+	rec, err := Override{Action: OverrideLimit, Events: 1000, Window: time.Minute, Expires: time.Now().Add(time.Hour)}.MarshalJSON()
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := "floodgate:overrides:api"
+	for i := 0; i < n; i += 1000 {
+		args := make([]any, 0, 2000)
+		for j := i; j < i+1000; j++ {
+			args = append(args, fmt.Sprintf("user-%d", 100_000+j), rec)
+		}
+		if err := client.HSet(ctx, key, args...).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r, err := NewRedisOverrides(client, RedisOverridesOptions{Timeout: time.Minute, Refresh: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	table, err := r.Zone(ctx, "api")
+	if err != nil || table.Len() != n {
+		b.Fatalf("loaded %d, %v", table.Len(), err)
+	}
+	z := r.zones["api"]
+	for b.Loop() {
+		z.mu.Lock()
+		_, _, err := z.loadLocked(ctx)
+		z.mu.Unlock()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
