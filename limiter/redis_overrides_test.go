@@ -949,3 +949,37 @@ func BenchmarkRedisOverridesLoad(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRedisOverridesPropagation: how long a change set on one
+// instance takes to be in another's table, over 100 changes on one
+// redis-server (the median and the largest, as metrics); the waiting is
+// a poll every 20µs, which the figures include.
+func BenchmarkRedisOverridesPropagation(b *testing.B) {
+	s := redistest.Start(b)
+	a := newTestOverrides(b, s.Client(b), RedisOverridesOptions{})
+	o := newTestOverrides(b, s.Client(b), RedisOverridesOptions{})
+	table := o.zone(b, "api")
+	o.subscribed(b, "api")
+	ctx := context.Background()
+	var delays []time.Duration
+	for b.Loop() {
+		delays = delays[:0]
+		for i := range 100 {
+			want := Override{Action: OverrideLimit, Events: int64(1 + i), Window: time.Minute}
+			start := time.Now()
+			if err := a.Set(ctx, "api", "alice", want); err != nil {
+				b.Fatal(err)
+			}
+			for got, _ := table.Lookup("alice"); got != want; got, _ = table.Lookup("alice") {
+				if time.Since(start) > testutil.WaitLimit {
+					b.Fatalf("change %d not applied", i)
+				}
+				time.Sleep(20 * time.Microsecond)
+			}
+			delays = append(delays, time.Since(start))
+		}
+	}
+	slices.Sort(delays)
+	b.ReportMetric(float64(delays[len(delays)/2].Microseconds()), "µs-median")
+	b.ReportMetric(float64(delays[len(delays)-1].Microseconds()), "µs-max")
+}
