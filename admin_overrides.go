@@ -266,7 +266,11 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 			}
 		}
 		if err := s.set.put(r.Context(), k, o); err != nil {
-			return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
+			status := http.StatusBadGateway
+			if errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides) {
+				status = http.StatusBadRequest
+			}
+			return adminError(status, "zone %q: %v", name, err)
 		}
 		s.changed(k)
 		out = append(out, zoneOverride{Zone: name, Override: viewOverride(k, o, now)})

@@ -101,6 +101,11 @@ type Handler struct {
 	// its pool key.
 	redis    pooledRedis
 	redisKey string
+	// overrides are the runtime overrides of the handler's redis zones,
+	// shared with every handler on the same Redis and prefix, released by
+	// overridesKey.
+	overrides    *limiter.RedisOverrides
+	overridesKey string
 	// clock is the handler's time source, and its memory stores' and
 	// near caches' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
@@ -417,7 +422,11 @@ func (h *Handler) Cleanup() error {
 	}
 	h.jwt.Close()
 	if key := h.redisKey; key != "" {
-		h.inflight.releaseWhenIdle(func() { releaseRedisClient(key) })
+		ovKey := h.overridesKey
+		h.inflight.releaseWhenIdle(func() {
+			releaseRedisOverrides(ovKey)
+			releaseRedisClient(key)
+		})
 	}
 	return nil
 }
@@ -446,8 +455,10 @@ func (h *Handler) provisionShared(ctx caddy.Context) error {
 func (h *Handler) releaseShared() {
 	h.jwt.Close()
 	h.jwt = nil
+	releaseRedisOverrides(h.overridesKey)
 	releaseRedisClient(h.redisKey)
 	h.redis, h.redisKey = pooledRedis{}, ""
+	h.overrides, h.overridesKey = nil, ""
 }
 
 func (h *Handler) releaseZones() {

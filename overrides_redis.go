@@ -1,10 +1,132 @@
 package ratelimit
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"time"
+
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// redisOverrides: placeholder until the Redis side lands (same session).
+// redisOverrideSources shares one limiter.RedisOverrides (its
+// subscriptions and refreshes) among the handlers on one Redis client,
+// key prefix and refresh interval, so a reload keeps them.
+var redisOverrideSources = caddy.NewUsagePool()
+
+// pooledOverrides is a shared limiter.RedisOverrides.
+type pooledOverrides struct{ *limiter.RedisOverrides }
+
+// Destruct stops its subscriptions once no config uses it.
+func (p pooledOverrides) Destruct() error { return p.Close() }
+
+// overridesLoadTimeout bounds how long provisioning waits for a zone's
+// overrides from Redis; past it the zone starts without them and takes
+// them when its subscription connects.
+const overridesLoadTimeout = time.Second
+
+// redisOverrideSet is a redis zone's overrides, shared through Redis.
+type redisOverrideSet struct {
+	ro   *limiter.RedisOverrides
+	zone string
+	t    *limiter.OverrideTable
+}
+
+func (s redisOverrideSet) table() *limiter.OverrideTable { return s.t }
+
+func (s redisOverrideSet) put(ctx context.Context, key string, o limiter.Override) error {
+	return s.ro.Set(ctx, s.zone, key, o)
+}
+
+func (s redisOverrideSet) remove(ctx context.Context, key string) (bool, error) {
+	return s.ro.Delete(ctx, s.zone, key)
+}
+
+func (s redisOverrideSet) list(ctx context.Context) (map[string]limiter.Override, error) {
+	return s.ro.List(ctx, s.zone)
+}
+
+// redisOverrides returns zone's overrides on h's Redis, loading them
+// before the zone serves: an instance started after an override was set
+// applies it from its first request.
 func (h *Handler) redisOverrides(ctx caddy.Context, zone string) (overrideSet, error) {
-	return loadMemoryOverrides(ctx, zone, h.logger), nil
+	if h.overridesKey == "" {
+		ro, key, err := loadRedisOverrides(h)
+		if err != nil {
+			return nil, err
+		}
+		h.overrides, h.overridesKey = ro, key
+	}
+	loadCtx, cancel := context.WithTimeout(ctx, overridesLoadTimeout)
+	defer cancel()
+	t, err := h.overrides.Zone(loadCtx, zone)
+	if err != nil {
+		h.logger.Warn("a redis zone's runtime overrides could not be loaded; it starts without them and applies them once Redis answers",
+			zap.String("zone", zone), zap.Error(err))
+	}
+	return redisOverrideSet{ro: h.overrides, zone: zone, t: t}, nil
+}
+
+// loadRedisOverrides returns the shared RedisOverrides of h's client,
+// prefix and refresh, with the key to release it by.
+func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
+	cfg := h.Redis
+	raw, err := json.Marshal([]any{h.redisKey, cfg.KeyPrefix, cfg.OverridesRefresh})
+	if err != nil {
+		return nil, "", fmt.Errorf("redis overrides: %w", err)
+	}
+	key := string(raw)
+	logger := h.logger
+	client := h.redis.UniversalClient
+	v, _, err := redisOverrideSources.LoadOrNew(key, func() (caddy.Destructor, error) {
+		var errorLogged atomic.Int64
+		ro, err := limiter.NewRedisOverrides(client, limiter.RedisOverridesOptions{
+			Prefix:   cfg.KeyPrefix,
+			Refresh:  time.Duration(cfg.OverridesRefresh),
+			OnChange: func(zone, key string) { overrideChangedEverywhere(zone, key, logger) },
+			OnSkip: func(zone, key string, err error) {
+				logger.Warn("a runtime override stored in Redis cannot be read; skipped",
+					zap.String("zone", zone), zap.String("key_hash", keyHash(key)), zap.Error(err))
+			},
+			OnError: func(err error) {
+				now := time.Now().UnixNano()
+				if last := errorLogged.Load(); now-last >= int64(failLogInterval) && errorLogged.CompareAndSwap(last, now) {
+					logger.Warn("runtime overrides could not be read from Redis; changes apply once it answers", zap.Error(err))
+				}
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return pooledOverrides{ro}, nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("redis overrides: %w", err)
+	}
+	return v.(pooledOverrides).RedisOverrides, key, nil
+}
+
+// overrideChangedEverywhere gives back, in every zone of that name whose
+// overrides come from Redis, what this instance leased for a key whose
+// override another instance changed.
+func overrideChangedEverywhere(zone, key string, logger *zap.Logger) {
+	for _, reg := range zones.named(zone) {
+		z := reg.zone
+		if z.ov == nil || z.ov.set == nil {
+			continue
+		}
+		if _, ok := z.ov.set.(redisOverrideSet); ok {
+			z.overrideChanged(key, logger)
+		}
+	}
+}
+
+func releaseRedisOverrides(key string) {
+	if key != "" {
+		_, _ = redisOverrideSources.Delete(key)
+	}
 }
