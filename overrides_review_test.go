@@ -1,0 +1,106 @@
+package ratelimit
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// adminOverride sends one request to the admin API's overrides route of
+// zone name and returns its status and body (an adminError's status when
+// the route refused it).
+func adminOverride(t *testing.T, method, name, key, body string) (int, string) {
+	t.Helper()
+	target := adminPrefix + "zones/" + url.PathEscape(name) + "/overrides"
+	if key != "" {
+		target += "?key=" + url.QueryEscape(key)
+	}
+	r := httptest.NewRequest(method, target, strings.NewReader(body))
+	w := httptest.NewRecorder()
+	if err := serveAdmin(w, r); err != nil {
+		var ae caddy.APIError
+		if errors.As(err, &ae) {
+			return ae.HTTPStatus, ae.Message
+		}
+		t.Fatalf("%s %s: %v", method, target, err)
+	}
+	return w.Code, w.Body.String()
+}
+
+// TestReviewOverrideConcurrencySlotOutlivesFreshen: a concurrency zone's
+// key under override L1 (1 in flight) holds a slot; the operator changes
+// the override to L2 and back to L1, which starts L1's state afresh (as
+// the README promises). The request that held the old slot then finishes
+// and gives it back into the fresh state, so two requests admitted under
+// the fresh L1 run at once: more than the override's limit of 1.
+func TestReviewOverrideConcurrencySlotOutlivesFreshen(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone rv_conc {
+			key ip
+			algorithm concurrency
+			events 5
+		}
+	}`)
+	const ip = "198.51.100.90"
+	t.Cleanup(func() { adminOverride(t, http.MethodDelete, "rv_conc", ip, "") })
+	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {
+		t.Fatalf("PUT L1: %d %s", code, body)
+	}
+
+	// hold runs one request that stays in flight until release is closed.
+	type held struct {
+		admitted chan int
+		release  chan struct{}
+		done     chan struct{}
+	}
+	hold := func() held {
+		hd := held{admitted: make(chan int, 1), release: make(chan struct{}), done: make(chan struct{})}
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			hd.admitted <- 200
+			<-hd.release
+			w.WriteHeader(200)
+			return nil
+		})
+		go func() {
+			defer close(hd.done)
+			r, _ := newKeyRequest(ip, nil)
+			if _, code := serve(h, r, next); code != 200 {
+				hd.admitted <- code
+			}
+		}()
+		return hd
+	}
+
+	a := hold()
+	if code := <-a.admitted; code != 200 {
+		t.Fatalf("A under L1: %d", code)
+	}
+	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 2}`); code != 200 {
+		t.Fatalf("PUT L2: %d %s", code, body)
+	}
+	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {
+		t.Fatalf("PUT L1 again: %d %s", code, body)
+	}
+	b := hold()
+	if code := <-b.admitted; code != 200 {
+		t.Fatalf("B under the fresh L1: %d", code)
+	}
+	close(a.release)
+	<-a.done
+	// B is still in flight under L1 (1 in flight): C must be refused.
+	c := hold()
+	code := <-c.admitted
+	close(b.release)
+	close(c.release)
+	<-b.done
+	<-c.done
+	if code == 200 {
+		t.Fatal("C admitted while B is in flight under an override of 1 concurrent request: A's slot, taken before L1 started afresh, was given back into the fresh state")
+	}
+}
