@@ -415,7 +415,8 @@ func (ev *evaluation) done(r *http.Request) {
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, ev *evaluation) error {
 	o := &ev.outcomes[ev.denied]
 	wait := o.d.RetryAfter
-	if h.Jitter > 0 {
+	if h.Jitter > 0 && o.limit != &o.zone.ov.block {
+		// A block's wait is when it lapses, told as it is.
 		wait += time.Duration(rand.Float64() * h.Jitter * float64(wait))
 	}
 	retry := max(1, ceilSeconds(wait))

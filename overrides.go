@@ -103,7 +103,10 @@ func (z *zone) buildOverrideLimits() {
 // the override is set, so no request is decided by the new limit before
 // its state is fresh.
 func (z *zone) freshen(ctx context.Context, key string, o limiter.Override, now time.Time) error {
-	if o.Action != limiter.OverrideLimit {
+	if o.Action != limiter.OverrideLimit || z.limit.traits.ReleasesOnFinish {
+		// A concurrency limit's state is the requests in flight, which
+		// give their slots back when they finish: forgetting them would
+		// admit more than the limit while they run.
 		return nil
 	}
 	// Compared as the memory pool and the Redis key names tell limits

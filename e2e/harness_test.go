@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -502,23 +501,7 @@ func rateLimitSeries(t *testing.T, c *http.Client, inst *caddyproc.Instance) map
 // the JSON answer into out (when not nil); it returns the status.
 func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out any) int {
 	t.Helper()
-	req, err := http.NewRequest(method, inst.Admin()+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, Timeout: time.Minute}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if out != nil {
-		if err := json.Unmarshal(body, out); err != nil {
-			t.Fatalf("%s %s: %d %q: %v", method, path, resp.StatusCode, body, err)
-		}
-	}
-	return resp.StatusCode
+	return adminSend(t, inst, method, path, "", out)
 }
 
 // keyState is a key's state as inspect answers it (the README's Admin

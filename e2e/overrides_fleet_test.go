@@ -6,10 +6,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -21,27 +20,13 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
-// fleetCall sends an override request to inst's admin API: method on
-// /rate_limit/zones/<zone>/overrides?key=<key> with body (may be "").
-// It returns the status and the body.
+// fleetCall sends an override request to inst's admin API (see
+// adminSend and overridesPath) and returns the status and the answer.
 func fleetCall(t *testing.T, inst *caddyproc.Instance, method, zone, key, body string) (int, string) {
 	t.Helper()
-	path := inst.Admin() + "/rate_limit/zones/" + url.PathEscape(zone) + "/overrides"
-	if key != "" {
-		path += "?key=" + url.QueryEscape(key)
-	}
-	req, err := http.NewRequest(method, path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, Timeout: time.Minute}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	var answer json.RawMessage
+	code := adminSend(t, inst, method, overridesPath(zone, key), body, &answer)
+	return code, string(answer)
 }
 
 // fleetSite is the Caddyfile of one fleet instance: zone "fleet" at

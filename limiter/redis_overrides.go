@@ -48,6 +48,10 @@ const DefaultOverrideTimeout = time.Second
 // whose clock is behind must not lose a record it still applies.
 const overrideExpiryMargin = time.Minute
 
+// maxOverrideKeep bounds how long a set is kept for an override's expiry:
+// a century, past which an expiry means "never" in all but name.
+const maxOverrideKeep = 100 * 365 * 24 * time.Hour
+
 // maxOverrideRecordLen bounds a stored record: Override.MarshalJSON writes
 // at most about 130 bytes, so anything longer is not Floodgate's.
 const maxOverrideRecordLen = 256
@@ -327,7 +331,10 @@ func (r *RedisOverrides) Set(ctx context.Context, zone, key string, o Override) 
 	}
 	var keep int64
 	if !o.Expires.IsZero() {
-		keep = (o.Expires.Sub(now) + overrideExpiryMargin).Milliseconds()
+		// Sub saturates near 292 years, and the margin would then wrap
+		// the sum negative, which PEXPIRE takes as "delete now": a set
+		// kept a century is kept as long as any instance will run.
+		keep = (min(o.Expires.Sub(now), maxOverrideKeep) + overrideExpiryMargin).Milliseconds()
 	}
 	existed, err := r.write(ctx, zone, key, string(rec), keep, &stored)
 	if err != nil {

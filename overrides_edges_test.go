@@ -33,13 +33,14 @@ func adminOverride(t *testing.T, method, name, key, body string) (int, string) {
 	return w.Code, w.Body.String()
 }
 
-// TestReviewOverrideConcurrencySlotOutlivesFreshen: a concurrency zone's
-// key under override L1 (1 in flight) holds a slot; the operator changes
-// the override to L2 and back to L1, which starts L1's state afresh (as
-// the README promises). The request that held the old slot then finishes
-// and gives it back into the fresh state, so two requests admitted under
-// the fresh L1 run at once: more than the override's limit of 1.
-func TestReviewOverrideConcurrencySlotOutlivesFreshen(t *testing.T) {
+// TestOverrideConcurrencyKeepsSlotsInFlight: a concurrency zone's key
+// under override L1 (1 in flight) holds a slot while the operator changes
+// the override to L2 and back to L1. A concurrency limit's state is the
+// requests in flight, so L1 is not started afresh: a second request is
+// refused while the first runs, and once it finishes exactly one more
+// runs at a time. (Starting it afresh let the old slot be given back into
+// the fresh state, and two requests ran under a limit of 1.)
+func TestOverrideConcurrencyKeepsSlotsInFlight(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
 		zone rv_conc {
 			key ip
@@ -87,13 +88,21 @@ func TestReviewOverrideConcurrencySlotOutlivesFreshen(t *testing.T) {
 	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {
 		t.Fatalf("PUT L1 again: %d %s", code, body)
 	}
-	b := hold()
-	if code := <-b.admitted; code != 200 {
-		t.Fatalf("B under the fresh L1: %d", code)
+	// A concurrency limit's state is the requests in flight: setting L1
+	// again keeps A's slot, so B is refused while A runs.
+	refused := hold()
+	if code := <-refused.admitted; code != 429 {
+		t.Fatalf("B while A is in flight under L1 again: %d, want 429", code)
 	}
+	close(refused.release)
+	<-refused.done
 	close(a.release)
 	<-a.done
-	// B is still in flight under L1 (1 in flight): C must be refused.
+	b := hold()
+	if code := <-b.admitted; code != 200 {
+		t.Fatalf("B once A finished: %d", code)
+	}
+	// B is in flight under L1 (1 in flight): C must be refused.
 	c := hold()
 	code := <-c.admitted
 	close(b.release)
@@ -105,12 +114,12 @@ func TestReviewOverrideConcurrencySlotOutlivesFreshen(t *testing.T) {
 	}
 }
 
-// TestReviewOverrideBodiesNeverPanic: extreme but well-formed bodies on
+// TestOverrideExtremeBodiesNeverPanic: extreme but well-formed bodies on
 // each algorithm are answered 200 or 400, and a request of the key is then
 // decided without a panic or a 5xx. (Passes on main: a schedule of inputs
 // nobody had tried. leaky_bucket is left out only because it holds the
 // requests it shapes, which makes the test slow.)
-func TestReviewOverrideBodiesNeverPanic(t *testing.T) {
+func TestOverrideExtremeBodiesNeverPanic(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "concurrency"} {
 		name := "rv_bodies_" + alg
 		rate := "rate 5/1m"

@@ -8,14 +8,14 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
-// TestReviewRedisOverrideFarExpiryKept: an override whose expiry is more
+// TestRedisOverrideFarExpiryKept: an override whose expiry is more
 // than ~292 years away (Check and the admin API accept any RFC 3339 time
 // after 1970) must be kept in Redis like any other. Set computes the set's
 // TTL as Expires.Sub(now)+margin, where Sub saturates at the largest
 // Duration and the margin then wraps it negative: the script's PEXPIRE of
 // a negative time deletes the new set at once, so the override is gone
 // from Redis (and from every other instance) while the writer applies it.
-func TestReviewRedisOverrideFarExpiryKept(t *testing.T) {
+func TestRedisOverrideFarExpiryKept(t *testing.T) {
 	s := redistest.Start(t)
 	cfg := RedisConfig{Addresses: []string{s.Addr()}}
 	a := newTestOverrides(t, redisClient(t, cfg), RedisOverridesOptions{})
