@@ -18,13 +18,14 @@ import (
 // overrideBody is the body of PUT /rate_limit/zones/<zone>/overrides:
 // {"limit": n, "window": "<duration>", "burst": n, "expires": ...}, or
 // {"action": "block"} or {"action": "exempt"}, each with an optional
-// "expires": a duration from now ("90m", "2d") or an RFC 3339 time.
+// "expires": a duration from now ("90m", "2d") or an RFC 3339 time. The
+// CLI writes it too (omitempty leaves out what a command does not set).
 type overrideBody struct {
-	Action  string `json:"action"`
-	Limit   *int64 `json:"limit"`
-	Window  string `json:"window"`
-	Burst   *int64 `json:"burst"`
-	Expires string `json:"expires"`
+	Action  string `json:"action,omitempty"`
+	Limit   *int64 `json:"limit,omitempty"`
+	Window  string `json:"window,omitempty"`
+	Burst   *int64 `json:"burst,omitempty"`
+	Expires string `json:"expires,omitempty"`
 }
 
 // maxOverrideBody bounds the body PUT reads.

@@ -457,7 +457,7 @@ func cliOverrideSet(api *adminClient, fl caddycmd.Flags, args []string, out io.W
 // a Caddyfile tier's (<n>/<duration>, or <n>/day|week|month), or a bare
 // <n> that keeps the zone's window, with --burst and --expires.
 func overrideSetBody(rate string, fl caddycmd.Flags) ([]byte, error) {
-	var b overrideRequest
+	var b overrideBody
 	if n, err := strconv.ParseInt(rate, 10, 64); err == nil {
 		if n <= 0 {
 			return nil, fmt.Errorf("the limit must be a positive integer, got %q", rate)
@@ -484,17 +484,9 @@ func overrideSetBody(rate string, fl caddycmd.Flags) ([]byte, error) {
 	return b.marshal()
 }
 
-// overrideRequest is the CLI's PUT body: overrideBody as the API reads
-// it, leaving out what the command does not set.
-type overrideRequest struct {
-	Action  string `json:"action,omitempty"`
-	Limit   *int64 `json:"limit,omitempty"`
-	Window  string `json:"window,omitempty"`
-	Burst   *int64 `json:"burst,omitempty"`
-	Expires string `json:"expires,omitempty"`
-}
-
-func (b overrideRequest) marshal() ([]byte, error) {
+// marshal writes b as the CLI's PUT body, leaving out what the command
+// does not set.
+func (b overrideBody) marshal() ([]byte, error) {
 	body, err := json.Marshal(b)
 	if err != nil {
 		return nil, fmt.Errorf("writing the override: %w", err)
@@ -505,7 +497,7 @@ func (b overrideRequest) marshal() ([]byte, error) {
 // cliOverrideAction is `override block` or `override exempt`.
 func cliOverrideAction(action string) cliFunc {
 	return func(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
-		body, err := overrideRequest{Action: action, Expires: fl.String("expires")}.marshal()
+		body, err := overrideBody{Action: action, Expires: fl.String("expires")}.marshal()
 		if err != nil {
 			return err
 		}
