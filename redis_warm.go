@@ -28,7 +28,8 @@ const warmBudget = time.Second
 // modes apply as ever. A failure that is the redis block's configuration
 // (a wrong password, none where one is required, a Cluster node given as
 // a standalone server) is logged as an error naming the fix, since waiting
-// will not mend it, and ends the warm-up.
+// will not mend it, and ends the warm-up. A TLS connection the server
+// reset names no cause; limiter.ProbeTLSRefusal asks the server for it.
 func (h *Handler) warmRedis() {
 	var stores []*limiter.Redis
 	for _, z := range h.zones {
@@ -52,6 +53,12 @@ func (h *Handler) warmRedis() {
 		if fix := redisConfigFix(err); fix != "" {
 			h.logger.Error(fix, zap.Error(err))
 			return
+		}
+		if alert := limiter.ProbeTLSRefusal(ctx, h.redis.UniversalClient, err); alert != nil {
+			if fix := tlsConfigFix(alert); fix != "" {
+				h.logger.Error(fix, zap.Error(err), zap.NamedError("server_alert", alert))
+				return
+			}
 		}
 		if failed == nil {
 			failed = err

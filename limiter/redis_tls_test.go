@@ -2,9 +2,13 @@ package limiter
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -165,12 +169,71 @@ func TestRedisOverTLS(t *testing.T) {
 			defer client.Close()
 			r := newTestRedis(t, client, Policy{Algorithm: FixedWindow, Events: 5, Window: time.Minute}, RedisOptions{Zone: "tls", Timeout: 2 * time.Second})
 			_, err = r.Take(ctx, "k", 1)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("take: %v, want an error saying %q", err, tt.want)
+			if err == nil {
+				t.Fatalf("take succeeded, want an error saying %q", tt.want)
+			}
+			// Under TLS 1.3 the server's refusal of the client certificate
+			// can reach the client as a reset; the probe then names it.
+			if !strings.Contains(err.Error(), tt.want) {
+				if alert := ProbeTLSRefusal(ctx, client, err); alert == nil || !strings.Contains(alert.Error(), tt.want) {
+					t.Fatalf("take: %v, and the probe: %v; want either to say %q", err, alert, tt.want)
+				}
 			}
 		})
 	}
 	if err := standalone.Client(t).Ping(ctx).Err(); err != nil {
 		t.Fatalf("the server no longer answers a right client: %v", err)
+	}
+}
+
+// TestProbeTLSRefusal: a connection the server reset after a TLS 1.3
+// handshake names no cause; the probe asks the server, which refuses a
+// client without a certificate with the alert that names it, and accepts
+// one with a certificate, so the probe then names nothing; an error that
+// is no reset is not probed at all.
+func TestProbeTLSRefusal(t *testing.T) {
+	ca := testpki.NewCA(t, "probe")
+	good := ca.Client(t, "floodgate")
+	server := redistest.StartTLS(t, redistest.TLS{CA: ca, Client: ca.Client(t, "harness")})
+	ctx := context.Background()
+	reset := func(addr string) error {
+		tcp, err := net.ResolveTCPAddr("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Errorf("take: %w", &net.OpError{Op: "write", Net: "tcp", Addr: tcp, Err: os.NewSyscallError("write", syscall.ECONNRESET)})
+	}
+	for _, tc := range []struct {
+		name string
+		o    RedisTLS
+		err  error
+		want string // "" for no alert
+	}{
+		{"no client certificate, reset", RedisTLS{CAFile: ca.CertFile}, reset(server.Addr()), "remote error: tls: certificate required"},
+		{"no client certificate, not a reset", RedisTLS{CAFile: ca.CertFile}, errors.New("NOSCRIPT"), ""},
+		{"client certificate, reset", RedisTLS{CAFile: ca.CertFile, CertFile: good.CertFile, KeyFile: good.KeyFile}, reset(server.Addr()), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, err := RedisConfig{Addresses: []string{server.Addr()}, TLS: true, TLSOptions: tc.o}.NewClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			alert := ProbeTLSRefusal(ctx, client, tc.err)
+			switch {
+			case tc.want == "" && alert != nil:
+				t.Errorf("probe: %v, want no alert", alert)
+			case tc.want != "" && (alert == nil || !strings.Contains(alert.Error(), tc.want)):
+				t.Errorf("probe: %v, want %q", alert, tc.want)
+			}
+		})
+	}
+	plain, err := RedisConfig{Addresses: []string{server.Addr()}}.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if alert := ProbeTLSRefusal(ctx, plain, reset(server.Addr())); alert != nil {
+		t.Errorf("probe of a client without TLS: %v, want none", alert)
 	}
 }
