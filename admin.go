@@ -194,7 +194,7 @@ func limitOf(z *zone, tier string) (*limit, error) {
 func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) error {
 	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyState, error) {
 		now := time.Now()
-		l, o, blocked := z.keyOverride(key, l, now)
+		l, state, o, blocked := z.keyOverride(key, l, now)
 		st := keyState{Zone: z.name, Tier: tier, Key: key}
 		if o != nil {
 			v := viewOverride(key, *o, now)
@@ -207,7 +207,7 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 			st.ResetAfter = blocked.Seconds()
 			return st, nil
 		}
-		d, err := l.store.Peek(r.Context(), key)
+		d, err := l.store.Peek(r.Context(), state)
 		st.Limit, _ = l.policy.Quota()
 		st.Remaining, st.ResetAfter = d.Remaining, d.ResetAfter.Seconds()
 		return st, err
@@ -248,16 +248,25 @@ type keyReset struct {
 }
 
 // resetKey forgets a key in the zone's store and its `fail local`
-// fallback; reset is true only if either held state for it (a lease or
-// cached refusal of the near cache counts).
+// fallback, under the limit the query's tier picks and under the key's
+// override limit, when it has one; reset is true only if any held state
+// for it (a lease or cached refusal of the near cache counts).
 func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
 	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyReset, error) {
+		type named struct {
+			s     limiter.Store
+			state string
+		}
+		stores := []named{{l.store, key}, {l.local, key}}
+		if ol, state, _, _ := z.keyOverride(key, l, time.Now()); ol != nil && ol != l && ol.store != nil {
+			stores = append(stores, named{ol.store, state}, named{ol.local, state})
+		}
 		existed := false
-		for _, s := range []limiter.Store{l.store, l.local} {
-			if s == nil {
+		for _, n := range stores {
+			if n.s == nil {
 				continue
 			}
-			had, err := s.Reset(r.Context(), key)
+			had, err := n.s.Reset(r.Context(), n.state)
 			if err != nil {
 				return keyReset{}, err
 			}

@@ -261,11 +261,8 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 	var out []zoneOverride
 	for _, s := range sets {
 		k := s.zone.key.typed(key)
-		for _, z := range s.zones {
-			if err := z.freshen(r.Context(), k, o, now); err != nil {
-				return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
-			}
-		}
+		o := o
+		o.Gen = overrideGen(s.set.table(), k, o, now)
 		if err := s.set.put(r.Context(), k, o); err != nil {
 			status := http.StatusBadGateway
 			if errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides) {

@@ -29,7 +29,9 @@ type outcome struct {
 	limit *limit
 	// store decided: the limit's own, or its local fallback.
 	store limiter.Store
-	key   string
+	// key is the request's key, and state the name of its state in
+	// store (candidate.state).
+	key, state string
 	// cost is what the request took up front.
 	cost int64
 	d    limiter.Decision
@@ -78,6 +80,9 @@ type candidate struct {
 	zone  *zone
 	limit *limit
 	key   string
+	// state is the name of key's state in limit's store: key, or under
+	// an override limit its StateKey.
+	state string
 	// cost is the request's cost in this zone.
 	cost int64
 	// missingDeny is set when the key is missing and the zone refuses
@@ -99,11 +104,11 @@ type candidate struct {
 // decisions are measured (metrics or samples).
 func (c *candidate) take(ctx context.Context) {
 	if !c.zone.timed {
-		c.d, c.err = takeCost(ctx, c.limit.store, c.key, c.cost)
+		c.d, c.err = takeCost(ctx, c.limit.store, c.state, c.cost)
 		return
 	}
 	start := sinceStart()
-	c.d, c.err = takeCost(ctx, c.limit.store, c.key, c.cost)
+	c.d, c.err = takeCost(ctx, c.limit.store, c.state, c.cost)
 	c.took = sinceStart() - start
 }
 
@@ -222,7 +227,7 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 			key = missingKeyNamespace + z.key.clientIP(r)
 		}
 	}
-	c.key = key
+	c.key, c.state = key, key
 	if o, ok := z.ov.lookup(key); ok && o.Active(h.now()) {
 		// Override, then tier, then the zone's own limit.
 		if !h.applyOverride(z, o, c) {
@@ -292,7 +297,7 @@ func (ev *evaluation) refundEarly(ctx context.Context, from int) {
 	for i := from; i < len(ev.candidates); i++ {
 		c := &ev.candidates[i]
 		if c.early && c.err == nil && c.d.Allowed && c.cost > 0 {
-			_, _ = c.limit.store.Refund(context.WithoutCancel(ctx), c.key, c.cost, c.d)
+			_, _ = c.limit.store.Refund(context.WithoutCancel(ctx), c.state, c.cost, c.d)
 		}
 	}
 }
@@ -340,7 +345,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 			return true
 		case z.fail == failLocal && l.local != nil:
 			store = l.local
-			if d, err = takeCost(r.Context(), store, c.key, c.cost); err != nil {
+			if d, err = takeCost(r.Context(), store, c.state, c.cost); err != nil {
 				return false
 			}
 		default: // open: this zone does not limit, nor report
@@ -348,7 +353,7 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 			return false
 		}
 	}
-	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, cost: c.cost, d: d, taken: d.Allowed && c.cost > 0})
+	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, state: c.state, cost: c.cost, d: d, taken: d.Allowed && c.cost > 0})
 	if d.Allowed && z.watches {
 		ev.watches = true
 	}
@@ -395,7 +400,7 @@ func (ev *evaluation) refund(r *http.Request, finished bool) {
 			ctx = context.WithoutCancel(r.Context())
 		}
 		// Report the state after the refund, not the units it gave back.
-		if st, err := o.store.Refund(ctx, o.key, o.cost, o.d); err == nil {
+		if st, err := o.store.Refund(ctx, o.state, o.cost, o.d); err == nil {
 			o.d.Remaining, o.d.ResetAfter = st.Remaining, st.ResetAfter
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -95,39 +96,33 @@ func (z *zone) buildOverrideLimits() {
 	}
 }
 
-// freshen starts key's state under the limit of o, about to be set,
-// afresh unless key's override in force at now already has that limit:
-// an override's limit starts fresh whenever the key's limit changes (from
-// the zone's or a tier's, from another override's, back to an earlier
-// one, or after a delete), not when only its expiry does. It runs before
-// the override is set, so no request is decided by the new limit before
-// its state is fresh.
-func (z *zone) freshen(ctx context.Context, key string, o limiter.Override, now time.Time) error {
-	if o.Action != limiter.OverrideLimit || z.limit.traits.ReleasesOnFinish {
-		// A concurrency limit's state is the requests in flight, which
-		// give their slots back when they finish: forgetting them would
-		// admit more than the limit while they run.
-		return nil
+// overrideGen is the Gen of o, about to be set for key in table t at now:
+// the Gen of key's override in force when it has o's limit (only the
+// expiry changes, and the key's state under that limit stays), and a new
+// one otherwise, so the key's state under o's limit starts fresh whenever
+// its limit changes (from the zone's or a tier's, from another
+// override's, back to an earlier one, or after a delete). Block and
+// exempt keep no state.
+func overrideGen(t *limiter.OverrideTable, key string, o limiter.Override, now time.Time) int64 {
+	if o.Action != limiter.OverrideLimit {
+		return 0
 	}
-	// Compared as the memory pool and the Redis key names tell limits
-	// apart: by the policy each makes with the zone's.
-	p := o.Policy(z.limit.policy).String()
-	if old, ok := z.ov.lookup(key); ok && old.Active(now) && old.Action == limiter.OverrideLimit && old.Policy(z.limit.policy).String() == p {
-		return nil
+	if old, ok := t.Lookup(key); ok && old.Active(now) && old.Action == limiter.OverrideLimit && quotaOfOverride(old) == quotaOfOverride(o) {
+		return old.Gen
 	}
-	l, err := z.overrideLimit(o)
-	if err != nil {
-		return err
+	return 1 + rand.Int64N(limiter.MaxOverrideGen)
+}
+
+// overrideStateKey is the name of key's state under its override limit
+// o: its StateKey, except in a zone whose limit's state is the requests
+// in flight (concurrency), which give their slots back when they finish:
+// started afresh, that state would forget them and admit more than the
+// limit while they run, so it keeps the key's name.
+func (z *zone) overrideStateKey(key string, o *limiter.Override) string {
+	if z.limit.traits.ReleasesOnFinish {
+		return key
 	}
-	for _, s := range []limiter.Store{l.store, l.local} {
-		if s == nil {
-			continue
-		}
-		if _, err := s.Reset(ctx, key); err != nil {
-			return fmt.Errorf("starting the key's state under its new limit afresh: %w", err)
-		}
-	}
-	return nil
+	return o.StateKey(key)
 }
 
 // overrideQuota is what of an OverrideLimit makes its policy: the key of
@@ -357,7 +352,7 @@ func (h *Handler) applyOverride(z *zone, o limiter.Override, c *candidate) bool 
 		z.logOverrideFailure(h.logger, err)
 		return true
 	}
-	c.limit = l
+	c.limit, c.state = l, z.overrideStateKey(c.key, &o)
 	return true
 }
 
@@ -381,23 +376,24 @@ func (z *zone) sweepOverrides(now time.Time, logger *zap.Logger) {
 }
 
 // keyOverride is what key's override, in force at now, makes of its
-// limit base (a tier's or the zone's own): the limit that decides it, or
-// a block (blocked > 0, l the block's), or an exemption (exempt, l nil).
-// Without an override it is base. The admin API's inspect and
-// rate_limit_status read keys through it, as the request path does.
-func (z *zone) keyOverride(key string, base *limit, now time.Time) (l *limit, o *limiter.Override, blocked time.Duration) {
+// limit base (a tier's or the zone's own): the limit that decides it and
+// the name of key's state there, or a block (blocked > 0, l the block's),
+// or an exemption (exempt, l nil). Without an override it is base and
+// key. The admin API's inspect and reset and rate_limit_status read keys
+// through it, as the request path does.
+func (z *zone) keyOverride(key string, base *limit, now time.Time) (l *limit, state string, o *limiter.Override, blocked time.Duration) {
 	ov, ok := z.ov.lookup(key)
 	if !ok || !ov.Active(now) {
-		return base, nil, 0
+		return base, key, nil, 0
 	}
 	switch ov.Action {
 	case limiter.OverrideExempt:
-		return nil, &ov, 0
+		return nil, key, &ov, 0
 	case limiter.OverrideBlock:
-		return &z.ov.block, &ov, max(time.Millisecond, blockFor(ov, now))
+		return &z.ov.block, key, &ov, max(time.Millisecond, blockFor(ov, now))
 	}
 	if l, err := z.overrideLimit(ov); err == nil {
-		return l, &ov, 0
+		return l, z.overrideStateKey(key, &ov), &ov, 0
 	}
-	return base, nil, 0
+	return base, key, nil, 0
 }

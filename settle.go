@@ -273,7 +273,7 @@ func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
 		if !ok {
 			return // validate allows response_cost only where stores charge
 		}
-		if _, err := c.Charge(ctx, o.key, diff); err != nil {
+		if _, err := c.Charge(ctx, o.state, diff); err != nil {
 			m.failure()
 		}
 	case diff < 0:
@@ -287,7 +287,7 @@ func (o *outcome) giveBack(units int64) {
 		return
 	}
 	o.taken = false
-	if _, err := o.store.Refund(settleContext, o.key, units, o.d); err != nil {
+	if _, err := o.store.Refund(settleContext, o.state, units, o.d); err != nil {
 		o.zone.metrics.failure()
 	}
 }

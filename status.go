@@ -187,17 +187,17 @@ func (s *StatusHandler) stateIn(r *http.Request, repl *caddy.Replacer, z *zone, 
 		}
 		key = missingKeyNamespace + z.key.clientIP(r)
 	}
-	l, _, blocked := z.keyOverride(key, z.limitFor(r, repl, claims), time.Now())
+	l, state, _, blocked := z.keyOverride(key, z.limitFor(r, repl, claims), time.Now())
 	switch {
 	case l == nil: // exempt: the zone reports nothing of the key
 		return zoneState{}, false
 	case blocked > 0:
 		return zoneState{Zone: z.name, Reset: ceilSeconds(blocked), Window: ceilSeconds(l.window)}, true
 	}
-	d, err := l.store.Peek(r.Context(), key)
+	d, err := l.store.Peek(r.Context(), state)
 	if err != nil && z.fail == failLocal && l.local != nil {
 		// What decides the client's requests while the store fails.
-		d, err = l.local.Peek(r.Context(), key)
+		d, err = l.local.Peek(r.Context(), state)
 	}
 	if err != nil {
 		s.logger.Debug("rate_limit_status leaves out a zone whose store failed", zap.String("zone", z.name), zap.Error(err))

@@ -283,3 +283,87 @@ func TestOverridePropagationDelay(t *testing.T) {
 	slices.Sort(delays)
 	t.Logf("propagation over %d changes: median %v, max %v", n, delays[len(delays)/2], delays[len(delays)-1])
 }
+
+// TestRedisOverrideRefundAfterFreshState: across two instances on one
+// Redis, a request A admitted through X under override L2 (2 an hour)
+// is still running when the operator, through Y, sets L1 and then L2
+// again, which starts L2 afresh. B and C spend the fresh L2 through Y.
+// A's response is not counted (count_response counts 5xx only), so X
+// gives A's unit back, to the state it took it from: D is refused. (When
+// a changed limit erased the key's state instead, A's unit went back
+// into the fresh one and D passed: 3 counted requests under a limit of
+// 2.)
+func TestRedisOverrideRefundAfterFreshState(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	up := newLoopbackServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("hold") == "1" {
+			arrived <- struct{}{}
+			<-release
+		}
+		status, _ := strconv.Atoi(r.URL.Query().Get("status"))
+		w.WriteHeader(status)
+	}))
+	route := redisRoute{path: "/fresh", upstream: up, zone: "key {http.request.header.X-Key}\nalgorithm fixed_window\nrate 10/1h\ncount_response {\nstatus 5xx\n}"}
+	x := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout), route))
+	y := caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), redisTimeout), route))
+	c := newClient(t)
+	const key = "fresh-key"
+	put := func(body string) {
+		t.Helper()
+		if code, answer := fleetCall(t, y, http.MethodPut, "fresh", key, body); code != 200 {
+			t.Fatalf("PUT %s: %d %s", body, code, answer)
+		}
+	}
+	put(`{"limit": 2, "window": "1h"}`)
+	// X applies L2 (an uncounted 200 gives its unit back at once).
+	waitLimit := func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			r := get(t, c, x.URL("/fresh?status=200"), "X-Key", key)
+			if r.header.Get("X-RateLimit-Limit") == "2" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("X still decides %s by limit %q 5s after the PUT", key, r.header.Get("X-RateLimit-Limit"))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitLimit()
+
+	done := make(chan response, 1)
+	go func() { done <- get(t, c, x.URL("/fresh?hold=1&status=200"), "X-Key", key) }()
+	select {
+	case <-arrived:
+	case r := <-done:
+		t.Fatalf("A under L2: %d", r.code)
+	}
+	put(`{"limit": 1, "window": "1h"}`)
+	put(`{"limit": 2, "window": "1h"}`)
+	for _, who := range []string{"B", "C"} {
+		if r := get(t, c, y.URL("/fresh?status=500"), "X-Key", key); r.code != 500 {
+			t.Fatalf("%s under the fresh L2: %d, want 500 (admitted, counted)", who, r.code)
+		}
+	}
+	close(release)
+	if r := <-done; r.code != 200 {
+		t.Fatalf("A: %d", r.code)
+	}
+	if r := get(t, c, y.URL("/fresh?status=500"), "X-Key", key); r.code != 429 {
+		t.Fatalf("D after B and C spent the fresh L2 of 2: %d, want 429 (A's uncounted unit went back into the fresh state)", r.code)
+	}
+	// X, once it has applied the last PUT, sees the same spent state.
+	var st keyState
+	deadline := time.Now().Add(5 * time.Second)
+	for adminCall(t, x, http.MethodGet, "/rate_limit/zones/fresh?key="+key, &st); st.Limit != 2 || st.Remaining != 0; adminCall(t, x, http.MethodGet, "/rate_limit/zones/fresh?key="+key, &st) {
+		if time.Now().After(deadline) {
+			t.Fatalf("X's inspect 5s after the last PUT: %+v, want limit 2 and none remaining", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r := get(t, c, x.URL("/fresh?status=500"), "X-Key", key); r.code != 429 {
+		t.Fatalf("D through X: %d, want 429", r.code)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,27 @@ type Override struct {
 	// Expires is when the override lapses, to the millisecond; the zero
 	// time never.
 	Expires time.Time
+	// Gen names the state of an OverrideLimit's key under its limit (see
+	// StateKey). The writer gives a new limit a new Gen, and keeps the
+	// old one when only the expiry changes, so every instance tells the
+	// key's successive limits apart alike. Zero is a record written
+	// without one.
+	Gen int64
+}
+
+// MaxOverrideGen bounds Gen so it stays exact as a JSON number in every
+// reader (a double's 53 bits).
+const MaxOverrideGen = 1<<53 - 1
+
+// StateKey is the name under which key's state is kept while o decides
+// it: the key and Gen, so a limit set anew starts afresh without erasing
+// any state. A request still running under the key's earlier limit gives
+// its units back to the state it took them from, not into the fresh one;
+// erased and refilled instead, the fresh state would get them back and
+// admit past its limit. The last NUL divides the two, and Gen has no NUL,
+// so no two (key, Gen) pairs share a name.
+func (o *Override) StateKey(key string) string {
+	return key + "\x00" + strconv.FormatInt(o.Gen, 36)
 }
 
 // Active reports whether o is in force at now: it lapses at Expires.
@@ -91,6 +113,7 @@ type overrideRecord struct {
 	Period    string `json:"period,omitempty"`
 	Burst     int64  `json:"burst,omitempty"`
 	ExpiresMS int64  `json:"expires_ms,omitempty"`
+	Gen       int64  `json:"gen,omitempty"`
 }
 
 // MarshalJSON implements json.Marshaler with the stored record's format.
@@ -98,7 +121,7 @@ func (o Override) MarshalJSON() ([]byte, error) {
 	if err := o.Check(); err != nil {
 		return nil, err
 	}
-	r := overrideRecord{Action: o.Action.String(), Limit: o.Events, WindowUS: o.Window.Microseconds(), Period: string(o.Period), Burst: o.Burst}
+	r := overrideRecord{Action: o.Action.String(), Limit: o.Events, WindowUS: o.Window.Microseconds(), Period: string(o.Period), Burst: o.Burst, Gen: o.Gen}
 	if !o.Expires.IsZero() {
 		r.ExpiresMS = o.Expires.UnixMilli()
 	}
@@ -116,7 +139,7 @@ func (o *Override) UnmarshalJSON(b []byte) error {
 	if err != nil {
 		return fmt.Errorf("override record: %w", err)
 	}
-	v := Override{Action: a, Events: r.Limit, Window: time.Duration(r.WindowUS) * time.Microsecond, Period: Period(r.Period), Burst: r.Burst}
+	v := Override{Action: a, Events: r.Limit, Window: time.Duration(r.WindowUS) * time.Microsecond, Period: Period(r.Period), Burst: r.Burst, Gen: r.Gen}
 	if r.WindowUS < 0 || r.WindowUS > int64(maxOverrideWindow/time.Microsecond) {
 		return fmt.Errorf("override record: window_us %d out of range", r.WindowUS)
 	}
@@ -162,6 +185,9 @@ func (o *Override) Check() error {
 		}
 	default:
 		return fmt.Errorf("unknown action %d", o.Action)
+	}
+	if o.Gen < 0 || o.Gen > MaxOverrideGen {
+		return fmt.Errorf("gen must be from 0 to %d, got %d", int64(MaxOverrideGen), o.Gen)
 	}
 	if !o.Expires.IsZero() && o.Expires.UnixMilli() <= 0 {
 		return fmt.Errorf("expires %v is before 1970", o.Expires)

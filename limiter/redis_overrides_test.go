@@ -153,7 +153,7 @@ func redisClient(t testing.TB, cfg RedisConfig) redis.UniversalClient {
 
 var (
 	tenX   = Override{Action: OverrideLimit, Events: 1000, Window: time.Minute}
-	twoX   = Override{Action: OverrideLimit, Events: 200, Window: time.Minute, Burst: 20}
+	twoX   = Override{Action: OverrideLimit, Events: 200, Window: time.Minute, Burst: 20, Gen: MaxOverrideGen}
 	block  = Override{Action: OverrideBlock}
 	exempt = Override{Action: OverrideExempt}
 )
@@ -384,6 +384,8 @@ func TestRedisOverridesUnreadable(t *testing.T) {
 		strings.Repeat("k", 2000):    `{"action":"block"}`,
 		"negative window":            `{"action":"limit","limit":5,"window_us":-1}`,
 		"window past a year or more": `{"action":"limit","limit":5,"window_us":99999999999999999}`,
+		"negative gen":               `{"action":"limit","limit":5,"gen":-1}`,
+		"gen past 2^53":              `{"action":"limit","limit":5,"gen":9007199254740992}`,
 	}
 	for f, v := range bad {
 		if err := admin.HSet(ctx, k, f, v).Err(); err != nil {
@@ -982,4 +984,21 @@ func BenchmarkRedisOverridesPropagation(b *testing.B) {
 	slices.Sort(delays)
 	b.ReportMetric(float64(delays[len(delays)/2].Microseconds()), "µs-median")
 	b.ReportMetric(float64(delays[len(delays)-1].Microseconds()), "µs-max")
+}
+
+// TestOverrideStateKey: the state names of (key, Gen) pairs are distinct
+// even for keys that hold NULs and digits, so a limit set anew never
+// meets the state of another pair.
+func TestOverrideStateKey(t *testing.T) {
+	seen := map[string][2]any{}
+	for _, key := range []string{"", "a", "a\x00", "a\x001", "a\x00z", "\x00", "1"} {
+		for _, gen := range []int64{0, 1, 35, 36, MaxOverrideGen} {
+			o := Override{Action: OverrideLimit, Events: 1, Gen: gen}
+			name := o.StateKey(key)
+			if prev, ok := seen[name]; ok {
+				t.Errorf("(%q, %d) and (%q, %d) share the state name %q", key, gen, prev[0], prev[1], name)
+			}
+			seen[name] = [2]any{key, gen}
+		}
+	}
 }
