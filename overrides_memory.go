@@ -118,10 +118,9 @@ func (m *memoryOverrides) put(ctx context.Context, key string, o limiter.Overrid
 	if err := checkOverrideKey(key); err != nil {
 		return err
 	}
-	if _, had := m.t.Lookup(key); !had && m.t.Len() >= maxOverrides {
-		return fmt.Errorf("zone %q already holds %d overrides, the most one zone may", m.name, maxOverrides)
+	if err := m.t.PutWithin(key, o, maxOverrides); err != nil {
+		return fmt.Errorf("zone %q: %w (the most one zone may is %d)", m.name, err, maxOverrides)
 	}
-	m.t.Put(key, o)
 	return m.save(ctx, m.changes.Add(1))
 }
 

@@ -247,6 +247,20 @@ func (t *OverrideTable) Put(key string, o Override) bool {
 	return !had || old != o
 }
 
+// PutWithin is Put for a table that holds at most most overrides: a new
+// key is refused with ErrTooManyOverrides once it holds that many, checked
+// and put under one lock, so writers at once cannot pass the bound.
+func (t *OverrideTable) PutWithin(key string, o Override, most int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, had := t.m[key]; !had && len(t.m) >= most {
+		return fmt.Errorf("%w: the zone holds %d already", ErrTooManyOverrides, len(t.m))
+	}
+	t.m[key] = o
+	t.n.Store(int64(len(t.m)))
+	return nil
+}
+
 // Remove deletes key's override, reporting whether there was one.
 func (t *OverrideTable) Remove(key string) bool {
 	t.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1000,5 +1001,38 @@ func TestOverrideStateKey(t *testing.T) {
 			}
 			seen[name] = [2]any{key, gen}
 		}
+	}
+}
+
+// TestOverrideTablePutWithin: writers at once on a table one short of its
+// bound add exactly one new key; the others are refused with
+// ErrTooManyOverrides, and a key already held may still change.
+func TestOverrideTablePutWithin(t *testing.T) {
+	const most = 100
+	table := NewOverrideTable()
+	for i := range most - 1 {
+		if err := table.PutWithin(fmt.Sprint("held-", i), tenX, most); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	var added atomic.Int64
+	for i := range 32 {
+		wg.Go(func() {
+			err := table.PutWithin(fmt.Sprint("new-", i), block, most)
+			switch {
+			case err == nil:
+				added.Add(1)
+			case !errors.Is(err, ErrTooManyOverrides):
+				t.Errorf("new-%d: %v, want ErrTooManyOverrides", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if added.Load() != 1 || table.Len() != most {
+		t.Errorf("%d new keys added, table holds %d; want 1 and %d", added.Load(), table.Len(), most)
+	}
+	if err := table.PutWithin("held-0", twoX, most); err != nil {
+		t.Errorf("changing a held key of a full table: %v", err)
 	}
 }
