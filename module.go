@@ -106,6 +106,9 @@ type Handler struct {
 	// overridesKey.
 	overrides    *limiter.RedisOverrides
 	overridesKey string
+	// overrideZones are the zone names the handler opened in overrides,
+	// each released once when it is cleaned up.
+	overrideZones []string
 	// clock is the handler's time source, and its memory stores' and
 	// near caches' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
@@ -422,9 +425,9 @@ func (h *Handler) Cleanup() error {
 	}
 	h.jwt.Close()
 	if key := h.redisKey; key != "" {
-		ovKey := h.overridesKey
+		ov, ovKey, ovZones := h.overrides, h.overridesKey, h.overrideZones
 		h.inflight.releaseWhenIdle(func() {
-			releaseRedisOverrides(ovKey)
+			releaseRedisOverrides(ov, ovKey, ovZones)
 			releaseRedisClient(key)
 		})
 	}
@@ -455,10 +458,10 @@ func (h *Handler) provisionShared(ctx caddy.Context) error {
 func (h *Handler) releaseShared() {
 	h.jwt.Close()
 	h.jwt = nil
-	releaseRedisOverrides(h.overridesKey)
+	releaseRedisOverrides(h.overrides, h.overridesKey, h.overrideZones)
 	releaseRedisClient(h.redisKey)
 	h.redis, h.redisKey = pooledRedis{}, ""
-	h.overrides, h.overridesKey = nil, ""
+	h.overrides, h.overridesKey, h.overrideZones = nil, "", nil
 }
 
 func (h *Handler) releaseZones() {

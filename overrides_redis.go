@@ -64,6 +64,7 @@ func (h *Handler) redisOverrides(ctx caddy.Context, zone string) (overrideSet, e
 	loadCtx, cancel := context.WithTimeout(ctx, overridesLoadTimeout)
 	defer cancel()
 	t, err := h.overrides.Zone(loadCtx, zone)
+	h.overrideZones = append(h.overrideZones, zone)
 	if err != nil {
 		h.logger.Warn("a redis zone's runtime overrides could not be loaded; it starts without them and applies them once Redis answers",
 			zap.String("zone", zone), zap.Error(err))
@@ -125,7 +126,15 @@ func overrideChangedEverywhere(zone, key string, logger *zap.Logger) {
 	}
 }
 
-func releaseRedisOverrides(key string) {
+// releaseRedisOverrides releases the zones a handler opened in ro, so a
+// zone no config uses any more stops its subscription, and then ro itself
+// by its pool key.
+func releaseRedisOverrides(ro *limiter.RedisOverrides, key string, zones []string) {
+	if ro != nil {
+		for _, z := range zones {
+			ro.Release(z)
+		}
+	}
 	if key != "" {
 		_, _ = redisOverrideSources.Delete(key)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // fleetCall sends an override request to inst's admin API (see
@@ -365,5 +366,53 @@ func TestRedisOverrideRefundAfterFreshState(t *testing.T) {
 	}
 	if r := get(t, c, x.URL("/fresh?status=500"), "X-Key", key); r.code != 429 {
 		t.Fatalf("D through X: %d, want 429", r.code)
+	}
+}
+
+// TestOverridesZoneRemovedUnsubscribes: a reload that removes a redis
+// zone ends that zone's subscription to its overrides' channel, once the
+// old config's requests are done, while a zone both configs have keeps
+// its own throughout; a reload that brings the zone back subscribes
+// again and applies its overrides.
+func TestOverridesZoneRemovedUnsubscribes(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	block := redisURLBlock(srv.Addr(), redisTimeout)
+	keep := redisRoute{path: "/keep", zone: "key {http.request.header.X-Key}\nrate 5/1h"}
+	gone := redisRoute{path: "/gone", zone: "key {http.request.header.X-Key}\nrate 5/1h"}
+	inst := caddyproc.Start(t, redisSite(block, keep, gone))
+	subscribers := func(want map[string]int64) func() error {
+		return func() error {
+			var chans []string
+			for z := range want {
+				chans = append(chans, "floodgate:overrides:"+z)
+			}
+			got := redisReply(t, srv, "PUBSUB NUMSUB", func(ctx context.Context) (map[string]int64, error) {
+				return srv.Client(t).PubSubNumSub(ctx, chans...).Result()
+			})
+			for z, n := range want {
+				if got["floodgate:overrides:"+z] != n {
+					return fmt.Errorf("subscribers by channel %v, want %v by zone", got, want)
+				}
+			}
+			return nil
+		}
+	}
+	testutil.Within(t, "both zones subscribed", 5*time.Second, subscribers(map[string]int64{"keep": 1, "gone": 1}))
+	if err := inst.Load(redisSite(block, keep)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, "the removed zone's subscription ended", 10*time.Second, subscribers(map[string]int64{"keep": 1, "gone": 0}))
+
+	if err := inst.Load(redisSite(block, keep, gone)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Within(t, "the zone subscribed again", 5*time.Second, subscribers(map[string]int64{"keep": 1, "gone": 1}))
+	if code, body := fleetCall(t, inst, http.MethodPut, "gone", "k", `{"limit": 40}`); code != http.StatusOK {
+		t.Fatalf("PUT: %d %s", code, body)
+	}
+	c := newClient(t)
+	if r := get(t, c, inst.URL("/gone"), "X-Key", "k"); r.header.Get("X-RateLimit-Limit") != "40" {
+		t.Errorf("the zone back: X-RateLimit-Limit %q, want the override's 40", r.header.Get("X-RateLimit-Limit"))
 	}
 }

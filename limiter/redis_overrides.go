@@ -144,6 +144,12 @@ type overrideZone struct {
 	name  string
 	key   string // the set's Redis key, also its channel
 	table *OverrideTable
+	// ctx ends the zone's subscription and refresh: at Close, or at the
+	// Release of its last opener (cancel).
+	ctx    context.Context
+	cancel context.CancelFunc
+	// refs counts the Zone calls not yet Released; guarded by r.mu.
+	refs int
 	// ready is closed once the first load ended; firstErr is its error.
 	ready    chan struct{}
 	firstErr error
@@ -254,6 +260,7 @@ func (r *RedisOverrides) Zone(ctx context.Context, zone string) (*OverrideTable,
 		return nil, fmt.Errorf("overrides of zone %q: %w", zone, errOverridesClosed)
 	}
 	if z, ok := r.zones[zone]; ok {
+		z.refs++
 		r.mu.Unlock()
 		return z.wait(ctx)
 	}
@@ -264,7 +271,9 @@ func (r *RedisOverrides) Zone(ctx context.Context, zone string) (*OverrideTable,
 		table: NewOverrideTable(),
 		ready: make(chan struct{}),
 		own:   map[string]ownWrite{},
+		refs:  1,
 	}
+	z.ctx, z.cancel = context.WithCancel(r.ctx)
 	// Held until the first load ends, so that the first check of the
 	// subscription (on its confirmation) finds the table loaded and does
 	// not load it again.
@@ -284,6 +293,29 @@ func (r *RedisOverrides) Zone(ctx context.Context, zone string) (*OverrideTable,
 	close(z.ready)
 	r.prune(ctx, zone, z.key, lapsed)
 	return z.table, err
+}
+
+// Release ends one Zone call's use of zone: once every caller that opened
+// it has released it, its subscription and refresh stop (a zone that a
+// reload removed holds no connection), and a later Zone opens it afresh.
+// The table the callers hold stays readable, no longer updated. Writes,
+// lists and Close work as ever.
+func (r *RedisOverrides) Release(zone string) {
+	r.mu.Lock()
+	z := r.zones[zone]
+	if z == nil {
+		r.mu.Unlock()
+		return
+	}
+	z.refs--
+	if z.refs > 0 {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.zones, zone)
+	r.mu.Unlock()
+	z.cancel()
+	z.closeSubscription()
 }
 
 // wait is Zone for a zone another call opened.
@@ -504,7 +536,7 @@ func (z *overrideZone) subscribe() {
 	defer z.r.wg.Done()
 	var ps *redis.PubSub
 	var backoff time.Duration
-	for z.r.ctx.Err() == nil {
+	for z.ctx.Err() == nil {
 		if ps == nil {
 			var err error
 			if ps, err = z.openSubscription(); err != nil {
@@ -512,7 +544,7 @@ func (z *overrideZone) subscribe() {
 					return
 				}
 				z.r.fail(fmt.Errorf("overrides of zone %q: subscribing to %s: %w", z.name, z.key, err))
-				if !z.r.pause(&backoff) {
+				if !z.pause(&backoff) {
 					return
 				}
 				continue
@@ -521,13 +553,13 @@ func (z *overrideZone) subscribe() {
 		// go-redis reconnects and resubscribes by itself after an error,
 		// and the next Receive then returns the new subscription's
 		// confirmation.
-		msg, err := ps.Receive(z.r.ctx)
-		if z.r.ctx.Err() != nil {
+		msg, err := ps.Receive(z.ctx)
+		if z.ctx.Err() != nil {
 			return
 		}
 		if err != nil {
 			z.r.fail(fmt.Errorf("overrides of zone %q: subscription to %s: %w", z.name, z.key, err))
-			if !z.r.pause(&backoff) {
+			if !z.pause(&backoff) {
 				return
 			}
 			continue
@@ -556,7 +588,7 @@ func (z *overrideZone) openSubscription() (*redis.PubSub, error) {
 	if z.psClosed {
 		return nil, errOverridesClosed
 	}
-	ctx, cancel := z.r.call(z.r.ctx)
+	ctx, cancel := z.r.call(z.ctx)
 	defer cancel()
 	var ps *redis.PubSub
 	if ring, ok := z.r.client.(*redis.Ring); ok {
@@ -583,21 +615,21 @@ func (z *overrideZone) closeSubscription() {
 	}
 }
 
-// pause waits out *backoff, grown for the next failure, unless Close comes
-// first; it reports whether to go on.
-func (r *RedisOverrides) pause(backoff *time.Duration) bool {
+// pause waits out *backoff, grown for the next failure, unless the zone
+// is closed or released first; it reports whether to go on.
+func (z *overrideZone) pause(backoff *time.Duration) bool {
 	*backoff = min(max(2**backoff, subscribeBackoffMin), subscribeBackoffMax)
 	t := time.NewTimer(*backoff)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return true
-	case <-r.ctx.Done():
+	case <-z.ctx.Done():
 		return false
 	}
 }
 
-// refreshEvery checks the zone's set every Refresh until Close, and drops
+// refreshEvery checks the zone's set every Refresh until Close or Release, and drops
 // the overrides that lapsed.
 func (z *overrideZone) refreshEvery() {
 	defer z.r.wg.Done()
@@ -605,7 +637,7 @@ func (z *overrideZone) refreshEvery() {
 	defer t.Stop()
 	for {
 		select {
-		case <-z.r.ctx.Done():
+		case <-z.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -617,7 +649,7 @@ func (z *overrideZone) refreshEvery() {
 // check compares the set's version with the table's and reloads the set
 // when they differ.
 func (z *overrideZone) check() {
-	ctx := z.r.ctx
+	ctx := z.ctx
 	z.mu.Lock()
 	changed, lapsed, err := z.checkLocked(ctx)
 	z.mu.Unlock()
@@ -626,7 +658,7 @@ func (z *overrideZone) check() {
 
 // message applies one message of the zone's channel.
 func (z *overrideZone) message(payload string) {
-	ctx := z.r.ctx
+	ctx := z.ctx
 	z.mu.Lock()
 	changed, lapsed, err := z.messageLocked(ctx, payload)
 	z.mu.Unlock()
@@ -638,7 +670,7 @@ func (z *overrideZone) message(payload string) {
 func (z *overrideZone) after(ctx context.Context, changed []string, lapsed map[string]string, err error) {
 	z.r.notify(z.name, changed)
 	z.r.prune(ctx, z.name, z.key, lapsed)
-	if err != nil && z.r.ctx.Err() == nil {
+	if err != nil && z.ctx.Err() == nil {
 		z.r.fail(fmt.Errorf("overrides of zone %q: %w", z.name, err))
 	}
 }

@@ -1036,3 +1036,45 @@ func TestOverrideTablePutWithin(t *testing.T) {
 		t.Errorf("changing a held key of a full table: %v", err)
 	}
 }
+
+// TestRedisOverridesRelease: a zone opened twice keeps its subscription
+// until both openers release it, then holds none (a zone a reload
+// removed costs no connection); opened again, it loads and follows the
+// set as ever.
+func TestRedisOverridesRelease(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := context.Background()
+	admin := s.Client(t)
+	a := newTestOverrides(t, s.Client(t), RedisOverridesOptions{})
+	b := newTestOverrides(t, s.Client(t), RedisOverridesOptions{})
+	const channel = "floodgate:overrides:api"
+	subscribers := func(want int64) func() error {
+		return func() error {
+			n, err := admin.PubSubNumSub(ctx, channel).Result()
+			if err != nil {
+				return err
+			}
+			if n[channel] != want {
+				return fmt.Errorf("%d subscribers on %s, want %d", n[channel], channel, want)
+			}
+			return nil
+		}
+	}
+	a.zone(t, "api")
+	a.zone(t, "api")
+	a.subscribed(t, "api")
+	a.Release("api")
+	testutil.Within(t, "one opener left", time.Second, subscribers(1))
+	a.Release("api")
+	testutil.Within(t, "the subscription closed", 2*time.Second, subscribers(0))
+	a.Release("api") // released already: nothing to do
+
+	b.set(t, "api", "k", tenX)
+	table := a.zone(t, "api")
+	if err := holds(table, "k", &tenX)(); err != nil {
+		t.Errorf("opened again: %v", err)
+	}
+	a.subscribed(t, "api")
+	b.set(t, "api", "k", block)
+	testutil.Within(t, "a change after it was opened again", propagationLimit, holds(table, "k", &block))
+}
