@@ -261,9 +261,8 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 	var out []zoneOverride
 	for _, s := range sets {
 		k := s.zone.key.typed(key)
-		o := o
-		o.Gen = overrideGen(s.set.table(), k, o, now)
-		if err := s.set.put(r.Context(), k, o); err != nil {
+		written, err := s.set.put(r.Context(), k, o, keepGen(s.zones, o, now))
+		if err != nil {
 			status := http.StatusBadGateway
 			if errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides) {
 				status = http.StatusBadRequest
@@ -271,7 +270,7 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 			return adminError(status, "zone %q: %v", name, err)
 		}
 		s.changed(k)
-		out = append(out, zoneOverride{Zone: name, Override: viewOverride(k, o, now)})
+		out = append(out, zoneOverride{Zone: name, Override: viewOverride(k, written, now)})
 	}
 	return writeOneOrAll(w, out)
 }

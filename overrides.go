@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -24,7 +23,7 @@ import (
 type overrideSet interface {
 	// table is the set as the request path reads it.
 	table() *limiter.OverrideTable
-	put(ctx context.Context, key string, o limiter.Override) error
+	put(ctx context.Context, key string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error)
 	remove(ctx context.Context, key string) (bool, error)
 	// list is the set as its store holds it, lapsed overrides left out.
 	list(ctx context.Context) (map[string]limiter.Override, error)
@@ -96,21 +95,27 @@ func (z *zone) buildOverrideLimits() {
 	}
 }
 
-// overrideGen is the Gen of o, about to be set for key in table t at now:
-// the Gen of key's override in force when it has o's limit (only the
-// expiry changes, and the key's state under that limit stays), and a new
-// one otherwise, so the key's state under o's limit starts fresh whenever
-// its limit changes (from the zone's or a tier's, from another
-// override's, back to an earlier one, or after a delete). Block and
-// exempt keep no state.
-func overrideGen(t *limiter.OverrideTable, key string, o limiter.Override, now time.Time) int64 {
-	if o.Action != limiter.OverrideLimit {
-		return 0
+// keepGen is what a write of o at now asks of the key's override in
+// force, to keep its Gen (limiter.KeepGen): the same limit, as each of
+// zones makes it with its own policy (the memory pool and the Redis key
+// names tell limits apart so, and {"limit": 2} is {"limit": 2, "window":
+// "1h"} in a zone of an hour), so the key's state carries on when only
+// the expiry changes, and starts afresh whenever its limit changes (from
+// the zone's or a tier's, from another override's, back to an earlier
+// one, or after a delete). The store decides where it writes, so two
+// writers at once never each start the key afresh.
+func keepGen(zones []*zone, o limiter.Override, now time.Time) limiter.KeepGen {
+	return func(old limiter.Override) bool {
+		if !old.Active(now) || old.Action != limiter.OverrideLimit || o.Action != limiter.OverrideLimit {
+			return false
+		}
+		for _, z := range zones {
+			if old.Policy(z.limit.policy).String() != o.Policy(z.limit.policy).String() {
+				return false
+			}
+		}
+		return true
 	}
-	if old, ok := t.Lookup(key); ok && old.Active(now) && old.Action == limiter.OverrideLimit && quotaOfOverride(old) == quotaOfOverride(o) {
-		return old.Gen
-	}
-	return 1 + rand.Int64N(limiter.MaxOverrideGen)
 }
 
 // overrideStateKey is the name of key's state under its override limit

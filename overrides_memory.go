@@ -114,14 +114,15 @@ func checkOverrideKey(key string) error {
 
 func (m *memoryOverrides) table() *limiter.OverrideTable { return m.t }
 
-func (m *memoryOverrides) put(ctx context.Context, key string, o limiter.Override) error {
+func (m *memoryOverrides) put(ctx context.Context, key string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error) {
 	if err := checkOverrideKey(key); err != nil {
-		return err
+		return limiter.Override{}, err
 	}
-	if err := m.t.PutWithin(key, o, maxOverrides); err != nil {
-		return fmt.Errorf("zone %q: %w (the most one zone may is %d)", m.name, err, maxOverrides)
+	o, err := m.t.PutWithin(key, o, maxOverrides, keep)
+	if err != nil {
+		return limiter.Override{}, fmt.Errorf("zone %q: %w (the most one zone may is %d)", m.name, err, maxOverrides)
 	}
-	return m.save(ctx, m.changes.Add(1))
+	return o, m.save(ctx, m.changes.Add(1))
 }
 
 func (m *memoryOverrides) remove(ctx context.Context, key string) (bool, error) {

@@ -38,8 +38,8 @@ type redisOverrideSet struct {
 
 func (s redisOverrideSet) table() *limiter.OverrideTable { return s.t }
 
-func (s redisOverrideSet) put(ctx context.Context, key string, o limiter.Override) error {
-	return s.ro.Set(ctx, s.zone, key, o)
+func (s redisOverrideSet) put(ctx context.Context, key string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error) {
+	return s.ro.SetGen(ctx, s.zone, key, o, keep)
 }
 
 func (s redisOverrideSet) remove(ctx context.Context, key string) (bool, error) {

@@ -19,7 +19,7 @@ func setOverride(t testing.TB, h *Handler, name, key string, o limiter.Override)
 	if err := z.checkOverride(o); err != nil {
 		t.Fatal(err)
 	}
-	if err := z.ov.set.put(context.Background(), key, o); err != nil {
+	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	z.overrideChanged(key, nil)

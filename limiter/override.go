@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -88,14 +89,47 @@ type Override struct {
 // reader (a double's 53 bits).
 const MaxOverrideGen = 1<<53 - 1
 
+// NewOverrideGen draws the Gen of a limit set anew: random, so writers on
+// different instances need not agree on a counter, and never 0.
+func NewOverrideGen() int64 { return 1 + rand.Int64N(MaxOverrideGen) }
+
+// KeepGen tells a writer whether old, the key's override in force as the
+// write finds it, has the limit of the override being written, so the
+// key's state carries on under it (only the expiry changes).
+type KeepGen func(old Override) bool
+
+// withGen is o with the Gen its write gives it, when the key held old
+// (had): old's when keep says the limit is the same, a new one otherwise.
+// A block or an exemption keeps no state and has none; a nil keep leaves
+// o's as given.
+func (o Override) withGen(old Override, had bool, keep KeepGen) Override {
+	switch {
+	case keep == nil:
+	case o.Action != OverrideLimit:
+		o.Gen = 0
+	case had && keep(old):
+		o.Gen = old.Gen
+	default:
+		o.Gen = NewOverrideGen()
+	}
+	return o
+}
+
 // StateKey is the name under which key's state is kept while o decides
 // it: the key and Gen, so a limit set anew starts afresh without erasing
 // any state. A request still running under the key's earlier limit gives
 // its units back to the state it took them from, not into the fresh one;
 // erased and refilled instead, the fresh state would get them back and
 // admit past its limit. The last NUL divides the two, and Gen has no NUL,
-// so no two (key, Gen) pairs share a name.
+// so no two pairs with a Gen share a name. Gen 0 (a record written
+// before generations) names the bare key, as its writer did, so an
+// upgrade keeps the state of the keys under such records; a key that
+// holds a NUL could share that name only with a generation it cannot
+// know (NewOverrideGen is random).
 func (o *Override) StateKey(key string) string {
+	if o.Gen == 0 {
+		return key
+	}
 	return key + "\x00" + strconv.FormatInt(o.Gen, 36)
 }
 
@@ -247,18 +281,23 @@ func (t *OverrideTable) Put(key string, o Override) bool {
 	return !had || old != o
 }
 
-// PutWithin is Put for a table that holds at most most overrides: a new
-// key is refused with ErrTooManyOverrides once it holds that many, checked
-// and put under one lock, so writers at once cannot pass the bound.
-func (t *OverrideTable) PutWithin(key string, o Override, most int) error {
+// PutWithin is Put for the table that is a zone's only store (a memory
+// zone's), holding at most most overrides: a new key is refused with
+// ErrTooManyOverrides once it holds that many, and o's Gen is decided by
+// keep from the key's override as it stands (see KeepGen; nil: o's as
+// given), all under one lock, so writers at once can neither pass the
+// bound nor each start the key afresh. It returns the override put.
+func (t *OverrideTable) PutWithin(key string, o Override, most int, keep KeepGen) (Override, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, had := t.m[key]; !had && len(t.m) >= most {
-		return fmt.Errorf("%w: the zone holds %d already", ErrTooManyOverrides, len(t.m))
+	old, had := t.m[key]
+	if !had && len(t.m) >= most {
+		return Override{}, fmt.Errorf("%w: the zone holds %d already", ErrTooManyOverrides, len(t.m))
 	}
+	o = o.withGen(old, had, keep)
 	t.m[key] = o
 	t.n.Store(int64(len(t.m)))
-	return nil
+	return o, nil
 }
 
 // Remove deletes key's override, reporting whether there was one.

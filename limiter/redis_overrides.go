@@ -339,27 +339,90 @@ func (z *overrideZone) wait(ctx context.Context) (*OverrideTable, error) {
 // publishes the change. It refuses (ErrInvalidOverride) a key that is
 // empty or longer than MaxOverrideKeyLen, an override Check refuses or
 // whose expiry has passed, and (ErrTooManyOverrides) a new key when the
-// zone holds MaxOverrides already.
+// zone holds MaxOverrides already. It writes o's Gen as given.
 func (r *RedisOverrides) Set(ctx context.Context, zone, key string, o Override) error {
+	_, err := r.SetGen(ctx, zone, key, o, nil)
+	return err
+}
+
+// maxSetAttempts bounds how often SetGen reads again after other writers
+// changed the key between its read and its write.
+const maxSetAttempts = 8
+
+// errRecordMoved is a conditional write's refusal: the key's record is no
+// longer the one its Gen was chosen by.
+var errRecordMoved = errors.New("the override was changed by another writer meanwhile")
+
+// SetGen is Set deciding o's Gen by keep (see KeepGen; nil: o's as given)
+// from the key's record in Redis as the write finds it: it reads the
+// record, chooses, and writes only while the record is still the one it
+// read, reading again when another writer came between. So writers on any
+// instances, whatever their tables hold yet, never each start the key
+// afresh with one limit. It returns the override written, as every
+// instance reads it back.
+func (r *RedisOverrides) SetGen(ctx context.Context, zone, key string, o Override, keep KeepGen) (Override, error) {
+	fail := func(err error) (Override, error) {
+		return Override{}, fmt.Errorf("override of %q in zone %q: %w", key, zone, err)
+	}
 	if err := checkOverrideKey(key); err != nil {
-		return fmt.Errorf("override of %q in zone %q: %w: %w", key, zone, ErrInvalidOverride, err)
+		return fail(fmt.Errorf("%w: %w", ErrInvalidOverride, err))
 	}
 	if err := o.Check(); err != nil {
-		return fmt.Errorf("override of %q in zone %q: %w: %w", key, zone, ErrInvalidOverride, err)
+		return fail(fmt.Errorf("%w: %w", ErrInvalidOverride, err))
 	}
 	now := r.clock.Now()
 	if !o.Active(now) {
-		return fmt.Errorf("override of %q in zone %q: %w: expires %v, which has passed", key, zone, ErrInvalidOverride, o.Expires)
+		return fail(fmt.Errorf("%w: expires %v, which has passed", ErrInvalidOverride, o.Expires))
 	}
+	for attempt := 1; ; attempt++ {
+		var expect *string
+		if keep != nil {
+			raw, old, had, err := r.readRecordOf(ctx, zone, key)
+			if err != nil {
+				return fail(err)
+			}
+			o = o.withGen(old, had, keep)
+			expect = &raw
+		}
+		stored, err := r.setRecord(ctx, zone, key, o, now, expect)
+		if errors.Is(err, errRecordMoved) && attempt < maxSetAttempts {
+			continue
+		}
+		if err != nil {
+			return fail(err)
+		}
+		return stored, nil
+	}
+}
+
+// readRecordOf reads key's record in zone's set as stored (raw, "" when
+// there is none) and the override it holds (had: one that can be read).
+func (r *RedisOverrides) readRecordOf(ctx context.Context, zone, key string) (raw string, o Override, had bool, err error) {
+	callCtx, cancel := r.call(ctx)
+	defer cancel()
+	raw, err = r.client.HGet(callCtx, r.setKey(zone), key).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", Override{}, false, nil
+	}
+	if err != nil {
+		return "", Override{}, false, fmt.Errorf("reading the override in force: %w", err)
+	}
+	had = o.UnmarshalJSON([]byte(raw)) == nil
+	return raw, o, had, nil
+}
+
+// setRecord writes o as key's record (only while the field holds *expect,
+// when expect is not nil) and returns it as read back.
+func (r *RedisOverrides) setRecord(ctx context.Context, zone, key string, o Override, now time.Time, expect *string) (Override, error) {
 	rec, err := o.MarshalJSON()
 	if err != nil {
-		return fmt.Errorf("override of %q in zone %q: %w: %w", key, zone, ErrInvalidOverride, err)
+		return Override{}, fmt.Errorf("%w: %w", ErrInvalidOverride, err)
 	}
 	// The table holds what every instance reads back from the record
 	// (expiry to the ms, window to the µs), not o as given.
 	var stored Override
 	if err := stored.UnmarshalJSON(rec); err != nil {
-		return fmt.Errorf("override of %q in zone %q: %w", key, zone, err)
+		return Override{}, err
 	}
 	var keep int64
 	if !o.Expires.IsZero() {
@@ -368,14 +431,16 @@ func (r *RedisOverrides) Set(ctx context.Context, zone, key string, o Override) 
 		// kept a century is kept as long as any instance will run.
 		keep = (min(o.Expires.Sub(now), maxOverrideKeep) + overrideExpiryMargin).Milliseconds()
 	}
-	existed, err := r.write(ctx, zone, key, string(rec), keep, &stored)
-	if err != nil {
-		return fmt.Errorf("setting the override of %q in zone %q: %w", key, zone, err)
+	existed, err := r.write(ctx, zone, key, string(rec), keep, &stored, expect)
+	switch {
+	case err != nil:
+		return Override{}, fmt.Errorf("setting it: %w", err)
+	case existed == -1:
+		return Override{}, fmt.Errorf("setting it: %w: the zone holds %d, the most it may", ErrTooManyOverrides, r.most)
+	case existed == -2:
+		return Override{}, errRecordMoved
 	}
-	if existed < 0 {
-		return fmt.Errorf("setting the override of %q in zone %q: %w: the zone holds %d, the most it may", key, zone, ErrTooManyOverrides, r.most)
-	}
-	return nil
+	return stored, nil
 }
 
 // Delete removes key's override for zone (in Redis, in this instance's
@@ -386,18 +451,19 @@ func (r *RedisOverrides) Delete(ctx context.Context, zone, key string) (bool, er
 	if err := checkOverrideKey(key); err != nil {
 		return false, fmt.Errorf("override of %q in zone %q: %w: %w", key, zone, ErrInvalidOverride, err)
 	}
-	existed, err := r.write(ctx, zone, key, "", 0, nil)
+	existed, err := r.write(ctx, zone, key, "", 0, nil, nil)
 	if err != nil {
 		return false, fmt.Errorf("deleting the override of %q in zone %q: %w", key, zone, err)
 	}
 	return existed > 0, nil
 }
 
-// write runs override_set.lua for one key (rec "" deletes it) and applies
-// the write to the zone's table when the zone is open here; o is the
-// record as read back, nil for a delete. It returns the script's existed
-// (1, 0, or -1 for a set that is full).
-func (r *RedisOverrides) write(ctx context.Context, zone, key, rec string, keep int64, o *Override) (int64, error) {
+// write runs override_set.lua for one key (rec "" deletes it), only while
+// the field holds *expect when expect is not nil, and applies the write
+// to the zone's table when the zone is open here; o is the record as read
+// back, nil for a delete. It returns the script's existed (1, 0, -1 for a
+// set that is full, -2 for a field that no longer held *expect).
+func (r *RedisOverrides) write(ctx context.Context, zone, key, rec string, keep int64, o *Override, expect *string) (int64, error) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -414,7 +480,11 @@ func (r *RedisOverrides) write(ctx context.Context, zone, key, rec string, keep 
 	}
 	set := r.setKey(zone)
 	callCtx, cancel := r.call(ctx)
-	reply, err := r.script.Run(callCtx, r.client, []string{set}, key, rec, next, keep, set, zone, r.most).Slice()
+	args := []any{key, rec, next, keep, set, zone, r.most}
+	if expect != nil {
+		args = append(args, *expect)
+	}
+	reply, err := r.script.Run(callCtx, r.client, []string{set}, args...).Slice()
 	cancel()
 	var existed int64
 	var prev string

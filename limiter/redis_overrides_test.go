@@ -987,14 +987,19 @@ func BenchmarkRedisOverridesPropagation(b *testing.B) {
 	b.ReportMetric(float64(delays[len(delays)-1].Microseconds()), "µs-max")
 }
 
-// TestOverrideStateKey: the state names of (key, Gen) pairs are distinct
-// even for keys that hold NULs and digits, so a limit set anew never
-// meets the state of another pair.
+// TestOverrideStateKey: the state names of (key, Gen) pairs with a Gen
+// are distinct even for keys that hold NULs and digits, so a limit set
+// anew never meets the state of another pair; Gen 0, a record written
+// before generations, names the bare key, as its writer did.
 func TestOverrideStateKey(t *testing.T) {
 	seen := map[string][2]any{}
 	for _, key := range []string{"", "a", "a\x00", "a\x001", "a\x00z", "\x00", "1"} {
-		for _, gen := range []int64{0, 1, 35, 36, MaxOverrideGen} {
-			o := Override{Action: OverrideLimit, Events: 1, Gen: gen}
+		o := Override{Action: OverrideLimit, Events: 1}
+		if got := o.StateKey(key); got != key {
+			t.Errorf("Gen 0 names %q's state %q, want the bare key", key, got)
+		}
+		for _, gen := range []int64{1, 35, 36, MaxOverrideGen} {
+			o.Gen = gen
 			name := o.StateKey(key)
 			if prev, ok := seen[name]; ok {
 				t.Errorf("(%q, %d) and (%q, %d) share the state name %q", key, gen, prev[0], prev[1], name)
@@ -1011,7 +1016,7 @@ func TestOverrideTablePutWithin(t *testing.T) {
 	const most = 100
 	table := NewOverrideTable()
 	for i := range most - 1 {
-		if err := table.PutWithin(fmt.Sprint("held-", i), tenX, most); err != nil {
+		if _, err := table.PutWithin(fmt.Sprint("held-", i), tenX, most, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1019,7 +1024,7 @@ func TestOverrideTablePutWithin(t *testing.T) {
 	var added atomic.Int64
 	for i := range 32 {
 		wg.Go(func() {
-			err := table.PutWithin(fmt.Sprint("new-", i), block, most)
+			_, err := table.PutWithin(fmt.Sprint("new-", i), block, most, nil)
 			switch {
 			case err == nil:
 				added.Add(1)
@@ -1032,7 +1037,7 @@ func TestOverrideTablePutWithin(t *testing.T) {
 	if added.Load() != 1 || table.Len() != most {
 		t.Errorf("%d new keys added, table holds %d; want 1 and %d", added.Load(), table.Len(), most)
 	}
-	if err := table.PutWithin("held-0", twoX, most); err != nil {
+	if _, err := table.PutWithin("held-0", twoX, most, nil); err != nil {
 		t.Errorf("changing a held key of a full table: %v", err)
 	}
 }
@@ -1077,4 +1082,76 @@ func TestRedisOverridesRelease(t *testing.T) {
 	a.subscribed(t, "api")
 	b.set(t, "api", "k", block)
 	testutil.Within(t, "a change after it was opened again", propagationLimit, holds(table, "k", &block))
+}
+
+// TestRedisOverridesSetGenReadsAgain: SetGen decides the Gen by the
+// record it finds in Redis, and writes only while that record stands.
+// Another instance writing the key between the read and the write (here
+// from inside keep, which runs between them) makes it read again and
+// decide by that writer's record: the same limit keeps that writer's Gen,
+// so two writers of one limit never each start the key afresh. Without a
+// record, or with a different limit, it draws a new Gen; a nil keep
+// writes the Gen given.
+func TestRedisOverridesSetGenReadsAgain(t *testing.T) {
+	s := redistest.Start(t)
+	ctx := context.Background()
+	a := newTestOverrides(t, s.Client(t), RedisOverridesOptions{})
+	b := newTestOverrides(t, s.Client(t), RedisOverridesOptions{})
+	sameLimit := func(o Override) KeepGen {
+		return func(old Override) bool { return old.Events == o.Events && old.Window == o.Window }
+	}
+
+	first, err := a.SetGen(ctx, "api", "k", tenX, sameLimit(tenX))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Gen == 0 {
+		t.Fatal("a new limit got no Gen")
+	}
+	again, err := a.SetGen(ctx, "api", "k", tenX, sameLimit(tenX))
+	if err != nil || again.Gen != first.Gen {
+		t.Fatalf("the same limit again: Gen %d (%v), want %d kept", again.Gen, err, first.Gen)
+	}
+
+	// b writes tenX with a Gen of its own while a is between its read
+	// and its write of tenX.
+	theirs := tenX
+	theirs.Gen = 12345
+	calls := 0
+	keep := func(old Override) bool {
+		calls++
+		if calls == 1 {
+			if err := b.Set(ctx, "api", "raced", theirs); err != nil {
+				t.Fatal(err)
+			}
+			return false
+		}
+		return sameLimit(tenX)(old)
+	}
+	if err := a.Set(ctx, "api", "raced", twoX); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.SetGen(ctx, "api", "raced", tenX, keep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 2 || got.Gen != theirs.Gen {
+		t.Errorf("after a write between its read and its write: keep asked %d times, Gen %d; want 2 and the other writer's %d", calls, got.Gen, theirs.Gen)
+	}
+	list, err := b.List(ctx, "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list["raced"].Gen != theirs.Gen {
+		t.Errorf("Redis holds Gen %d, want %d", list["raced"].Gen, theirs.Gen)
+	}
+
+	other, err := a.SetGen(ctx, "api", "raced", twoX, sameLimit(twoX))
+	if err != nil || other.Gen == theirs.Gen || other.Gen == 0 {
+		t.Errorf("a different limit: Gen %d (%v), want a new one", other.Gen, err)
+	}
+	given, err := a.SetGen(ctx, "api", "raced", twoX, nil)
+	if err != nil || given.Gen != twoX.Gen {
+		t.Errorf("nil keep: Gen %d (%v), want the one given, %d", given.Gen, err, twoX.Gen)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -27,8 +28,9 @@ const tlsProbeWait = 500 * time.Millisecond
 // the cause and closes, and with that command still unread its close is a
 // reset, which can reach the client before the alert: the command fails
 // with "connection reset by peer" (or a broken pipe, or EOF), which names
-// nothing. The probe dials the address err names with client's TLS config
-// and writes nothing, so the server's close carries the alert, and
+// nothing. The probe dials the server err names, by the name the client
+// connects by (failedAddrs), with the client's TLS config, and writes
+// nothing, so the server's close carries the alert, and
 // returns the error that reading it meets ("remote error: tls: ..."). It
 // returns nil when err is not such a failure, the client does not use
 // TLS, or the server sent no alert within the wait: the cause is then not
@@ -39,24 +41,34 @@ func ProbeTLSRefusal(ctx context.Context, client redis.UniversalClient, err erro
 		return nil
 	}
 	cfg := clientTLS(client)
-	addr := failedAddr(client, err)
-	if cfg == nil || addr == "" {
+	if cfg == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, tlsProbeWait)
 	defer cancel()
+	for _, addr := range failedAddrs(ctx, client, err) {
+		if alert := probeAlert(ctx, cfg, addr); alert != nil {
+			return alert
+		}
+	}
+	return nil
+}
+
+// probeAlert dials addr with cfg, writes nothing, and returns the TLS
+// alert the server sends within ctx, or nil.
+func probeAlert(ctx context.Context, cfg *tls.Config, addr string) error {
 	d := tls.Dialer{Config: cfg}
-	conn, dialErr := d.DialContext(ctx, "tcp", addr)
-	if dialErr != nil {
-		return alertOrNil(dialErr)
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return alertOrNil(err)
 	}
 	defer conn.Close()
 	deadline, _ := ctx.Deadline()
 	if err := conn.SetReadDeadline(deadline); err != nil {
 		return nil
 	}
-	_, readErr := conn.Read(make([]byte, 1))
-	return alertOrNil(readErr)
+	_, err = conn.Read(make([]byte, 1))
+	return alertOrNil(err)
 }
 
 // refusedAfterHandshake reports whether err is how a connection ends when
@@ -66,17 +78,58 @@ func refusedAfterHandshake(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF)
 }
 
-// failedAddr is the server address err names, or for an error that
-// names none (EOF) the address of a client of one server.
-func failedAddr(client redis.UniversalClient, err error) string {
+// failedAddrs are the addresses the client dials for the server that err
+// names: by the name the client connects by, as go-redis dials it, so the
+// probe verifies the server's certificate by that name rather than by
+// the IP the connection resolved to, which a certificate for a host name
+// alone does not carry. A standalone client's address, the shard whose
+// address resolves to the one err names, or (a Cluster's nodes and a
+// Sentinel's master, which go-redis dials by the address they announce)
+// err's own. An error that names none (EOF) is a standalone client's
+// server, or any of a Ring's shards.
+func failedAddrs(ctx context.Context, client redis.UniversalClient, err error) []string {
+	var named string
 	var op *net.OpError
 	if errors.As(err, &op) && op.Addr != nil {
-		return op.Addr.String()
+		named = op.Addr.String()
 	}
-	if c, ok := client.(*redis.Client); ok {
-		return c.Options().Addr
+	switch c := client.(type) {
+	case *redis.Client:
+		// A Sentinel client's Addr is no address: its master is.
+		if _, _, splitErr := net.SplitHostPort(c.Options().Addr); splitErr == nil {
+			return []string{c.Options().Addr}
+		}
+	case *redis.Ring:
+		var all []string
+		for _, shard := range c.GetShardClients() {
+			addr := shard.Options().Addr
+			if named != "" && resolvesTo(ctx, addr, named) {
+				return []string{addr}
+			}
+			all = append(all, addr)
+		}
+		if named == "" {
+			return all
+		}
 	}
-	return ""
+	if named == "" {
+		return nil
+	}
+	return []string{named}
+}
+
+// resolvesTo reports whether addr (host:port) is ip (ip:port) by name.
+func resolvesTo(ctx context.Context, addr, ip string) bool {
+	if addr == ip {
+		return true
+	}
+	host, port, err := net.SplitHostPort(addr)
+	wantIP, wantPort, err2 := net.SplitHostPort(ip)
+	if err != nil || err2 != nil || port != wantPort {
+		return false
+	}
+	ips, err := net.DefaultResolver.LookupHost(ctx, host)
+	return err == nil && slices.Contains(ips, wantIP)
 }
 
 // alertOrNil is err when it is a TLS alert from the server, which

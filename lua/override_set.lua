@@ -18,13 +18,17 @@
 -- ARGV[5]  the channel to publish the change on
 -- ARGV[6]  the zone's name, carried in the message
 -- ARGV[7]  the most fields a new key may join (0: no bound)
--- ARGV[8]  optional: delete only while the field holds exactly this, so a
---          pruning never removes a record written again meanwhile
+-- ARGV[8]  optional: write or delete only while the field holds exactly
+--          this ("" for a write: while it holds nothing), so a pruning
+--          never removes a record written again meanwhile, and a writer
+--          that chose the record by what the field held (its Gen) never
+--          overwrites a record written since it read
 --
 -- Reply: {existed, previous version}: existed is 1 when the field held a
 -- record, 0 when it did not (nothing is written for a delete then), -1
--- when a new key was refused because the set is full; the previous
--- version is "" for a set that had none.
+-- when a new key was refused because the set is full, -2 when a write's
+-- ARGV[8] no longer held (nothing is written); the previous version is ""
+-- for a set that had none.
 --
 -- The message is "<previous>\n<new>\n<zone>\n<key>", the key last since it
 -- may hold anything. An instance whose last known version is <previous>
@@ -53,6 +57,10 @@ if record == '' then
   end
   redis.call('HDEL', set, field)
 else
+  local expect = ARGV[8]
+  if expect and ((expect == '' and old) or (expect ~= '' and old ~= expect)) then
+    return {-2, prev}
+  end
   local most = tonumber(ARGV[7])
   if not old and most > 0 and redis.call('HLEN', set) - 1 >= most then
     return {-1, prev}

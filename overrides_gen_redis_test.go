@@ -9,19 +9,18 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// TestReviewOverrideGenZeroKeepsOlderBuildsState: a redis zone's override
-// record written by a build before 12f7ffe has no "gen" (Gen 0), and that
-// build keeps the key's state under the override limit by the bare key.
-// This build names it StateKey(key) = key + "\x00" + "0" instead, so when
-// the fleet is upgraded (a rolling restart onto this build, Redis kept)
-// every key under an override starts afresh, and while old and new
-// instances run side by side each counts in a state of its own: here the
-// older instance spent the key's limit of 2 (simulated by a store of its
-// own making its takes on the bare key, as 7b8d73f's request path does),
-// and this build admits 2 more within the hour.
-func TestReviewOverrideGenZeroKeepsOlderBuildsState(t *testing.T) {
+// TestOverrideRecordWithoutGenKeepsBareKeyState: a redis zone's override
+// record written before overrides had generations has no "gen" (Gen 0),
+// and its writer kept the key's state under the override limit by the
+// bare key; this build names that state the same (StateKey of Gen 0), so
+// an upgrade, or old and new instances side by side, keep counting in one
+// state: the older instance spent the key's limit of 2 (a store of its
+// own taking on the bare key, as that build's request path did), and this
+// build admits no more within the hour. (Found by a review: Gen 0 was
+// named key + NUL + "0", and this build admitted 2 more.)
+func TestOverrideRecordWithoutGenKeepsBareKeyState(t *testing.T) {
 	srv := redistest.Start(t)
-	const name = "rv24_gen0"
+	const name = "ov_gen0"
 	h := provisionHandler(t, `rate_limit {
 		zone `+name+` {
 			key {http.request.header.X-Key}
