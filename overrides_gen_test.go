@@ -71,9 +71,12 @@ func TestOverrideSameLimitSpeltOutKeepsState(t *testing.T) {
 // The first write starts the key afresh and the others, the same limit,
 // keep its state, since each decides its generation by the override the
 // table holds where it writes: at most 2 requests are admitted. (Found by
-// a review: a PUT read the override in force before it wrote, so PUTs
-// that both read the old limit each started the key afresh: 4 admitted
-// under a limit of 2.)
+// a review, which ran two PUTs' steps in that order by hand: a PUT read
+// the override in force before it wrote, so PUTs that both read the old
+// limit each started the key afresh, 4 admitted under a limit of 2. The
+// steps are now one, under the table's lock, which
+// TestOverrideTablePutWithinKeepsGen checks without a race; this test is
+// the stress of it through the admin API.)
 func TestOverrideConcurrentPutsOfOneLimit(t *testing.T) {
 	const name, ip = "ov_concurrent_puts", "198.51.100.125"
 	for round := range 20 {

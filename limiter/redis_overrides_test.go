@@ -1155,3 +1155,47 @@ func TestRedisOverridesSetGenReadsAgain(t *testing.T) {
 		t.Errorf("nil keep: Gen %d (%v), want the one given, %d", given.Gen, err, twoX.Gen)
 	}
 }
+
+// TestOverrideTablePutWithinKeepsGen: PutWithin decides the Gen by the
+// override the table holds as it puts: a new limit draws one, the same
+// limit again keeps it, another limit draws a new one, a block has none,
+// and a nil keep puts the Gen given.
+func TestOverrideTablePutWithinKeepsGen(t *testing.T) {
+	table := NewOverrideTable()
+	same := func(o Override) KeepGen {
+		return func(old Override) bool { return old.Action == OverrideLimit && old.Events == o.Events && old.Window == o.Window }
+	}
+	put := func(o Override, keep KeepGen) Override {
+		t.Helper()
+		got, err := table.PutWithin("k", o, 10, keep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held, _ := table.Lookup("k"); held != got {
+			t.Fatalf("PutWithin returned %+v, the table holds %+v", got, held)
+		}
+		return got
+	}
+	first := put(tenX, same(tenX))
+	if first.Gen == 0 {
+		t.Fatal("a new limit got no Gen")
+	}
+	if again := put(tenX, same(tenX)); again.Gen != first.Gen {
+		t.Errorf("the same limit again: Gen %d, want %d kept", again.Gen, first.Gen)
+	}
+	other := put(twoX, same(twoX))
+	if other.Gen == 0 || other.Gen == first.Gen {
+		t.Errorf("another limit: Gen %d, want a new one (not %d)", other.Gen, first.Gen)
+	}
+	if b := put(block, same(block)); b.Gen != 0 {
+		t.Errorf("a block: Gen %d, want 0", b.Gen)
+	}
+	if back := put(tenX, same(tenX)); back.Gen == 0 || back.Gen == first.Gen {
+		t.Errorf("back to the first limit after a block: Gen %d, want a new one (not %d)", back.Gen, first.Gen)
+	}
+	given := tenX
+	given.Gen = 7
+	if got := put(given, nil); got.Gen != 7 {
+		t.Errorf("nil keep: Gen %d, want the 7 given", got.Gen)
+	}
+}
