@@ -1163,7 +1163,9 @@ func TestRedisOverridesSetGenReadsAgain(t *testing.T) {
 func TestOverrideTablePutWithinKeepsGen(t *testing.T) {
 	table := NewOverrideTable()
 	same := func(o Override) KeepGen {
-		return func(old Override) bool { return old.Action == OverrideLimit && old.Events == o.Events && old.Window == o.Window }
+		return func(old Override) bool {
+			return old.Action == OverrideLimit && old.Events == o.Events && old.Window == o.Window
+		}
 	}
 	put := func(o Override, keep KeepGen) Override {
 		t.Helper()
