@@ -264,8 +264,11 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 		written, err := s.set.put(r.Context(), k, o, keepGen(s.zones, o, now))
 		if err != nil {
 			status := http.StatusBadGateway
-			if errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides) {
+			switch {
+			case errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides):
 				status = http.StatusBadRequest
+			case errors.Is(err, limiter.ErrOverrideConflict):
+				status = http.StatusConflict
 			}
 			return adminError(status, "zone %q: %v", name, err)
 		}

@@ -127,6 +127,10 @@ type RedisOverrides struct {
 	// most is the most overrides a zone may hold: MaxOverrides, less in
 	// tests.
 	most int
+	// genMu makes this instance's SetGen calls one at a time, so they
+	// never refuse each other's conditional writes; only other
+	// instances' writes can come between a read and its write.
+	genMu sync.Mutex
 
 	// ctx ends the zones' goroutines and their calls when Close cancels it.
 	ctx    context.Context
@@ -346,12 +350,16 @@ func (r *RedisOverrides) Set(ctx context.Context, zone, key string, o Override) 
 }
 
 // maxSetAttempts bounds how often SetGen reads again after other writers
-// changed the key between its read and its write.
-const maxSetAttempts = 8
+// changed the key between its read and its write. Each refusal means
+// another write landed, so writers at once all finish: only a writer
+// outrun this often by other instances' writes of the same key gives up.
+const maxSetAttempts = 100
 
-// errRecordMoved is a conditional write's refusal: the key's record is no
-// longer the one its Gen was chosen by.
-var errRecordMoved = errors.New("the override was changed by another writer meanwhile")
+// ErrOverrideConflict is wrapped by SetGen's error when other writers
+// changed the key between its read and its write every time it tried:
+// nothing was written, and the caller may try again (the admin API
+// answers 409).
+var ErrOverrideConflict = errors.New("the override was changed by other writers each time it was about to be written")
 
 // SetGen is Set deciding o's Gen by keep (see KeepGen; nil: o's as given)
 // from the key's record in Redis as the write finds it: it reads the
@@ -374,6 +382,10 @@ func (r *RedisOverrides) SetGen(ctx context.Context, zone, key string, o Overrid
 	if !o.Active(now) {
 		return fail(fmt.Errorf("%w: expires %v, which has passed", ErrInvalidOverride, o.Expires))
 	}
+	if keep != nil {
+		r.genMu.Lock()
+		defer r.genMu.Unlock()
+	}
 	for attempt := 1; ; attempt++ {
 		var expect *string
 		if keep != nil {
@@ -385,7 +397,7 @@ func (r *RedisOverrides) SetGen(ctx context.Context, zone, key string, o Overrid
 			expect = &raw
 		}
 		stored, err := r.setRecord(ctx, zone, key, o, now, expect)
-		if errors.Is(err, errRecordMoved) && attempt < maxSetAttempts {
+		if errors.Is(err, ErrOverrideConflict) && attempt < maxSetAttempts && ctx.Err() == nil {
 			continue
 		}
 		if err != nil {
@@ -438,7 +450,7 @@ func (r *RedisOverrides) setRecord(ctx context.Context, zone, key string, o Over
 	case existed == -1:
 		return Override{}, fmt.Errorf("setting it: %w: the zone holds %d, the most it may", ErrTooManyOverrides, r.most)
 	case existed == -2:
-		return Override{}, errRecordMoved
+		return Override{}, ErrOverrideConflict
 	}
 	return stored, nil
 }

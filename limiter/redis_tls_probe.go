@@ -46,8 +46,15 @@ func ProbeTLSRefusal(ctx context.Context, client redis.UniversalClient, err erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, tlsProbeWait)
 	defer cancel()
-	for _, addr := range failedAddrs(ctx, client, err) {
-		if alert := probeAlert(ctx, cfg, addr); alert != nil {
+	// At once: a server that accepts sends nothing, and its read would
+	// hold the wait from the others.
+	addrs := failedAddrs(ctx, client, err)
+	alerts := make(chan error, len(addrs))
+	for _, addr := range addrs {
+		go func() { alerts <- probeAlert(ctx, cfg, addr) }()
+	}
+	for range addrs {
+		if alert := <-alerts; alert != nil {
 			return alert
 		}
 	}

@@ -15,19 +15,15 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testpki"
 )
 
-// TestReview25ProbeRingEOFHealthyShardFirst (review 25, fails): for an
-// EOF, which names no server, ProbeTLSRefusal probes every shard of a
-// Ring in turn under ONE 500ms context. A healthy shard accepts the
-// handshake and sends nothing, so probeAlert's Read blocks until that
-// context's deadline, and every shard after it is dialled with an
-// expired context: the refusing shard's alert is read only when it
-// happens to come first in GetShardClients, whose order go-redis builds
-// from a map (random per client). Here shard "ok" serves without asking
-// for a client certificate, shard "refuses" requires one the client
-// lacks; of 8 rings (each a fresh map order) every probe should name the
-// refusal.
-func TestReview25ProbeRingEOFHealthyShardFirst(t *testing.T) {
-	ca := testpki.NewCA(t, "review25-ring")
+// TestProbeTLSRefusalRingEOF: an EOF names no server, so the probe asks
+// every shard of a Ring, at once: one shard serves without asking for a
+// client certificate and sends nothing, the other requires one the client
+// lacks, and in 8 rings (each a fresh order of shards) the probe names
+// the refusal. (Found by a review: the shards were asked in turn under one
+// 500ms wait, a healthy shard first held the whole wait, and 5 of 8 rings
+// missed the refusal.)
+func TestProbeTLSRefusalRingEOF(t *testing.T) {
+	ca := testpki.NewCA(t, "probe-ring")
 	srvPair := ca.Server(t, "localhost")
 	cert, err := tls.LoadX509KeyPair(srvPair.CertFile, srvPair.KeyFile)
 	if err != nil {
