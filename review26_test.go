@@ -1,0 +1,176 @@
+package ratelimit
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// Tests of the third review of issue 21 (runtime overrides). Each one
+// fails on the commit it was written against and says what it shows.
+
+// TestReview26DistinctOverrideLimitsBoundAtPut: the README promises "at
+// most ... 1,000 distinct override limits per zone" and overrides.go that
+// "overrides beyond it that need a new limit are refused when set". But
+// checkOverride counts only the limits already *built*, and a memory
+// zone's PUT builds none (limits are built on a key's first request, or at
+// provisioning), so 1,001 PUTs of distinct limits are all answered 200.
+// Once the keys' requests have built 1,000 limits, the 1,001st key - whose
+// override the API accepted and lists - is silently decided by the zone's
+// own limit (5/1h here) instead of its override (and, by applyOverride,
+// still counted in override_decisions_total{action="limit"}).
+func TestReview26DistinctOverrideLimitsBoundAtPut(t *testing.T) {
+	const name = "rv26_distinct"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			algorithm fixed_window
+			rate 5/1h
+		}
+	}`)
+	z := handlerZone(t, h, name)
+	t.Cleanup(func() { z.ov.set.table().Replace(map[string]limiter.Override{}) })
+	const n = 1001
+	ip := func(i int) string { return fmt.Sprintf("10.26.%d.%d", i/256, i%256) }
+	accepted := 0
+	for i := range n {
+		code, body := adminOverride(t, http.MethodPut, name, ip(i), fmt.Sprintf(`{"limit": %d}`, 10+i))
+		switch code {
+		case 200:
+			accepted++
+		case 400:
+			t.Logf("PUT %d refused: %s", i+1, body)
+		default:
+			t.Fatalf("PUT %d: %d %s", i+1, code, body)
+		}
+	}
+	// Every accepted override must be what decides its key.
+	for i := range accepted {
+		r, _ := newKeyRequest(ip(i), nil)
+		w, code := serve(h, r, okHandler)
+		if want := strconv.Itoa(10 + i); code != 200 || w.Header().Get("X-RateLimit-Limit") != want {
+			t.Fatalf("%d of %d PUTs of distinct limits were answered 200, but key #%d's request got %d with X-RateLimit-Limit %q, want its override's %s: the bound of %d distinct limits is not enforced when an override is set, and the accepted override is ignored",
+				accepted, n, i+1, code, w.Header().Get("X-RateLimit-Limit"), want, maxOverrideLimits)
+		}
+	}
+}
+
+// TestReview26LimitOverrideRetryAfterPastExpiry: a limit override that
+// lowers a key's limit (1/1h in a zone of 100/1h) and expires in 10 s. Its
+// second request is refused, told Retry-After: 3600 (and an
+// X-RateLimit-Reset an hour away), although 10 s later the override has
+// lapsed and the key is admitted by the zone. A block's Retry-After is
+// capped at its expiry (blockFor); a limit override's refusal is not, so
+// the client is told to wait an hour for what is 10 seconds.
+func TestReview26LimitOverrideRetryAfterPastExpiry(t *testing.T) {
+	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
+	clock := testutil.NewClock(start)
+	h := provisionHandlerAt(t, `rate_limit {
+		zone rv26_lim_exp {
+			key ip
+			algorithm fixed_window
+			rate 100/1h
+		}
+	}`, clock)
+	const ip = "198.51.100.161"
+	setOverride(t, h, "rv26_lim_exp", ip, limiter.Override{Action: limiter.OverrideLimit, Events: 1, Expires: start.Add(10 * time.Second)})
+	if code, _ := serveKey(h, ip, ""); code != 200 {
+		t.Fatalf("first request under 1/1h: %d", code)
+	}
+	code, hdr := serveKey(h, ip, "")
+	if code != 429 {
+		t.Fatalf("second request under 1/1h: %d, want 429", code)
+	}
+	retry := hdr.Get("Retry-After")
+	clock.Set(start.Add(10 * time.Second))
+	after, _ := serveKey(h, ip, "")
+	if n, _ := strconv.Atoi(retry); n > 10 {
+		t.Fatalf("refused 10s before its override lapses with Retry-After %s (X-RateLimit-Reset %s, start %d); at the expiry the key is answered %d: Retry-After is not capped at the override's expiry",
+			retry, hdr.Get("X-RateLimit-Reset"), start.Unix(), after)
+	}
+}
+
+// TestReview26MissingKeyClientCannotBeOverridden: in a zone keyed by an
+// API key with the default `missing_key ip`, a request without the key is
+// decided by its client IP in a namespace of its own ("\x00missing-key\x00"
+// + IP). No key the admin API can be given reaches that state: the IP as
+// typed names an API key equal to it, and the namespace's NUL is escaped
+// by keyTemplate.typed. So an operator cannot block (nor exempt) the
+// keyless client at 203.0.113.66, although its requests are decided by a
+// key of the zone.
+func TestReview26MissingKeyClientCannotBeOverridden(t *testing.T) {
+	const name, ip = "rv26_missing", "203.0.113.66"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key {http.request.header.X-Api-Key}
+			rate 100/1m
+		}
+	}`)
+	z := handlerZone(t, h, name)
+	t.Cleanup(func() { z.ov.set.table().Replace(map[string]limiter.Override{}) })
+	tried := []string{ip, missingKeyNamespace + ip}
+	for _, k := range tried {
+		if code, body := adminOverride(t, http.MethodPut, name, k, `{"action": "block"}`); code != 200 {
+			t.Logf("PUT block %q: %d %s", k, code, body)
+		}
+	}
+	code, hdr := serveKey(h, ip, "")
+	if code != 429 {
+		t.Fatalf("a request from %s without X-Api-Key (missing_key ip) after blocking %q: %d, X-RateLimit-Limit %q: no override key reaches a missing-key client's state",
+			ip, tried, code, hdr.Get("X-RateLimit-Limit"))
+	}
+}
+
+// TestReview26ExemptLeaksResponseCostHeader: a response_cost zone removes
+// the cost header from the client's response unless `keep` (README: "also
+// when the zone's Redis failed and fail open let the request through").
+// For an exempt key the zone leaves the request entirely, so the
+// upstream's X-Tokens reaches the client: the exemption changes what the
+// zone strips, not only what it limits.
+func TestReview26ExemptLeaksResponseCostHeader(t *testing.T) {
+	const name = "rv26_exempt_cost"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			algorithm fixed_window
+			rate 100/1h
+			response_cost X-Tokens
+		}
+	}`)
+	const plain, exempt = "198.51.100.171", "198.51.100.172"
+	r, _ := newKeyRequest(plain, nil)
+	if w, _ := serve(h, r, answer(200, "X-Tokens", "42")); w.Header().Get("X-Tokens") != "" {
+		t.Fatalf("control: X-Tokens reached a key without override")
+	}
+	setOverride(t, h, name, exempt, limiter.Override{Action: limiter.OverrideExempt})
+	r, _ = newKeyRequest(exempt, nil)
+	w, code := serve(h, r, answer(200, "X-Tokens", "42"))
+	if got := w.Header().Get("X-Tokens"); got != "" {
+		t.Fatalf("exempt key: status %d, X-Tokens %q reached the client of a response_cost zone without keep", code, got)
+	}
+}
+
+// TestReview26PutBodyTrailingDataAccepted: the issue asks for 400 on a bad
+// body. putOverride decodes only the first JSON value, so a body followed
+// by anything - here a second object asking for a block - is answered 200
+// and the first object is applied.
+func TestReview26PutBodyTrailingDataAccepted(t *testing.T) {
+	const name, ip = "rv26_trailing", "198.51.100.181"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			rate 10/1m
+		}
+	}`)
+	z := handlerZone(t, h, name)
+	t.Cleanup(func() { z.ov.set.table().Replace(map[string]limiter.Override{}) })
+	code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 5} {"action": "block"}`)
+	if code != 400 {
+		t.Fatalf("PUT of two JSON objects: %d %s, want 400 for a bad body", code, body)
+	}
+}
