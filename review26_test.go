@@ -174,3 +174,28 @@ func TestReview26PutBodyTrailingDataAccepted(t *testing.T) {
 		t.Fatalf("PUT of two JSON objects: %d %s, want 400 for a bad body", code, body)
 	}
 }
+
+// TestReview26BlockedKeyWithRequestCostGets400: in a zone whose cost is a
+// placeholder (`cost {http.request.header.X-Cost}`), a blocked key's
+// request is answered 400 instead of 429: applyOverride points the
+// candidate at the block's limit, whose maxCost is 0 (blockLimit never
+// sets it), and requestCost then refuses any cost above 0 as one "the
+// limit can never admit". The issue asks that a block answer 429 with an
+// honest Retry-After.
+func TestReview26BlockedKeyWithRequestCostGets400(t *testing.T) {
+	const name, ip = "rv26_block_cost", "198.51.100.191"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			algorithm fixed_window
+			rate 100/1h
+			cost {http.request.header.X-Cost}
+		}
+	}`)
+	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideBlock})
+	r, _ := newKeyRequest(ip, map[string]string{"X-Cost": "3"})
+	w, code := serve(h, r, okHandler)
+	if code != 429 || w.Header().Get("Retry-After") != "3600" {
+		t.Fatalf("blocked key with X-Cost: 3: status %d, Retry-After %q, want 429 and 3600", code, w.Header().Get("Retry-After"))
+	}
+}
