@@ -1,11 +1,19 @@
 package ratelimit
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
@@ -197,5 +205,42 @@ func TestReview26BlockedKeyWithRequestCostGets400(t *testing.T) {
 	w, code := serve(h, r, okHandler)
 	if code != 429 || w.Header().Get("Retry-After") != "3600" {
 		t.Fatalf("blocked key with X-Cost: 3: status %d, Retry-After %q, want 429 and 3600", code, w.Header().Get("Retry-After"))
+	}
+}
+
+// TestReview26CLIInspectExemptKeyShowsSpent: `caddy rate-limit inspect`
+// of an exempt key prints LIMIT 0, REMAINING 0, RESET AFTER 0s - the row
+// of a key that has nothing left - because the API's answer for an
+// exemption is zeros plus an "override" member, and the CLI's table has
+// no column for the override and drops it. A blocked key reads the same
+// way (0, 0, 1h). The operator is told the opposite of what the key's
+// requests see (never limited). Run against the real admin routes.
+func TestReview26CLIInspectExemptKeyShowsSpent(t *testing.T) {
+	const name, ip = "rv26_cli_ex", "198.51.100.201"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			rate 10/1m
+		}
+	}`)
+	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideExempt})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := serveAdmin(w, r); err != nil {
+			var ae caddy.APIError
+			errors.As(err, &ae)
+			w.WriteHeader(ae.HTTPStatus)
+			_ = json.NewEncoder(w).Encode(ae)
+		}
+	}))
+	defer srv.Close()
+	api := &adminClient{addr: strings.TrimPrefix(srv.URL, "http://")}
+	cmd := withTier(cliCommand("inspect", "", "", 2, cliInspect))
+	var out bytes.Buffer
+	if err := cliInspect(api, caddycmd.Flags{FlagSet: cmd.Flags()}, []string{name, ip}, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("output:\n%s", out.String())
+	if !strings.Contains(out.String(), "exempt") {
+		t.Fatalf("caddy rate-limit inspect of an exempt key prints no sign of the exemption:\n%s", out.String())
 	}
 }
