@@ -1,0 +1,68 @@
+package ratelimit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// TestReview26ForeignRecordBelowAPIFloorApplied: a record in a redis
+// zone's override set that the admin API would refuse (a window of 1µs:
+// the API's floor is 1ms, windowBound) but that limiter.Override.Check
+// accepts (1µs to 366 days) is applied by every instance: the key is
+// decided by "1 per microsecond", i.e. never limited, instead of being
+// skipped with a log line as a foreign value. Nothing on the read path
+// (readRecord, applyOverride, overrideLimit) runs the zone's checks
+// (zone.checkOverride) that a PUT runs.
+func TestReview26ForeignRecordBelowAPIFloorApplied(t *testing.T) {
+	srv := redistest.Start(t)
+	const name, key = "rv26_foreign", "foreign-key"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key {http.request.header.X-Key}
+			algorithm fixed_window
+			rate 2/1h
+			store redis
+		}
+		redis {
+			url redis://`+srv.Addr()+`
+		}
+	}`)
+	z := handlerZone(t, h, name)
+	foreign := limiter.Override{Action: limiter.OverrideLimit, Events: 1, Window: time.Microsecond}
+	if err := z.checkOverride(foreign); err == nil {
+		t.Fatal("the admin API's check accepts a 1µs window: the premise is wrong")
+	}
+	// What a foreign writer (or a hand-made HSET of the same JSON,
+	// {"action":"limit","limit":1,"window_us":1}) leaves in the set.
+	if err := h.overrides.Set(context.Background(), name, key, foreign); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if o, ok := z.ov.lookup(key); ok && o.Window == time.Microsecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Skip("the record never reached the table (skipped, as it should be?)")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	admitted := 0
+	var limit string
+	for range 10 {
+		r, _ := newKeyRequest("203.0.113.9", map[string]string{"X-Key": key})
+		w, code := serve(h, r, okHandler)
+		if code == 200 {
+			admitted++
+		}
+		limit = w.Header().Get("X-RateLimit-Limit")
+		time.Sleep(time.Millisecond)
+	}
+	if admitted > 2 {
+		t.Fatalf("%d of 10 requests admitted in a zone of 2/1h, X-RateLimit-Limit %q: a stored override the admin API refuses (window 1µs) was applied instead of skipped", admitted, limit)
+	}
+}
