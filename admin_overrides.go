@@ -240,6 +240,9 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 	if err := dec.Decode(&body); err != nil {
 		return adminError(http.StatusBadRequest, "the body must be a JSON object such as {\"limit\": 1000, \"window\": \"1h\"} or {\"action\": \"block\"}: %v", err)
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return adminError(http.StatusBadRequest, "the body must be one JSON object, with nothing after it")
+	}
 	o, err := body.override(now)
 	if err != nil {
 		return adminError(http.StatusBadRequest, "zone %q: %v", name, err)
@@ -248,6 +251,13 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 		for _, z := range s.zones {
 			if err := z.checkOverride(o); err != nil {
 				return adminError(http.StatusBadRequest, "zone %q (%s): %v", name, z.limit.policy.Algorithm, err)
+			}
+			if o.Action == limiter.OverrideLimit {
+				// Built now, so the bound on distinct limits refuses the
+				// PUT past it rather than the key's requests ignoring it.
+				if _, err := z.overrideLimit(o); err != nil {
+					return adminError(http.StatusBadRequest, "zone %q: %v", name, err)
+				}
 			}
 		}
 		k := s.zone.key.typed(key)

@@ -318,9 +318,21 @@ func cliZones(api *adminClient, _ caddycmd.Flags, _ []string, out io.Writer) err
 }
 
 func cliInspect(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
-	header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER"}
+	header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER", "OVERRIDE"}
 	return show(api, out, http.MethodGet, keyURI(fl, args), header, func(s keyState) [][]string {
-		return [][]string{{s.Zone, orDash(s.Tier), s.Key, strconv.FormatInt(s.Limit, 10), strconv.FormatInt(s.Remaining, 10), seconds(s.ResetAfter)}}
+		limit, remaining, reset := strconv.FormatInt(s.Limit, 10), strconv.FormatInt(s.Remaining, 10), seconds(s.ResetAfter)
+		override := "-"
+		if o := s.Override; o != nil {
+			override = o.Action
+			if o.Expires != "" {
+				override += " until " + o.Expires
+			}
+			if o.Action == "exempt" {
+				// Never limited: no numbers to show.
+				limit, remaining, reset = "-", "-", "-"
+			}
+		}
+		return [][]string{{s.Zone, orDash(s.Tier), s.Key, limit, remaining, reset, override}}
 	})
 }
 

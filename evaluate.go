@@ -91,6 +91,13 @@ type candidate struct {
 	// blocked is set when the key's override blocks it: the request is
 	// refused, told to wait that long.
 	blocked time.Duration
+	// until is when the key's override limit lapses (zero: never, or no
+	// override): a refusal under it is told to wait no longer than that,
+	// since the key is then decided by its tier or zone again.
+	until time.Time
+	// exempt is set when the key's override exempts it: the zone does not
+	// apply, but its response_cost field is still removed.
+	exempt bool
 	// early is set when the decision was asked for ahead of its turn,
 	// together with the request's other remote zones; d and err hold it.
 	early bool
@@ -170,11 +177,15 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 	together := h.remoteZones > 1
 	var c candidate
 	for _, z := range h.zones {
+		c.exempt = false
 		ok, err := h.match(z, r, repl, ev.claims, &c)
 		if err != nil {
 			return err
 		}
 		if !ok {
+			if c.exempt {
+				ev.decidedNothing(z)
+			}
 			continue
 		}
 		if !together {
@@ -233,6 +244,9 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 		if !h.applyOverride(z, o, c) {
 			return false, nil
 		}
+	}
+	if c.blocked > 0 {
+		return true, nil // refused whatever it would cost
 	}
 	if err := h.requestCost(r, repl, claims, c); err != nil {
 		if !z.dryRun {
@@ -352,6 +366,12 @@ func (h *Handler) decide(r *http.Request, ev *evaluation, c *candidate) (stop bo
 			ev.decidedNothing(z)
 			return false
 		}
+	}
+	if !d.Allowed && !c.until.IsZero() {
+		// Past the override's expiry the key is decided afresh by its
+		// tier or zone: a refusal under it waits no longer.
+		left := max(time.Millisecond, c.until.Sub(h.now()))
+		d.RetryAfter, d.ResetAfter = min(d.RetryAfter, left), min(d.ResetAfter, left)
 	}
 	ev.outcomes = append(ev.outcomes, outcome{zone: z, limit: l, store: store, key: c.key, state: c.state, cost: c.cost, d: d, taken: d.Allowed && c.cost > 0})
 	if d.Allowed && z.watches {

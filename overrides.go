@@ -170,6 +170,12 @@ func (z *zone) overrideLimit(o limiter.Override) (*limit, error) {
 	if len(old) >= maxOverrideLimits {
 		return nil, fmt.Errorf("zone %q already has %d distinct override limits", z.name, maxOverrideLimits)
 	}
+	// What the admin API refuses is never applied, whoever wrote it (a
+	// record in Redis by hand, or by another build): the key is then
+	// decided by its tier or zone.
+	if err := z.checkOverride(o); err != nil {
+		return nil, fmt.Errorf("zone %q cannot apply an override of %d per %v: %w", z.name, o.Events, o.Window, err)
+	}
 	l, err := st.newLimit(o.Policy(z.limit.policy))
 	if err != nil {
 		return nil, err
@@ -346,6 +352,7 @@ func (h *Handler) applyOverride(z *zone, o limiter.Override, c *candidate) bool 
 	switch o.Action {
 	case limiter.OverrideExempt:
 		z.metrics.count(true, z.dryRun, limiter.SourceStore)
+		c.exempt = true
 		return false
 	case limiter.OverrideBlock:
 		c.limit = &z.ov.block
@@ -357,7 +364,7 @@ func (h *Handler) applyOverride(z *zone, o limiter.Override, c *candidate) bool 
 		z.logOverrideFailure(h.logger, err)
 		return true
 	}
-	c.limit, c.state = l, z.overrideStateKey(c.key, &o)
+	c.limit, c.state, c.until = l, z.overrideStateKey(c.key, &o), o.Expires
 	return true
 }
 

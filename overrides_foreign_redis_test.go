@@ -9,7 +9,7 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// TestReview26ForeignRecordBelowAPIFloorApplied: a record in a redis
+// TestOverrideForeignRecordBelowAPIFloorSkipped: a record in a redis
 // zone's override set that the admin API would refuse (a window of 1µs:
 // the API's floor is 1ms, windowBound) but that limiter.Override.Check
 // accepts (1µs to 366 days) is applied by every instance: the key is
@@ -17,9 +17,9 @@ import (
 // skipped with a log line as a foreign value. Nothing on the read path
 // (readRecord, applyOverride, overrideLimit) runs the zone's checks
 // (zone.checkOverride) that a PUT runs.
-func TestReview26ForeignRecordBelowAPIFloorApplied(t *testing.T) {
+func TestOverrideForeignRecordBelowAPIFloorSkipped(t *testing.T) {
 	srv := redistest.Start(t)
-	const name, key = "rv26_foreign", "foreign-key"
+	const name, key = "ov_acc_foreign", "foreign-key"
 	h := provisionHandler(t, `rate_limit {
 		zone `+name+` {
 			key {http.request.header.X-Key}
