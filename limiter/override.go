@@ -130,7 +130,8 @@ func (o *Override) StateKey(key string) string {
 	if o.Gen == 0 {
 		return key
 	}
-	return key + "\x00" + strconv.FormatInt(o.Gen, 36)
+	var gen [16]byte // on the stack: the name is the one allocation
+	return key + "\x00" + string(strconv.AppendInt(gen[:0], o.Gen, 36))
 }
 
 // Active reports whether o is in force at now: it lapses at Expires.
