@@ -390,19 +390,35 @@ func (i *Instance) Restart() {
 	i.t.Fatalf("caddyproc: restarting caddy: %v", last)
 }
 
-// newAddr picks a free loopback address that no other placeholder of this
-// instance holds: a port found free and released can be handed out again
-// at once, and two site blocks on one address are a config error, not the
-// bind error start retries on. Another process may still take the port
-// before Caddy binds it; start retries when that happens.
+// handedOut are the addresses newAddr gave any instance of this process,
+// never handed out again. Caddy binds its listeners with SO_REUSEPORT, so
+// two Caddy processes of one user that are given one port both bind it,
+// with no error to retry on, and the kernel spreads the connections over
+// both: a test then reads another test's Caddy (seen in CI: a reload test
+// answered by a parallel test's "uno"). A port found free and released can
+// be handed out again at once, to this instance or another.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// newAddr picks a free loopback address that no instance of this process
+// was given before (see handedOut), so no two placeholders share one,
+// which for one instance would be a config error, not the bind error
+// start retries on. Another process (a redis-server) may still take the
+// port before Caddy binds it; start retries when that happens, since a
+// process that binds without SO_REUSEPORT makes Caddy's bind fail.
 func (i *Instance) newAddr() (string, error) {
+	handedOut.Lock()
+	defer handedOut.Unlock()
 	for range 100 {
 		port, err := testutil.FreePort("127.0.0.1")
 		if err != nil {
 			return "", err
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		if !slices.Contains(slices.Collect(maps.Values(i.addrs)), addr) {
+		if !handedOut.addrs[addr] && !slices.Contains(slices.Collect(maps.Values(i.addrs)), addr) {
+			handedOut.addrs[addr] = true
 			return addr, nil
 		}
 	}
