@@ -23,16 +23,12 @@ import (
 // Each failed before its fix; its comment says how, and the test checks
 // the behaviour that fixed it.
 
-// TestOverrideDistinctLimitsBoundAtPut: the README promises "at
-// most ... 1,000 distinct override limits per zone" and overrides.go that
-// "overrides beyond it that need a new limit are refused when set". But
-// checkOverride counts only the limits already *built*, and a memory
-// zone's PUT builds none (limits are built on a key's first request, or at
-// provisioning), so 1,001 PUTs of distinct limits are all answered 200.
-// Once the keys' requests have built 1,000 limits, the 1,001st key - whose
-// override the API accepted and lists - is silently decided by the zone's
-// own limit (5/1h here) instead of its override (and, by applyOverride,
-// still counted in override_decisions_total{action="limit"}).
+// TestOverrideDistinctLimitsBoundAtPut: a zone holds at most 1,000
+// distinct override limits, and the PUT that would need the 1,001st is
+// refused with 400, so every override the API accepted decides its key.
+// (Before its fix the bound counted only limits already built, on a
+// key's first request: all 1,001 PUTs got 200, and the 1,001st key was
+// silently decided by the zone's own limit.)
 func TestOverrideDistinctLimitsBoundAtPut(t *testing.T) {
 	const name = "ov_acc_distinct"
 	h := provisionHandler(t, `rate_limit {
@@ -69,13 +65,11 @@ func TestOverrideDistinctLimitsBoundAtPut(t *testing.T) {
 	}
 }
 
-// TestOverrideRetryAfterCappedAtExpiry: a limit override that
-// lowers a key's limit (1/1h in a zone of 100/1h) and expires in 10 s. Its
-// second request is refused, told Retry-After: 3600 (and an
-// X-RateLimit-Reset an hour away), although 10 s later the override has
-// lapsed and the key is admitted by the zone. A block's Retry-After is
-// capped at its expiry (blockFor); a limit override's refusal is not, so
-// the client is told to wait an hour for what is 10 seconds.
+// TestOverrideRetryAfterCappedAtExpiry: a key under an override limit of
+// 1/1h (the zone's is 100/1h) that expires in 10 s is refused with a
+// Retry-After of at most those 10 s, and admitted by the zone once the
+// override has lapsed. (Before its fix the refusal said Retry-After: 3600;
+// only a block's wait was capped at its expiry.)
 func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
 	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
 	clock := testutil.NewClock(start)
@@ -102,14 +96,15 @@ func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
 		t.Fatalf("refused 10s before its override lapses with Retry-After %s (X-RateLimit-Reset %s, start %d); at the expiry the key is answered %d: Retry-After is not capped at the override's expiry",
 			retry, hdr.Get("X-RateLimit-Reset"), start.Unix(), after)
 	}
+	if after != 200 {
+		t.Fatalf("at the override's expiry: %d, want 200 from the zone's own limit", after)
+	}
 }
 
-// TestOverrideExemptStripsResponseCost: a response_cost zone removes
-// the cost header from the client's response unless `keep` (README: "also
-// when the zone's Redis failed and fail open let the request through").
-// For an exempt key the zone leaves the request entirely, so the
-// upstream's X-Tokens reaches the client: the exemption changes what the
-// zone strips, not only what it limits.
+// TestOverrideExemptStripsResponseCost: a response_cost zone without
+// `keep` removes the upstream's cost field from the client's response for
+// an exempt key too: the exemption changes what the zone limits, not what
+// it strips. (Before its fix the exempt key's response kept X-Tokens.)
 func TestOverrideExemptStripsResponseCost(t *testing.T) {
 	const name = "ov_acc_exempt_cost"
 	h := provisionHandler(t, `rate_limit {
@@ -133,10 +128,10 @@ func TestOverrideExemptStripsResponseCost(t *testing.T) {
 	}
 }
 
-// TestOverridePutBodyTrailingDataRefused: the issue asks for 400 on a bad
-// body. putOverride decodes only the first JSON value, so a body followed
-// by anything - here a second object asking for a block - is answered 200
-// and the first object is applied.
+// TestOverridePutBodyTrailingDataRefused: a PUT body with anything after
+// its JSON object (here a second object asking for a block) is refused
+// with 400. (Before its fix only the first object was read, answered 200
+// and applied.)
 func TestOverridePutBodyTrailingDataRefused(t *testing.T) {
 	const name, ip = "ov_acc_trailing", "198.51.100.181"
 	h := provisionHandler(t, `rate_limit {
@@ -153,13 +148,11 @@ func TestOverridePutBodyTrailingDataRefused(t *testing.T) {
 	}
 }
 
-// TestOverrideBlockWithRequestCost: in a zone whose cost is a
-// placeholder (`cost {http.request.header.X-Cost}`), a blocked key's
-// request is answered 400 instead of 429: applyOverride points the
-// candidate at the block's limit, whose maxCost is 0 (blockLimit never
-// sets it), and requestCost then refuses any cost above 0 as one "the
-// limit can never admit". The issue asks that a block answer 429 with an
-// honest Retry-After.
+// TestOverrideBlockWithRequestCost: in a zone whose cost is a placeholder
+// (`cost {http.request.header.X-Cost}`), a blocked key's request is
+// refused with 429 and an honest Retry-After whatever its cost. (Before
+// its fix it got 400: the block's limit has no maxCost, and the cost was
+// refused as one the limit could never admit.)
 func TestOverrideBlockWithRequestCost(t *testing.T) {
 	const name, ip = "ov_acc_block_cost", "198.51.100.191"
 	h := provisionHandler(t, `rate_limit {
@@ -178,13 +171,11 @@ func TestOverrideBlockWithRequestCost(t *testing.T) {
 	}
 }
 
-// TestCLIInspectShowsOverride: `caddy rate-limit inspect`
-// of an exempt key prints LIMIT 0, REMAINING 0, RESET AFTER 0s - the row
-// of a key that has nothing left - because the API's answer for an
-// exemption is zeros plus an "override" member, and the CLI's table has
-// no column for the override and drops it. A blocked key reads the same
-// way (0, 0, 1h). The operator is told the opposite of what the key's
-// requests see (never limited). Run against the real admin routes.
+// TestCLIInspectShowsOverride: `caddy rate-limit inspect` of an exempt
+// key says so in its OVERRIDE column, run against the real admin routes.
+// (Before its fix the table dropped the API's override member and printed
+// LIMIT 0, REMAINING 0: the row of a spent key, the opposite of what the
+// key's requests see.)
 func TestCLIInspectShowsOverride(t *testing.T) {
 	const name, ip = "ov_acc_cli_ex", "198.51.100.201"
 	h := provisionHandler(t, `rate_limit {

@@ -10,13 +10,11 @@ import (
 )
 
 // TestOverrideForeignRecordBelowAPIFloorSkipped: a record in a redis
-// zone's override set that the admin API would refuse (a window of 1µs:
-// the API's floor is 1ms, windowBound) but that limiter.Override.Check
-// accepts (1µs to 366 days) is applied by every instance: the key is
-// decided by "1 per microsecond", i.e. never limited, instead of being
-// skipped with a log line as a foreign value. Nothing on the read path
-// (readRecord, applyOverride, overrideLimit) runs the zone's checks
-// (zone.checkOverride) that a PUT runs.
+// zone's override set that the admin API would refuse (a window of 1µs,
+// below the API's 1ms floor, though limiter.Override.Check accepts it) is
+// not applied: the key is decided by the zone's own limit. (Before its fix
+// every instance applied it, "1 per microsecond", never limiting the key;
+// nothing on the read path ran zone.checkOverride.)
 func TestOverrideForeignRecordBelowAPIFloorSkipped(t *testing.T) {
 	srv := redistest.Start(t)
 	const name, key = "ov_acc_foreign", "foreign-key"
