@@ -159,6 +159,12 @@ func (h *Handler) requestCost(r *http.Request, repl *caddy.Replacer, claims *jwt
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err == nil && n >= 0 && n <= limit {
 		c.cost = n
+		if n == 0 && c.limit.traits.ReleasesOnFinish {
+			// A concurrency request always holds a slot while it
+			// runs: a cost of 0 would take none, and any client could
+			// run as many at once as it liked.
+			c.cost = 1
+		}
 		return nil
 	}
 	bad := errBadCost{max: limit}

@@ -27,8 +27,17 @@ func (pooledMemory) Destruct() error { return nil }
 // the key to release it by. A store is made with the clock of the handler
 // that first needs it; stores are shared, so tests that set a clock use
 // zone names of their own.
+//
+// A concurrency store is keyed by its state alone, and each policy decides
+// through a view of it (limiter.Memory.Sharing): the requests a key has in
+// flight are counted once, whichever of the zone's limits applies to them
+// and across a reload that changes the limit.
 func loadMemoryStore(state string, p limiter.Policy, maxKeys int, clock limiter.Clock) (*limiter.Memory, string, error) {
+	shared := p.Algorithm.Traits().ReleasesOnFinish
 	key := state + "\x00" + p.String()
+	if shared {
+		key = state + "\x00" + string(p.Algorithm)
+	}
 	v, loaded, err := memoryStores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		m, err := limiter.NewMemory(p, limiter.MemoryOptions{MaxKeys: maxKeys, Clock: clock})
 		if err != nil {
@@ -42,6 +51,12 @@ func loadMemoryStore(state string, p limiter.Policy, maxKeys int, clock limiter.
 	m := v.(pooledMemory).Memory
 	if loaded {
 		m.SetMaxKeys(maxKeys)
+	}
+	if shared && m.Policy().String() != p.String() {
+		if m, err = m.Sharing(p); err != nil {
+			releaseMemoryStore(key)
+			return nil, "", err
+		}
 	}
 	return m, key, nil
 }

@@ -534,6 +534,10 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation,
 	placeholdersFor(r, repl).decide(ev, 0)
 	if ev.hold > 0 {
 		if err := holdRequest(r, ev.hold); err != nil {
+			// The client left while held: no response came, so the
+			// zones settle as for an aborted one (count_response
+			// gives its units back), then release what was held.
+			ev.abandon()
 			ev.done(r)
 			return nil, false, err
 		}

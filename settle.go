@@ -107,11 +107,17 @@ func (ev *evaluation) abandonOnPanic() {
 	if p == nil {
 		return
 	}
+	ev.abandon()
+	ev.watch = responseWatch{}
+	panic(p)
+}
+
+// abandon settles every zone of a request that got no response: one
+// whose handler panicked, or whose client left while it was held.
+func (ev *evaluation) abandon() {
 	for i := range ev.outcomes {
 		ev.outcomes[i].abandon()
 	}
-	ev.watch = responseWatch{}
-	panic(p)
 }
 
 // settleHeader settles what the response's status and header settle as

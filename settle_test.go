@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -486,5 +487,48 @@ func TestShapesJSON(t *testing.T) {
 	var h Handler
 	if err := json.Unmarshal([]byte(`{"rate_limits":{"z":{"max_events":5,"window":"1m","cost":[1]}}}`), &h); err == nil {
 		t.Error("a cost that is a list was accepted")
+	}
+}
+
+// TestCountResponseHeldClientLeavesGivesBack: a request held by a
+// leaky_bucket zone whose client leaves during the hold got no response,
+// so a count_response zone that took its unit gives it back, as for any
+// request aborted before its response. (The hold's failure released only
+// what releases on finish: the login zone kept the unit, 1 of 3 left
+// instead of 2, locking out clients whose requests never reached the app.)
+func TestCountResponseHeldClientLeavesGivesBack(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone held_leave_a {
+			key ip
+			algorithm leaky_bucket
+			rate 1/1m
+			max_delay 1h
+		}
+		zone held_leave_b {
+			key ip
+			algorithm fixed_window
+			rate 3/1h
+			count_response {
+				status 401
+			}
+		}
+	}`)
+	const ip = "198.51.100.93"
+	r, _ := newKeyRequest(ip, nil)
+	if _, code := serve(h, r, answer(401)); code != 401 {
+		t.Fatalf("first request: %d", code)
+	}
+	r, _ = newKeyRequest(ip, nil)
+	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Millisecond)
+	defer cancel()
+	if _, code := serve(h, r.WithContext(ctx), answer(401)); code != statusClientClosedRequest {
+		t.Fatalf("held request whose client left: %d, want %d", code, statusClientClosedRequest)
+	}
+	d, err := handlerZone(t, h, "held_leave_b").limit.store.Peek(context.Background(), ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != 2 {
+		t.Fatalf("count_response zone after a 401 and a request whose client left while held: %d left, want 2", d.Remaining)
 	}
 }

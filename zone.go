@@ -485,6 +485,13 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 	if override {
 		state = limiter.OverrideStateID(name)
 	}
+	if l.traits.ReleasesOnFinish {
+		// A concurrency key has one set of requests in flight, whatever
+		// limit counts them: every limit of the zone counts in the
+		// zone's own state (limiter.Memory.Sharing; the Redis store
+		// names it so too).
+		state = limiter.StateID(name, "")
+	}
 	if cfg.Store != storeRedis {
 		mem, key, err := loadMemoryStore(state, p, h.MaxKeys, h.clock)
 		if err != nil {

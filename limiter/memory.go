@@ -93,6 +93,24 @@ func NewMemory(p Policy, opts MemoryOptions) (*Memory, error) {
 	return m, nil
 }
 
+// Sharing returns a store over m's keys that decides by p instead: for
+// concurrency only, whose state is the requests in flight whatever limit
+// counts them. A zone's concurrency limits (its own, its tiers', its
+// overrides', a reload's new one) are views of one store, so a key whose
+// limit changes while requests run still counts them, and each view gives
+// slots back into the same count (docs/design.md, "Exact where features
+// meet").
+func (m *Memory) Sharing(p Policy) (*Memory, error) {
+	params, err := p.compile()
+	if err != nil {
+		return nil, fmt.Errorf("memory store: %w", err)
+	}
+	if !params.alg.holdsSlots || !m.p.alg.holdsSlots {
+		return nil, fmt.Errorf("memory store: only concurrency limits share their state, not %s and %s", m.policy.Algorithm, p.Algorithm)
+	}
+	return &Memory{policy: p, maxCost: p.MaxCost(), p: params, clock: m.clock, seed: m.seed, tables: m.tables}, nil
+}
+
 // Policy is the limit this store enforces.
 func (m *Memory) Policy() Policy { return m.policy }
 

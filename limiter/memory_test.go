@@ -392,3 +392,36 @@ func TestShardSize(t *testing.T) {
 		t.Fatalf("shard is %d bytes, want 128: adjust its padding", n)
 	}
 }
+
+// TestMemorySharingCountsOneSetInFlight: views of one concurrency store
+// under other limits count the same requests in flight, give slots back
+// into the same count, and only concurrency stores can be shared.
+func TestMemorySharingCountsOneSetInFlight(t *testing.T) {
+	ctx := context.Background()
+	five, err := NewMemory(Policy{Algorithm: Concurrency, Events: 5, Window: time.Minute}, MemoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := five.Sharing(Policy{Algorithm: Concurrency, Events: 2, Window: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := five.Take(ctx, "k", 1)
+	b, _ := two.Take(ctx, "k", 1)
+	if c, _ := two.Take(ctx, "k", 1); !a.Allowed || !b.Allowed || c.Allowed {
+		t.Fatalf("under 2 with one in flight under 5: %v %v %v, want the third refused", a.Allowed, b.Allowed, c.Allowed)
+	}
+	if d, _ := five.Take(ctx, "k", 1); !d.Allowed || d.Remaining != 2 {
+		t.Fatalf("under 5 with two in flight: %+v, want allowed with 2 left", d)
+	}
+	if _, err := two.Refund(ctx, "k", 1, a); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := five.Peek(ctx, "k"); d.Remaining != 3 {
+		t.Fatalf("after one finished: %d left under 5, want 3", d.Remaining)
+	}
+	window, _ := NewMemory(Policy{Algorithm: FixedWindow, Events: 5, Window: time.Minute}, MemoryOptions{})
+	if _, err := window.Sharing(Policy{Algorithm: FixedWindow, Events: 2, Window: time.Minute}); err == nil {
+		t.Fatal("a fixed window's state was shared under another limit")
+	}
+}

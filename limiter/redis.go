@@ -195,6 +195,13 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 	if opts.Override {
 		state = OverrideStateID(opts.Zone)
 	}
+	if params.alg.holdsSlots {
+		// A concurrency key's state is its requests in flight, whatever
+		// limit counts them: the zone's, a tier's, an override's, or a
+		// reload's new one all read and write one set per key, so a
+		// limit that changes while requests run still counts them.
+		state = StateID(opts.Zone, "")
+	}
 	r.keyHead = escapeKeyPart(prefix) + state + ":{"
 
 	r.args = params.alg.redisArgs(&params)
@@ -209,6 +216,10 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		r.slotID = hex.EncodeToString(id[:]) + "."
 	}
 	r.keyTail = "}:" + params.policyTag()
+	if params.alg.holdsSlots {
+		// No limit in the name: every limit of the zone shares it (above).
+		r.keyTail = "}:" + params.alg.keySuffix + ":shared"
+	}
 	src := scripts.one
 	r.script, r.src = redis.NewScript(src), src
 	r.batchScript, r.batchSrc = redis.NewScript(scripts.batch), scripts.batch

@@ -1,0 +1,169 @@
+package ratelimit
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+)
+
+// heldRequest is one request a test keeps in flight: its next handler
+// waits on release, so a concurrency slot stays taken until then.
+type heldRequest struct {
+	admitted chan int
+	release  chan struct{}
+	done     chan struct{}
+}
+
+// holdKey sends a request of ip through h on a goroutine, with headers; its
+// admitted channel says 200 once next runs, or the refusal's status.
+func holdKey(h *Handler, ip string, headers map[string]string) heldRequest {
+	hd := heldRequest{admitted: make(chan int, 1), release: make(chan struct{}), done: make(chan struct{})}
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		hd.admitted <- 200
+		<-hd.release
+		w.WriteHeader(200)
+		return nil
+	})
+	go func() {
+		defer close(hd.done)
+		r, _ := newKeyRequest(ip, headers)
+		if _, code := serve(h, r, next); code != 200 {
+			hd.admitted <- code
+		}
+	}()
+	return hd
+}
+
+// finish lets every held request end and waits for it.
+func finish(hs ...heldRequest) {
+	for _, hd := range hs {
+		close(hd.release)
+	}
+	for _, hd := range hs {
+		<-hd.done
+	}
+}
+
+// concurrencyOverrideHandler provisions a concurrency zone of events,
+// keyed by client IP, in store (a redis zone on a server of its own).
+func concurrencyOverrideHandler(t *testing.T, name, store string, events int) *Handler {
+	t.Helper()
+	redisBlock := ""
+	if store == storeRedis {
+		redisBlock = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
+	}
+	return provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			algorithm concurrency
+			events `+strconv.Itoa(events)+`
+			store `+store+`
+		}
+		`+redisBlock+`
+	}`)
+}
+
+// TestConcurrencyOverrideCountsRequestsInFlight: a concurrency key has one
+// set of requests in flight whatever limit counts them. Under an override
+// of 1, A runs; the override becomes 2: one more runs, not two. With the
+// zone's limit of 1 and A running, an override of 1 admits nothing more.
+// (Each override limit was a store of its own, so the running requests
+// were counted nowhere the new limit looked: 3 in flight under 2, and 2
+// under 1.)
+func TestConcurrencyOverrideCountsRequestsInFlight(t *testing.T) {
+	for _, store := range []string{storeMemory, storeRedis} {
+		t.Run(store, func(t *testing.T) {
+			const ip = "198.51.100.91"
+			name := "conc_ov_change_" + store
+			h := concurrencyOverrideHandler(t, name, store, 5)
+			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
+			if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 1}`); code != 200 {
+				t.Fatalf("PUT 1: %d %s", code, body)
+			}
+			a := holdKey(h, ip, nil)
+			if code := <-a.admitted; code != 200 {
+				t.Fatalf("A under an override of 1: %d", code)
+			}
+			if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 2}`); code != 200 {
+				t.Fatalf("PUT 2: %d %s", code, body)
+			}
+			b := holdKey(h, ip, nil)
+			if code := <-b.admitted; code != 200 {
+				t.Fatalf("B under 2 with A in flight: %d", code)
+			}
+			c := holdKey(h, ip, nil)
+			code := <-c.admitted
+			finish(a, b, c)
+			if code != 429 {
+				t.Fatalf("C with A and B in flight under an override of 2: %d, want 429", code)
+			}
+
+			name1 := "conc_ov_set_" + store
+			h1 := concurrencyOverrideHandler(t, name1, store, 1)
+			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name1, ip, "") })
+			a = holdKey(h1, ip, nil)
+			if code := <-a.admitted; code != 200 {
+				t.Fatalf("A under the zone's 1: %d", code)
+			}
+			if code, body := adminOverride(t, http.MethodPut, name1, ip, `{"limit": 1}`); code != 200 {
+				t.Fatalf("PUT 1: %d %s", code, body)
+			}
+			b = holdKey(h1, ip, nil)
+			code = <-b.admitted
+			finish(a, b)
+			if code != 429 {
+				t.Fatalf("B with A in flight, override of 1 set while A runs: %d, want 429", code)
+			}
+			// Once both finished, the key runs one at a time again.
+			a = holdKey(h1, ip, nil)
+			first := <-a.admitted
+			b = holdKey(h1, ip, nil)
+			second := <-b.admitted
+			finish(a, b)
+			if first != 200 || second != 429 {
+				t.Fatalf("after the overlap: %d then %d, want 200 then 429", first, second)
+			}
+		})
+	}
+}
+
+// TestConcurrencyCostZeroHoldsASlot: a concurrency zone with a cost
+// placeholder counts a cost of 0 as 1, so a request always holds a slot
+// while it runs and no client can run more than the limit at once. (A
+// cost of 0 took a unit and gave it back at once: 21 requests ran at once
+// under a limit of 1.)
+func TestConcurrencyCostZeroHoldsASlot(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone conc_cost0 {
+			key ip
+			algorithm concurrency
+			events 1
+			cost {http.request.header.X-Cost}
+		}
+	}`)
+	const ip = "198.51.100.92"
+	zero := map[string]string{"X-Cost": "0"}
+	a := holdKey(h, ip, zero)
+	if code := <-a.admitted; code != 200 {
+		t.Fatalf("first request of cost 0: %d", code)
+	}
+	b := holdKey(h, ip, zero)
+	zeroAgain := <-b.admitted
+	c := holdKey(h, ip, map[string]string{"X-Cost": "1"})
+	one := <-c.admitted
+	finish(a, b, c)
+	if zeroAgain != 429 || one != 429 {
+		t.Fatalf("with a request of cost 0 in flight under 1: cost 0 got %d, cost 1 got %d; want 429 and 429", zeroAgain, one)
+	}
+	// Its slot is given back when it finishes.
+	d := holdKey(h, ip, zero)
+	code := <-d.admitted
+	finish(d)
+	if code != 200 {
+		t.Fatalf("after every request finished: %d, want 200", code)
+	}
+}
