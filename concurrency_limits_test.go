@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"testing"
 
@@ -165,5 +167,47 @@ func TestConcurrencyCostZeroHoldsASlot(t *testing.T) {
 	finish(d)
 	if code != 200 {
 		t.Fatalf("after every request finished: %d, want 200", code)
+	}
+}
+
+// resetKeyOf forgets key's state in zone name through the admin API.
+func resetKeyOf(t *testing.T, name, key string) {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodDelete, adminPrefix+"zones/"+url.PathEscape(name)+"?key="+url.QueryEscape(key), nil)
+	w := httptest.NewRecorder()
+	if err := serveAdmin(w, r); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("reset %s of %s: %d %v", key, name, w.Code, err)
+	}
+}
+
+// TestConcurrencyResetForgetsRequestsInFlight: an admin reset forgets the
+// requests a concurrency key has in flight, and their slots never come
+// back into the state that follows it: A runs under a limit of 1, the key
+// is reset, B runs, A finishes; C is refused while B runs. (In memory,
+// A's release was subtracted from the count that began with the reset,
+// and C ran beside B under a limit of 1.)
+func TestConcurrencyResetForgetsRequestsInFlight(t *testing.T) {
+	for _, store := range []string{storeMemory, storeRedis} {
+		t.Run(store, func(t *testing.T) {
+			const ip = "198.51.100.94"
+			name := "conc_reset_" + store
+			h := concurrencyOverrideHandler(t, name, store, 1)
+			a := holdKey(h, ip, nil)
+			if code := <-a.admitted; code != 200 {
+				t.Fatalf("A: %d", code)
+			}
+			resetKeyOf(t, name, ip)
+			b := holdKey(h, ip, nil)
+			if code := <-b.admitted; code != 200 {
+				t.Fatalf("B after the reset: %d", code)
+			}
+			finish(a)
+			c := holdKey(h, ip, nil)
+			code := <-c.admitted
+			finish(b, c)
+			if code != 429 {
+				t.Fatalf("C with B in flight, after A (from before the reset) finished: %d, want 429", code)
+			}
+		})
 	}
 }

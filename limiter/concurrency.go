@@ -1,9 +1,22 @@
 package limiter
 
+import "sync/atomic"
+
 // concurrencyState counts a key's units in flight.
 type concurrencyState struct {
 	inFlight int64
+	// epoch names this state among every state the store ever made for
+	// any key: the admissions it counts carry it (Decision.mark), and a
+	// release is subtracted only from the state that counted it. A key
+	// that was reset (or evicted) while requests ran starts a new state,
+	// and their releases, arriving later, must not free slots that the
+	// new state's requests hold (as a Redis slot, named by its id, is
+	// never removed twice).
+	epoch int64
 }
+
+// concurrencyEpochs hands out concurrencyState.epoch.
+var concurrencyEpochs atomic.Int64
 
 // take: allow iff in flight + c <= L; remaining = L - in flight. There is
 // no time to wait for: a slot frees when a response finishes, so reset and
@@ -12,13 +25,18 @@ func (s *concurrencyState) take(p *params, now, cost int64) Decision {
 	if s.inFlight+cost > p.l {
 		return Decision{Remaining: max(0, p.l-s.inFlight), at: now}
 	}
+	if s.epoch == 0 {
+		s.epoch = concurrencyEpochs.Add(1)
+	}
 	s.inFlight += cost
-	return Decision{Allowed: true, Remaining: p.l - s.inFlight, at: now}
+	return Decision{Allowed: true, Remaining: p.l - s.inFlight, at: now, mark: s.epoch}
 }
 
-func (s *concurrencyState) refund(p *params, now, cost int64, _ Decision) Decision {
-	s.inFlight = max(0, s.inFlight-cost)
-	return Decision{Allowed: true, Remaining: p.l - s.inFlight}
+func (s *concurrencyState) refund(p *params, now, cost int64, taken Decision) Decision {
+	if taken.mark == s.epoch {
+		s.inFlight = max(0, s.inFlight-cost)
+	}
+	return Decision{Allowed: true, Remaining: max(0, p.l-s.inFlight)}
 }
 
 func (s *concurrencyState) idle(*params, int64) bool {
