@@ -211,3 +211,53 @@ func TestConcurrencyResetForgetsRequestsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrencyReloadCountsRequestsInFlight: a reload that lowers a
+// concurrency zone's limit counts the requests the replaced config still
+// runs: with two in flight on the old handler (limit 2), the new one
+// (limit 1) admits nothing until both finished, and then one at a time.
+// (A memory store was pooled by its limit: the new limit began at 0 in
+// flight, and ran a third request beside the two.)
+func TestConcurrencyReloadCountsRequestsInFlight(t *testing.T) {
+	for _, store := range []string{storeMemory, storeRedis} {
+		t.Run(store, func(t *testing.T) {
+			const ip = "198.51.100.95"
+			name := "conc_reload_" + store
+			redisBlock := ""
+			if store == storeRedis {
+				redisBlock = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
+			}
+			config := func(events int) string {
+				return `rate_limit {
+					zone ` + name + ` {
+						key ip
+						algorithm concurrency
+						events ` + strconv.Itoa(events) + `
+						store ` + store + `
+					}
+					` + redisBlock + `
+				}`
+			}
+			old := provisionHandler(t, config(2))
+			a, b := holdKey(old, ip, nil), holdKey(old, ip, nil)
+			if ca, cb := <-a.admitted, <-b.admitted; ca != 200 || cb != 200 {
+				t.Fatalf("A and B under 2: %d %d", ca, cb)
+			}
+			reloaded := provisionHandler(t, config(1))
+			_ = old.Cleanup()
+			c := holdKey(reloaded, ip, nil)
+			code := <-c.admitted
+			finish(c)
+			finish(a)
+			d := holdKey(reloaded, ip, nil)
+			withB := <-d.admitted
+			finish(d, b)
+			e := holdKey(reloaded, ip, nil)
+			alone := <-e.admitted
+			finish(e)
+			if code != 429 || withB != 429 || alone != 200 {
+				t.Fatalf("under the reloaded limit of 1: %d with A and B in flight, %d with B, %d alone; want 429, 429, 200", code, withB, alone)
+			}
+		})
+	}
+}
