@@ -95,9 +95,11 @@ type candidate struct {
 	// override): a refusal under it is told to wait no longer than that,
 	// since the key is then decided by its tier or zone again.
 	until time.Time
-	// exempt is set when the key's override exempts it: the zone does not
-	// apply, but its response_cost field is still removed.
-	exempt bool
+	// undecided is set when the zone applies to the request but decides
+	// nothing for it (its key is exempt, missing under `missing_key skip`,
+	// or its dry_run cost is invalid): its response_cost field is still
+	// removed, since the upstream's field is never the client's.
+	undecided bool
 	// early is set when the decision was asked for ahead of its turn,
 	// together with the request's other remote zones; d and err hold it.
 	early bool
@@ -177,13 +179,13 @@ func (h *Handler) evaluate(r *http.Request, repl *caddy.Replacer, ev *evaluation
 	together := h.remoteZones > 1
 	var c candidate
 	for _, z := range h.zones {
-		c.exempt = false
+		c.undecided = false
 		ok, err := h.match(z, r, repl, ev.claims, &c)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			if c.exempt {
+			if c.undecided {
 				ev.decidedNothing(z)
 			}
 			continue
@@ -230,6 +232,7 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 	if !ok {
 		switch z.missing {
 		case missingSkip:
+			c.undecided = true
 			return false, nil
 		case missingDeny:
 			c.missingDeny = true
@@ -256,6 +259,7 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 		// counted as a refusal the zone would have made, and the zone
 		// does not apply to this request.
 		z.metrics.count(false, true, limiter.SourceStore)
+		c.undecided = true
 		return false, nil
 	}
 	return true, nil

@@ -352,7 +352,7 @@ func (h *Handler) applyOverride(z *zone, o limiter.Override, c *candidate) bool 
 	switch o.Action {
 	case limiter.OverrideExempt:
 		z.metrics.count(true, z.dryRun, limiter.SourceStore)
-		c.exempt = true
+		c.undecided = true
 		return false
 	case limiter.OverrideBlock:
 		c.limit = &z.ov.block
