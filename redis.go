@@ -195,10 +195,72 @@ func (c *RedisConfig) checkResolved() error {
 			err = errors.New("resolves to nothing")
 		}
 		if err != nil {
-			return fmt.Errorf("%s %q is empty when resolved (an unset environment variable?): %w", f.name, f.value, err)
+			return fmt.Errorf("%s %q is empty when resolved (an unset environment variable?): %w", f.name, redactSecret(f.name, f.value), err)
 		}
 	}
 	return nil
+}
+
+// redactSecret is value, a field of the redis block, as an error may show
+// it: a password's literal parts are replaced by "***" (its placeholders
+// are kept, since they name what to set), and a URL's or address's
+// userinfo password likewise, so an error, its log line and the admin
+// API's answer to a refused /load never carry a secret.
+func redactSecret(name, value string) string {
+	switch name {
+	case "password", "sentinel_password":
+		return redactLiterals(value)
+	case "url", "addresses", "shards":
+		return redactUserinfo(value)
+	}
+	return value
+}
+
+// redactLiterals keeps s's placeholders ({...}) and replaces each run of
+// anything else by "***".
+func redactLiterals(s string) string {
+	var b strings.Builder
+	for s != "" {
+		open := strings.IndexByte(s, '{')
+		end := -1
+		if open >= 0 {
+			end = strings.IndexByte(s[open:], '}')
+		}
+		if end < 0 {
+			b.WriteString("***")
+			break
+		}
+		if open > 0 {
+			b.WriteString("***")
+		}
+		b.WriteString(s[open : open+end+1])
+		s = s[open+end+1:]
+	}
+	return b.String()
+}
+
+// redactUserinfo replaces the password of a URL's userinfo
+// (scheme://user:password@host) by "***". It works on text rather than
+// url.Parse, which refuses the placeholders an unresolved URL holds.
+func redactUserinfo(s string) string {
+	scheme := strings.Index(s, "://")
+	if scheme < 0 {
+		return s
+	}
+	rest := s[scheme+3:]
+	host := len(rest)
+	if slash := strings.IndexByte(rest, '/'); slash >= 0 {
+		host = slash
+	}
+	at := strings.LastIndexByte(rest[:host], '@')
+	if at < 0 {
+		return s
+	}
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		return s
+	}
+	return s[:scheme+3] + user + ":***" + rest[at:]
 }
 
 // resolved is c's client settings with placeholders replaced, in the
