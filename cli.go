@@ -14,6 +14,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -268,6 +270,9 @@ func showWith[T any](api *adminClient, out io.Writer, method, uri string, reqBod
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, v := range all {
 		for _, r := range cells(v) {
+			for i := range r {
+				r[i] = printable(r[i])
+			}
 			fmt.Fprintln(tw, strings.Join(r, "\t"))
 		}
 	}
@@ -276,6 +281,21 @@ func showWith[T any](api *adminClient, out io.Writer, method, uri string, reqBod
 	}
 	_, err = out.Write(table.Bytes())
 	return err
+}
+
+// printable is a table cell as a terminal may show it: a cell holding a
+// control character, a tab, a newline or invalid UTF-8 (a client's key,
+// under log_key, is whatever the client sent) is written Go-escaped, so it
+// can neither drive the operator's terminal nor split into forged columns
+// or rows.
+func printable(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			q := strconv.Quote(s)
+			return q[1 : len(q)-1]
+		}
+	}
+	return s
 }
 
 // orDash shows an empty cell as "-", so columns stay readable.

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"net"
@@ -120,5 +121,32 @@ func TestCLIOverrideSetBody(t *testing.T) {
 		if body, err := overrideSetBody(rate, caddycmd.Flags{FlagSet: cmd.Flags()}); err == nil {
 			t.Errorf("set %q: %s, want a refusal", rate, body)
 		}
+	}
+}
+
+// TestCLITableEscapesKeys: a client's key, printed in a table, never
+// reaches the operator's terminal as control characters: an escape
+// sequence, a newline or a tab is shown escaped, so it can neither retitle
+// or clear the terminal nor forge a row. (`caddy rate-limit top` printed
+// keys raw: a key from a query parameter set the terminal's title, cleared
+// the screen and added a forged row.)
+func TestCLITableEscapesKeys(t *testing.T) {
+	hostile := "x\x1b]0;owned\x07\x1b[2J\nrl_forged\t203.0.113.1\t999999\t0"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(zoneTop{Zone: "api", Keys: []hotKey{{Key: hostile, Requests: 3, Denied: 1}}})
+	}))
+	defer srv.Close()
+	api := &adminClient{addr: strings.TrimPrefix(srv.URL, "http://")}
+	var out bytes.Buffer
+	cmd := withTop(cliCommand("top", "", "", 1, cliTop))
+	if err := cliTop(api, caddycmd.Flags{FlagSet: cmd.Flags()}, []string{"api"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if strings.ContainsAny(got, "\x1b\x07\t") || strings.Count(got, "\n") != 2 {
+		t.Fatalf("top printed control characters or an extra row:\n%q", got)
+	}
+	if !strings.Contains(got, `x\x1b]0;owned\a\x1b[2J\nrl_forged\t203.0.113.1`) {
+		t.Fatalf("top did not show the key escaped:\n%q", got)
 	}
 }
