@@ -1,8 +1,6 @@
 package ratelimit
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -303,7 +301,7 @@ func topKeys(w http.ResponseWriter, r *http.Request, found []registered) error {
 	for _, reg := range found {
 		t := zoneTop{Zone: reg.zone.name, Keys: []hotKey{}}
 		for _, e := range reg.zone.hot.Top(n) {
-			k := keyHash(e.Key)
+			k := reg.zone.keys.Hex(e.Key)
 			if reg.logKey {
 				k = e.Key
 			}
@@ -312,14 +310,6 @@ func topKeys(w http.ResponseWriter, r *http.Request, found []registered) error {
 		out = append(out, t)
 	}
 	return writeOneOrAll(w, out)
-}
-
-// keyHash is how the API and the logs name a key when the raw key may not
-// be shown: the first 16 bytes of its SHA-256 in hex, the part of its Redis
-// key name that identifies it.
-func keyHash(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:16])
 }
 
 // writeOneOrAll writes the answer of the one zone of that name, or of all

@@ -124,6 +124,7 @@ func (h *Handler) options(zoneLines map[string]int) map[string]option {
 			return nil
 		}},
 		"log_key":         flagOption(&h.LogKey),
+		"key_secret":      stringOption("<secret>", &h.KeySecret),
 		"disable_metrics": flagOption(&h.DisableMetrics),
 		"sweep_interval":  durationOption(&h.SweepInterval, sweepIntervalBound),
 		"max_keys":        intOption(&h.MaxKeys, maxKeysBound),

@@ -47,6 +47,16 @@ type Handler struct {
 	// because keys can hold API keys or tokens.
 	LogKey bool `json:"log_key,omitempty"`
 
+	// KeySecret keys the hash that names client keys where they are
+	// stored or shown without being kept (Redis key names, decision
+	// samples, logs, the admin API's top): an HMAC-SHA256 under this
+	// secret instead of a plain SHA-256, whose names of keys with little
+	// entropy (an IPv4 address: at most 2^32 hashes) can be reversed. At
+	// least 16 bytes; a placeholder such as {env.FLOODGATE_KEY_SECRET}
+	// keeps it out of the config. Instances sharing a Redis must use the
+	// same secret, and changing it starts every Redis key afresh.
+	KeySecret string `json:"key_secret,omitempty"`
+
 	// SweepInterval is how often the memory store forgets keys whose
 	// state is back to empty. Default: 1m; at least 1s.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
@@ -113,6 +123,8 @@ type Handler struct {
 	// near caches' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
 	clock limiter.Clock
+	// keys names client keys (KeySecret); nil is the plain SHA-256.
+	keys *limiter.KeyHasher
 	// events emits rate_limit_exceeded on each refusal.
 	events *eventEmitter
 	// inflight counts the requests being served while there is a Redis
@@ -299,6 +311,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading the events app: %w", err)
 	}
 	h.events = events
+	if h.keys, err = h.keyHasher(); err != nil {
+		return err
+	}
 	if err := h.provisionShared(ctx); err != nil {
 		h.releaseShared()
 		return err

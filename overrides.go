@@ -74,7 +74,7 @@ func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) erro
 		z.ov.set = set
 		return nil
 	}
-	z.ov.set = loadMemoryOverrides(ctx, name, h.logger)
+	z.ov.set = loadMemoryOverrides(ctx, name, h.keys, h.logger)
 	z.buildOverrideLimits()
 	return nil
 }

@@ -59,7 +59,7 @@ type storedOverrides struct {
 // first time the process provisions that name. A stored copy that cannot
 // be read is logged and left as it is until the next change replaces it;
 // an override in it that cannot be read is logged and skipped.
-func loadMemoryOverrides(ctx caddy.Context, zone string, logger *zap.Logger) *memoryOverrides {
+func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher, logger *zap.Logger) *memoryOverrides {
 	sets := &memoryOverrideSets
 	sets.mu.Lock()
 	defer sets.mu.Unlock()
@@ -90,7 +90,7 @@ func loadMemoryOverrides(ctx caddy.Context, zone string, logger *zap.Logger) *me
 	for k, v := range stored.Overrides {
 		var o limiter.Override
 		if err := json.Unmarshal(v, &o); err != nil || checkOverrideKey(k) != nil {
-			logger.Warn("a saved override cannot be read; skipped", zap.String("zone", zone), zap.String("key_hash", keyHash(k)), zap.Error(err))
+			logger.Warn("a saved override cannot be read; skipped", zap.String("zone", zone), zap.String("key_hash", keys.Hex(k)), zap.Error(err))
 			continue
 		}
 		if o.Active(now) {

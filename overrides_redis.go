@@ -81,7 +81,7 @@ func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
 		return nil, "", fmt.Errorf("redis overrides: %w", err)
 	}
 	key := string(raw)
-	logger := h.logger
+	logger, keys := h.logger, h.keys
 	client := h.redis.UniversalClient
 	v, _, err := redisOverrideSources.LoadOrNew(key, func() (caddy.Destructor, error) {
 		var errorLogged atomic.Int64
@@ -91,7 +91,7 @@ func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
 			OnChange: func(zone, key string) { overrideChangedEverywhere(zone, key, logger) },
 			OnSkip: func(zone, key string, err error) {
 				logger.Warn("a runtime override stored in Redis cannot be read; skipped",
-					zap.String("zone", zone), zap.String("key_hash", keyHash(key)), zap.Error(err))
+					zap.String("zone", zone), zap.String("key_hash", keys.Hex(key)), zap.Error(err))
 			},
 			OnError: func(err error) {
 				now := time.Now().UnixNano()

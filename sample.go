@@ -44,7 +44,7 @@ func (h *Handler) sample(z *zone, key string, d limiter.Decision, source string,
 	if h.LogSample <= 0 || (h.LogSample < 1 && rand.Float64() >= h.LogSample) {
 		return
 	}
-	keyField := zap.String("key_hash", keyHash(key))
+	keyField := zap.String("key_hash", z.keys.Hex(key))
 	if h.LogKey {
 		keyField = zap.String("key", key)
 	}

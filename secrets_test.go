@@ -1,8 +1,20 @@
 package ratelimit
 
 import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestRedisSecretsNeverInErrors: a redis block refused because a
@@ -46,6 +58,56 @@ func TestRedactSecret(t *testing.T) {
 	} {
 		if got := redactSecret(tc.name, tc.in); got != tc.want {
 			t.Errorf("redactSecret(%s, %q) = %q, want %q", tc.name, tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestKeySecretNamesKeysByHMAC: with key_secret a key is named by the
+// HMAC-SHA256 of the secret in decision samples and the admin API's top
+// (the same name as in Redis key names, limiter.TestKeyHasher), so an
+// IPv4 address cannot be recovered by hashing the address space; a
+// secret shorter than 16 bytes, or a placeholder left unset, refuses the
+// config without showing it.
+func TestKeySecretNamesKeysByHMAC(t *testing.T) {
+	const secret = "0123456789abcdef-key-secret"
+	h := provisionHandler(t, `rate_limit {
+		key_secret `+secret+`
+		log_sample 1
+		zone keyed_names {
+			key ip
+			rate 10/1h
+		}
+	}`)
+	core, logs := observer.New(zapcore.InfoLevel)
+	h.useLogger(zap.New(core))
+	const ip = "203.0.113.7"
+	r, _ := newKeyRequest(ip, nil)
+	serve(h, r, okHandler)
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(ip))
+	want := hex.EncodeToString(mac.Sum(nil)[:16])
+	entries := logs.FilterMessage("rate limit decision").All()
+	if len(entries) != 1 || entries[0].ContextMap()["key_hash"] != want {
+		t.Fatalf("sampled decisions %v, want one with key_hash %s", entries, want)
+	}
+	w := httptest.NewRecorder()
+	if err := serveAdmin(w, httptest.NewRequest(http.MethodGet, adminPrefix+"zones/keyed_names/top", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(w.Body.String(), `"key":"`+want+`"`) {
+		t.Fatalf("top %s, want the key named %s", w.Body, want)
+	}
+
+	for _, bad := range []string{"key_secret short-secret", "key_secret s3cr3t-literal-part{env.FLOODGATE_TEST_UNSET}"} {
+		hh := new(Handler)
+		if err := hh.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit {\n" + bad + "\nzone z {\nrate 1/1s\n}\n}")); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		err := hh.Provision(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "key_secret") || strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "short-secret") {
+			t.Errorf("%s: provisioned with %v; want key_secret refused without showing it", bad, err)
 		}
 	}
 }

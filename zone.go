@@ -36,7 +36,10 @@ const (
 
 // zone is a provisioned Zone: its matchers, key and store.
 type zone struct {
-	name     string
+	name string
+	// keys names client keys where they are shown hashed (the handler's
+	// key_secret).
+	keys     *limiter.KeyHasher
 	matchers caddyhttp.MatcherSets
 	key      keyTemplate
 	missing  string
@@ -394,6 +397,7 @@ func validZoneName(name string) error {
 func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zone, error) {
 	z := &zone{
 		name:     name,
+		keys:     h.keys,
 		missing:  cfg.MissingKey,
 		dryRun:   cfg.DryRun,
 		exceeded: fmt.Errorf("rate limit exceeded in zone %q", name),
@@ -507,6 +511,7 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 		Override: override,
 		Timeout:  time.Duration(h.Redis.Timeout),
 		Breaker:  h.redis.breaker,
+		Keys:     h.keys,
 
 		ServerClock: h.redis.clock,
 		OnRenewError: func(err error) {

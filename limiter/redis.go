@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -55,6 +54,10 @@ type RedisOptions struct {
 	// ServerClock is shared by the stores on one client, like Breaker;
 	// nil gives the store one of its own.
 	ServerClock *ServerClock
+
+	// Keys names client keys in Redis key names; nil is SHA-256. Every
+	// instance sharing the state must name keys alike (one key_secret).
+	Keys *KeyHasher
 
 	// OnRenewError, when set, hears of a failed renewal of the
 	// concurrency slots the store holds (see redis_slots.go), so the
@@ -120,6 +123,8 @@ type Redis struct {
 	// failed.
 	slots        slotTable
 	onRenewError func(error)
+	// keys names client keys (RedisOptions.Keys).
+	keys *KeyHasher
 }
 
 // Exactness bounds of the Redis scripts. Lua numbers are doubles, exact for
@@ -170,6 +175,7 @@ func NewRedis(client redis.UniversalClient, p Policy, opts RedisOptions) (*Redis
 		timeout: opts.Timeout,
 		clock:   opts.Clock,
 
+		keys:         opts.Keys,
 		onRenewError: opts.OnRenewError,
 	}
 	if r.timeout == 0 {
@@ -278,11 +284,12 @@ func checkContextTimeouts(client redis.UniversalClient) error {
 // Policy is the limit this store enforces.
 func (r *Redis) Policy() Policy { return r.policy }
 
-// Key is the Redis key that holds the state of a client key: the first 16
-// bytes of its SHA-256 in hex, inside a hash tag, so no raw client key (an
-// API key, a token) reaches Redis and every instance computes the same name.
+// Key is the Redis key that holds the state of a client key: its name by
+// RedisOptions.Keys (16 bytes of its SHA-256, or of its HMAC under a
+// secret) in hex, inside a hash tag, so no raw client key (an API key, a
+// token) reaches Redis and every instance computes the same name.
 func (r *Redis) Key(key string) string {
-	sum := sha256.Sum256([]byte(key))
+	sum := r.keys.Sum(key)
 	var b strings.Builder
 	b.Grow(len(r.keyHead) + 32 + len(r.keyTail))
 	b.WriteString(r.keyHead)
