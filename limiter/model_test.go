@@ -413,6 +413,7 @@ type modelGen struct {
 	maxLease int64
 	caches   []*NearCache // nil for concurrency
 	stores   []*modelSlowLeaser
+	mem      *Memory // the memory backend's one store of this policy
 	redis    []*Redis
 	keys     map[string]*modelKeyState
 	// grants maps an instance's lease of a key (its leaseGen) to the model
@@ -615,12 +616,21 @@ func (m *modelRun) addGen(p Policy) error {
 		g.keys[k] = &modelKeyState{extraUntil: math.MinInt64}
 	}
 	var mem *Memory
-	if m.clients == nil {
+	switch {
+	case m.clients != nil:
+	case p.Algorithm == Concurrency && len(m.gens) > 0:
+		// The Caddy layer keeps one Memory per zone for concurrency,
+		// whose limits are views of it: one set in flight per key.
+		if mem, err = m.gens[0].mem.Sharing(p); err != nil {
+			return err
+		}
+	default:
 		// The Caddy layer keeps one Memory per policy.
 		if mem, err = NewMemory(p, MemoryOptions{Clock: m.clock}); err != nil {
 			return err
 		}
 	}
+	g.mem = mem
 	denyFor := time.Duration(0)
 	if m.rng.IntN(2) == 0 {
 		denyFor = time.Second
@@ -1244,6 +1254,15 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	ks.epoch++
 	ks.resetAt = now
 	ks.hwm = 0 // the store forgot the key's time too
+	if g.p.Algorithm == Concurrency {
+		// Every generation's limit counts in the state just forgotten.
+		for _, og := range m.gens {
+			if og != g {
+				og.keys[key].epoch++
+				og.keys[key].resetAt = now
+			}
+		}
+	}
 	ks.extra, ks.extraUntil, ks.stale, ks.backs = 0, math.MinInt64, nil, nil
 	for j, cache := range g.caches {
 		if j == inst {
@@ -1469,12 +1488,24 @@ func (m *modelRun) expectRemaining(g *modelGen, gi int, key string, now int64) (
 		return max(0, tokens/g.w), b, fmt.Sprintf("at least %d tokens", max(0, tokens/g.w))
 	case Concurrency:
 		var n int64
-		for _, a := range live {
+		for _, a := range m.inFlight(key) {
 			n += a.cost
 		}
 		return max(0, g.l-n), max(0, g.l-n), fmt.Sprintf("%d units in flight", n)
 	}
 	panic("unknown algorithm")
+}
+
+// inFlight is the reference's admissions of key under every generation
+// still counted (as live), in the order they were decided: a concurrency
+// zone's limits share one set of requests in flight.
+func (m *modelRun) inFlight(key string) []*modelAdmission {
+	var all []*modelAdmission
+	for gi := range m.gens {
+		all = append(all, m.live(gi, key)...)
+	}
+	slices.SortStableFunc(all, func(x, y *modelAdmission) int { return x.id - y.id })
+	return all
 }
 
 // live is the reference's admissions of key under generation gi in the
@@ -1617,15 +1648,23 @@ func (m *modelRun) checkKey(gi int, g *modelGen, key string, ks *modelKeyState) 
 	case TokenBucket:
 		m.checkBucket(gi, g, key, ks, live)
 	case Concurrency:
+		// Every limit of a zone counts the one set of requests in
+		// flight: each admission, under its own generation's limit,
+		// leaves no more in flight (of any generation) than that limit.
+		all := m.inFlight(key)
 		var n int64
-		for _, a := range live {
+		for j, a := range all {
 			n += a.cost
-		}
-		if ks.extra == 0 {
-			m.stats.note(float64(n - g.l))
-		}
-		if n > g.l+ks.extra {
-			m.fail("gen %d %s: %d units in flight, limit %d (reset allowance %d): admissions %s", gi, key, n, g.l, ks.extra, ids(live))
+			if a.gen != gi {
+				continue
+			}
+			if ks.extra == 0 {
+				m.stats.note(float64(n - g.l))
+			}
+			if n > g.l+ks.extra {
+				m.fail("gen %d %s: %d units in flight once #%d was admitted, limit %d (reset allowance %d): admissions %s", gi, key, n, a.id, g.l, ks.extra, ids(all[:j+1]))
+				return
+			}
 		}
 	}
 }
