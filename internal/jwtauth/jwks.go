@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +33,10 @@ const (
 // only ever load the current set atomically; fetching happens in its own
 // goroutine.
 type jwksSource struct {
-	url          string
+	url string
+	// shown is url as errors and logs show it: a password in its
+	// userinfo replaced (url.URL.Redacted).
+	shown        string
 	client       *http.Client
 	logger       *zap.Logger
 	refresh      time.Duration
@@ -59,8 +63,9 @@ type jwksSource struct {
 func newJWKSSource(o *Options, clock limiter.Clock, logger *zap.Logger) *jwksSource {
 	s := &jwksSource{
 		url:          o.JWKSURL,
+		shown:        redactedURL(o.JWKSURL),
 		client:       o.HTTPClient,
-		logger:       logger.With(zap.String("jwks_url", o.JWKSURL)),
+		logger:       logger.With(zap.String("jwks_url", redactedURL(o.JWKSURL))),
 		refresh:      cmpOr(o.JWKSRefresh, defaultJWKSRefresh),
 		missInterval: cmpOr(o.JWKSMissInterval, defaultJWKSMissInterval),
 		retryMin:     cmpOr(o.JWKSRetryMin, defaultJWKSRetryMin),
@@ -91,23 +96,23 @@ func (s *jwksSource) fetch(ctx context.Context) error {
 	defer s.fetches.Add(1)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url, nil)
 	if err != nil {
-		return fmt.Errorf("fetching JWKS %s: %w", s.url, err)
+		return fmt.Errorf("fetching JWKS %s: %w", s.shown, err)
 	}
 	req.Header.Set("Accept", "application/jwk-set+json, application/json")
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("fetching JWKS %s: %w", s.url, err)
+		return fmt.Errorf("fetching JWKS %s: %w", s.shown, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("fetching JWKS %s: status %s", s.url, resp.Status)
+		return fmt.Errorf("fetching JWKS %s: status %s", s.shown, resp.Status)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxJWKSBody+1))
 	if err != nil {
-		return fmt.Errorf("reading JWKS %s: %w", s.url, err)
+		return fmt.Errorf("reading JWKS %s: %w", s.shown, err)
 	}
 	if len(body) > maxJWKSBody {
-		return fmt.Errorf("reading JWKS %s: body larger than %d bytes", s.url, maxJWKSBody)
+		return fmt.Errorf("reading JWKS %s: body larger than %d bytes", s.shown, maxJWKSBody)
 	}
 	digest := sha256.Sum256(body)
 	if digest == s.lastBody && len(s.current().keys) > 0 {
@@ -118,7 +123,7 @@ func (s *jwksSource) fetch(ctx context.Context) error {
 		s.logger.Warn("JWKS key skipped", zap.Error(e))
 	}
 	if err != nil {
-		return fmt.Errorf("parsing JWKS %s: %w", s.url, err)
+		return fmt.Errorf("parsing JWKS %s: %w", s.shown, err)
 	}
 	s.lastBody = digest
 	s.set.Store(newKeySet(keys, false, s.current().gen+1))
@@ -193,4 +198,14 @@ func (s *jwksSource) close() {
 			<-s.done
 		}
 	})
+}
+
+// redactedURL is raw with the password of its userinfo replaced, so
+// neither an error nor a log line shows it.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	return u.Redacted()
 }

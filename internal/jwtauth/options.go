@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -129,8 +131,22 @@ func (o Options) Validate() error {
 			return fmt.Errorf("jwks_url: %w", err)
 		}
 		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("jwks_url %q is not an absolute http or https URL", o.JWKSURL)
+			return fmt.Errorf("jwks_url %q is not an absolute http or https URL", u.Redacted())
+		}
+		if u.Scheme == "http" && !loopbackHost(u.Hostname()) {
+			return fmt.Errorf("jwks_url %q is plain http: anyone on the path could swap the keys and sign any token; use https (plain http is taken only for a loopback host)", u.Redacted())
 		}
 	}
 	return nil
+}
+
+// loopbackHost reports whether host names this machine: localhost or a
+// loopback address, the only hosts a key set is fetched from over plain
+// http (a sidecar or a local identity provider).
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }

@@ -30,6 +30,13 @@ func TestOptionsValidate(t *testing.T) {
 		{"relative jwks url", Options{JWKSURL: "/jwks.json"}, "jwks_url"},
 		{"ftp jwks url", Options{JWKSURL: "ftp://idp.test/jwks.json"}, "jwks_url"},
 		{"bad jwks url", Options{JWKSURL: "http://[::1"}, "jwks_url"},
+		// Over plain http anyone on the path could swap the keys: only a
+		// loopback host is taken, and the error never shows a password.
+		{"plain http jwks url", Options{JWKSURL: "http://idp.test/jwks.json"}, "plain http"},
+		{"plain http jwks url with userinfo", Options{JWKSURL: "http://u:hunter2@idp.test/jwks.json"}, "u:xxxxx@idp.test"},
+		{"plain http on localhost", Options{JWKSURL: "http://localhost:9000/jwks.json"}, ""},
+		{"plain http on 127.0.0.1", Options{JWKSURL: "http://127.0.0.1:9000/jwks.json"}, ""},
+		{"plain http on ::1", Options{JWKSURL: "http://[::1]:9000/jwks.json"}, ""},
 	} {
 		err := tc.o.Validate()
 		switch {
