@@ -103,6 +103,12 @@ type NearCache struct {
 type nearShard struct {
 	mu   sync.Mutex
 	keys map[string]*nearKey
+	// resets counts the admin resets of the shard's keys, so a refusal
+	// the store made before one is not cached after it (takeFromStore):
+	// a key decided without leases may not be remembered while its take
+	// is under way. Per shard, not per key: a reset of another key costs
+	// a refusal of this one its caching, no more.
+	resets uint64
 }
 
 // nearKey is what the cache knows of one key. Its fields are guarded by its
@@ -130,6 +136,10 @@ type nearKey struct {
 	// refill is the lease request under way, which requests that find
 	// the lease short wait for instead of asking the store again.
 	refill *nearRefill
+	// forgotten is set when an admin reset drops the key (NearCache.forget)
+	// while a refill may be under way: what the store answers it was
+	// decided before the reset, so it is neither spent nor cached.
+	forgotten bool
 	// used is when the key was last decided (µs), for the janitor.
 	used int64
 }
@@ -244,8 +254,9 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 			}
 		}
 		if !c.leasing {
+			resets := sh.resets
 			sh.mu.Unlock()
-			return c.takeFromStore(ctx, sh, key, cost)
+			return c.takeFromStore(ctx, sh, key, cost, resets)
 		}
 		if k == nil {
 			if k = c.remember(sh, key, now); k == nil {
@@ -270,14 +281,20 @@ func (c *NearCache) remember(sh *nearShard, key string, now int64) *nearKey {
 	return k
 }
 
-// takeFromStore asks the store alone (no leases) and caches a refusal.
-func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64) (Decision, error) {
+// takeFromStore asks the store alone (no leases) and caches a refusal,
+// unless a key of sh was reset since resets (sh.resets when the request
+// was sent) was read: the refusal may be of the state the reset forgot.
+func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64, resets uint64) (Decision, error) {
 	d, err := c.store.Take(ctx, key, cost)
 	if err != nil || d.Allowed || c.denyFor == 0 {
 		return d, err
 	}
 	now := c.clock.now()
 	sh.mu.Lock()
+	if sh.resets != resets {
+		sh.mu.Unlock()
+		return d, nil
+	}
 	k := sh.keys[key]
 	if k == nil {
 		k = c.remember(sh, key, now)
@@ -337,6 +354,19 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 	r.d, r.err = d, err
 	switch {
 	case err != nil:
+	case k.forgotten:
+		// An admin reset ran while the store answered: the grant or
+		// refusal was decided on the state it forgot (or, if the store
+		// decided after its reset, on the fresh state: the units are then
+		// stranded until the window or state ends, an under-admission).
+		// The request itself was decided before the reset ended and
+		// stands; the rest of the lease is neither spent nor given back,
+		// since giving it back would credit the fresh state with units it
+		// never counted.
+		if d.Allowed {
+			d.granted = cost
+			d.Source = SourceStore
+		}
 	case !d.Allowed:
 		if c.denyFor > 0 {
 			k.cacheDenial(d, now, c.denyFor)
@@ -505,29 +535,47 @@ func (c *NearCache) Peek(ctx context.Context, key string) (Decision, error) {
 }
 
 // Reset implements Store: it forgets this instance's lease and cached
-// refusal of key, then the store's state. The lease's units are dropped,
-// not given back: they belong to the state being forgotten. Leases other
-// instances hold are given back into the fresh state when they lapse, so
-// right after a reset up to that many units more may pass. It reports that
-// state existed when the store held some, or this instance a lease's units
-// or a refusal still in force.
+// refusal of key, then the store's state, then again whatever the cache
+// learned of the key meanwhile. The lease's units are dropped, not given
+// back: they belong to the state being forgotten. So is every answer the
+// store sent before its reset ended: a lease or refusal whose request was
+// under way is never spent or repeated after the reset (a request the
+// store sent between the two forgets may have been decided before the
+// store's reset). Leases other instances hold are given back into the
+// fresh state when they lapse, so right after a reset up to that many
+// units more may pass. It reports that state existed when the store held
+// some, or this instance a lease's units or a refusal still in force.
 func (c *NearCache) Reset(ctx context.Context, key string) (bool, error) {
+	held := c.forget(key)
+	existed, err := c.store.Reset(ctx, key)
+	// Even when the store's reset failed: it may have run, and dropping
+	// a lease costs an under-admission at most.
+	c.forget(key)
+	return existed || held, err
+}
+
+// forget drops key for an admin reset (see Reset): its lease, its cached
+// refusal, and what a refill under way brings back (nearKey.forgotten). It
+// reports whether the key held a lease's units or a refusal in force.
+func (c *NearCache) forget(key string) bool {
 	now := c.clock.now()
-	held := false
 	sh := c.shard(key)
 	sh.mu.Lock()
-	if k := sh.keys[key]; k != nil {
-		held = k.units > 0 || now < k.deniedUntil
-		if k.refill == nil {
-			delete(sh.keys, key)
-			c.keys.Add(-1)
-		} else {
-			k.units, k.expires, k.deniedUntil = 0, 0, 0
-		}
+	defer sh.mu.Unlock()
+	sh.resets++
+	k := sh.keys[key]
+	if k == nil {
+		return false
 	}
-	sh.mu.Unlock()
-	existed, err := c.store.Reset(ctx, key)
-	return existed || held, err
+	held := k.units > 0 || now < k.deniedUntil
+	// Removed even while a refill is under way: requests that come after
+	// the reset must not wait for an answer decided before it, but ask
+	// the store afresh. The refill still wakes those already waiting.
+	delete(sh.keys, key)
+	c.keys.Add(-1)
+	k.units, k.expires, k.deniedUntil = 0, 0, 0
+	k.forgotten = true
+	return held
 }
 
 // giveBack refunds leases' unspent units to the store, off the request
