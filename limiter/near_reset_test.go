@@ -15,21 +15,26 @@ import (
 // something else, deterministically.
 type heldReply struct {
 	Leaser
-	mu      sync.Mutex
-	armed   bool
-	decided chan struct{} // receives once the armed decision is made
-	release chan struct{} // closed to let its answer through
+	replyGate
 }
 
-// arm holds the next decision's answer.
-func (h *heldReply) arm() {
+// replyGate holds one call, once armed, until the test lets it go.
+type replyGate struct {
+	mu      sync.Mutex
+	armed   bool
+	decided chan struct{} // closed once the armed call has come
+	release chan struct{} // closed to let it through
+}
+
+// arm holds the next call.
+func (h *replyGate) arm() {
 	h.mu.Lock()
 	h.armed = true
 	h.decided, h.release = make(chan struct{}), make(chan struct{})
 	h.mu.Unlock()
 }
 
-func (h *heldReply) hold() {
+func (h *replyGate) hold() {
 	h.mu.Lock()
 	armed := h.armed
 	h.armed = false
@@ -192,5 +197,83 @@ func TestNearCacheResetForgetsRefusalInFlight(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// heldGiveBack is a shared store that, once armed, holds its next
+// RefundMany before the store sees it: a give-back on the wire.
+type heldGiveBack struct {
+	Leaser
+	replyGate
+}
+
+func (h *heldGiveBack) RefundMany(ctx context.Context, refunds []Refund) error {
+	h.hold()
+	return h.Leaser.RefundMany(ctx, refunds)
+}
+
+// TestNearCacheResetOrdersGiveBacks: a reset and the janitor's give-back
+// of a lapsed lease's units, sent before the reset and not yet at the
+// store, are ordered: the reset waits for the give-back, so its units
+// land in the state the reset forgets, never in the fresh one. A fixed
+// window of 10: after the reset, this instance and a store-only one
+// together admit 10. (Before the fix the reset ran at once, the other
+// instance took 5 from the fresh window, then the unit given back made
+// it 4: 11 admitted after the reset.)
+func TestNearCacheResetOrdersGiveBacks(t *testing.T) {
+	p := Policy{Algorithm: FixedWindow, Events: 10, Window: time.Hour}
+	ctx := context.Background()
+	for name, backend := range edgeBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+			h := &heldGiveBack{Leaser: backend(t, p, clock)}
+			cache := edgeCaches(t, h, p, clock, 1, 1)[0]
+			for range 2 { // leases of 1 and 2: a unit left
+				mustAdmit(t, cache, "k")
+			}
+			clock.Advance(LeaseLifetime)
+			h.arm()
+			cache.sweep(false) // gives the lapsed lease's unit back
+			select {
+			case <-h.decided:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the sweep gave nothing back")
+			}
+			resetDone := make(chan error, 1)
+			go func() {
+				_, err := cache.Reset(ctx, "k")
+				resetDone <- err
+			}()
+			var after int64 // admitted once the reset has returned
+			reset := false
+			select {
+			case err := <-resetDone:
+				if err != nil {
+					t.Fatal(err)
+				}
+				reset = true
+			case <-time.After(200 * time.Millisecond): // waiting for the give-back
+			}
+			for range 5 { // another instance, without a near cache
+				d, err := h.Leaser.Take(ctx, "k", 1)
+				if err != nil || !d.Allowed {
+					t.Fatalf("the other instance: %+v %v", d, err)
+				}
+				if reset {
+					after++
+				}
+			}
+			close(h.release)
+			if !reset {
+				if err := <-resetDone; err != nil {
+					t.Fatal(err)
+				}
+			}
+			cache.givingBack.Wait()
+			after += admitAll(t, cache, "k", p.Events)
+			if after > p.Events {
+				t.Errorf("admitted %d after the reset, limit %d", after, p.Events)
+			}
+		})
 	}
 }
