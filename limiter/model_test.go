@@ -436,13 +436,15 @@ type modelGrant struct {
 // shared clock by delay after the store has decided and before the cache
 // hears the answer: a slow reply. When a take arms resetMid, an admin
 // reset of the take's key runs on its instance at that moment too, while
-// the answer (a lease, a refusal) is on its way.
+// the answer (a lease, a refusal) is on its way; not during a renewal,
+// whose give-back a reset waits for (see nearShard.backs).
 type modelSlowLeaser struct {
 	Leaser
 	m        *modelRun
 	delay    time.Duration
 	decided  int64
 	resetMid *modelMidReset
+	renewing bool
 }
 
 // modelMidReset is the reset a take's answer waits for: on instance inst
@@ -455,7 +457,7 @@ type modelMidReset struct {
 func (s *modelSlowLeaser) answered() {
 	s.decided = s.m.clock.Now().UnixMicro()
 	s.m.observe()
-	if r := s.resetMid; r != nil {
+	if r := s.resetMid; r != nil && !s.renewing {
 		s.resetMid = nil
 		s.m.logf("gen %d inst %d: the store decided; its answer waits for a reset", r.gen, r.inst)
 		s.m.reset(r.gen, r.inst, r.key)
@@ -480,7 +482,9 @@ func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want i
 
 func (s *modelSlowLeaser) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
 	d, err := s.Leaser.Renew(ctx, back, cost, want)
+	s.renewing = true
 	s.answered()
+	s.renewing = false
 	return d, err
 }
 

@@ -109,6 +109,23 @@ type nearShard struct {
 	// is under way. Per shard, not per key: a reset of another key costs
 	// a refusal of this one its caching, no more.
 	resets uint64
+	// backs orders give-backs against admin resets: held for reading by
+	// every call that returns units of the shard's keys to the store (the
+	// janitor's and Close's RefundMany, GiveBack's, a renewal), from the
+	// check that their key was not reset since the units left its lease
+	// until the store has answered; for writing by Reset, around the
+	// store's reset. So units taken before a reset reach the store before
+	// it, into the state it erases, or not at all: never into the fresh
+	// state, which never counted them. Never acquired with mu held.
+	backs sync.RWMutex
+}
+
+// nearBack is units of a lease on their way back to the store: their
+// refund, the key they came from and its shard's index.
+type nearBack struct {
+	Refund
+	k     *nearKey
+	shard int
 }
 
 // nearKey is what the cache knows of one key. Its fields are guarded by its
@@ -138,8 +155,13 @@ type nearKey struct {
 	refill *nearRefill
 	// forgotten is set when an admin reset drops the key (NearCache.forget)
 	// while a refill may be under way: what the store answers it was
-	// decided before the reset, so it is neither spent nor cached.
+	// decided before the reset, so it is neither spent nor cached; and
+	// units of the key not yet given back are not given back.
 	forgotten bool
+	// givingBack counts give-backs of the key's units collected and not
+	// yet sent (nearBack): the janitor keeps the key while any is, so a
+	// reset meanwhile finds it and marks it forgotten.
+	givingBack int
 	// used is when the key was last decided (µs), for the janitor.
 	used int64
 }
@@ -149,6 +171,9 @@ type nearRefill struct {
 	done chan struct{}
 	d    Decision
 	err  error
+	// again is set when a reset forgot the key before the request was
+	// sent: the requests waiting for it ask afresh.
+	again bool
 }
 
 // NewNearCache puts a NearCache in front of store, enforcing p (the
@@ -208,7 +233,11 @@ func NewNearCache(store Leaser, p Policy, opts NearCacheOptions) (*NearCache, er
 }
 
 func (c *NearCache) shard(key string) *nearShard {
-	return &c.shards[maphash.String(c.seed, key)%nearShards]
+	return &c.shards[c.shardIndex(key)]
+}
+
+func (c *NearCache) shardIndex(key string) int {
+	return int(maphash.String(c.seed, key) % nearShards)
 }
 
 // Take implements Store: from the key's lease or its cached refusal when
@@ -244,6 +273,9 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 				case <-ctx.Done():
 					return Decision{}, fmt.Errorf("near cache: waiting for a lease: %w", ctx.Err())
 				}
+				if r.again {
+					continue
+				}
 				if r.err != nil {
 					return Decision{}, r.err
 				}
@@ -264,7 +296,9 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 				return c.store.Take(ctx, key, cost)
 			}
 		}
-		return c.refill(ctx, sh, k, key, cost, now)
+		if d, err, again := c.refill(ctx, sh, k, key, cost, now); !again {
+			return d, err
+		}
 	}
 }
 
@@ -313,8 +347,10 @@ func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string
 // (and a window's end) is measured from it, not from when the answer
 // came, so however slow the reply, the lease is spent only while the
 // store's clock is within a lifetime of the grant and, for the window
-// counters, within the grant's window.
-func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (Decision, error) {
+// counters, within the grant's window. It reports again, having asked
+// nothing, when a reset forgot the key before the request could be sent:
+// the caller asks afresh.
+func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d Decision, err error, again bool) {
 	// Size: doubled when the last lease was used up within a lifetime of
 	// its grant, restarted at the cost when the key was not leased
 	// recently, else kept.
@@ -336,10 +372,25 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 	// answer. The store bounds the call with its own timeout. What the
 	// last lease left goes back in the same call, before the take.
 	ctx = context.WithoutCancel(ctx)
-	var d Decision
-	var err error
 	if leftover > 0 {
+		// A give-back, ordered against resets (nearShard.backs): if one
+		// forgot the key since the units left its lease, it erased them,
+		// and the request starts afresh.
+		sh.backs.RLock()
+		sh.mu.Lock()
+		gone := k.forgotten
+		if gone {
+			k.refill = nil
+			r.again = true
+		}
+		sh.mu.Unlock()
+		if gone {
+			sh.backs.RUnlock()
+			close(r.done)
+			return Decision{}, nil, true
+		}
 		d, err = c.store.Renew(ctx, Refund{Key: key, Cost: leftover, Taken: grant}, cost, want)
+		sh.backs.RUnlock()
 		if err != nil && c.onGiveBackError != nil {
 			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
 		}
@@ -391,16 +442,17 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 	if c.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
 		// request, as Close may have stopped waiting for give-backs.
-		back := Refund{Key: key, Cost: k.units, Taken: k.grant}
+		back := nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, c.shardIndex(key)}
 		k.units, k.expires = 0, 0
-		defer c.giveBackNow([]Refund{back})
+		k.givingBack++
+		defer c.giveBackNow([]nearBack{back})
 	}
 	sh.mu.Unlock()
 	close(r.done)
 	if err != nil {
-		return Decision{}, err
+		return Decision{}, err, false
 	}
-	return d, nil
+	return d, nil, false
 }
 
 // leaseDecision is the decision for a request spent from k's lease at
@@ -546,6 +598,12 @@ func (c *NearCache) Peek(ctx context.Context, key string) (Decision, error) {
 // units more may pass. It reports that state existed when the store held
 // some, or this instance a lease's units or a refusal still in force.
 func (c *NearCache) Reset(ctx context.Context, key string) (bool, error) {
+	// No give-back of the shard's units is under way from here on: those
+	// sent have reached the store, and those not sent are dropped if they
+	// are key's (nearShard.backs).
+	sh := c.shard(key)
+	sh.backs.Lock()
+	defer sh.backs.Unlock()
 	held := c.forget(key)
 	existed, err := c.store.Reset(ctx, key)
 	// Even when the store's reset failed: it may have run, and dropping
@@ -584,20 +642,54 @@ func (c *NearCache) forget(key string) bool {
 // units belong to. The caller has added one to givingBack for it, before
 // it took the units out of their leases, so that whoever sees the leases
 // empty and then waits for givingBack also waits for their give-back.
-func (c *NearCache) giveBack(backs []Refund) {
+func (c *NearCache) giveBack(backs []nearBack) {
 	go func() {
 		defer c.givingBack.Done()
 		c.giveBackNow(backs)
 	}()
 }
 
-func (c *NearCache) giveBackNow(backs []Refund) {
-	if err := c.store.RefundMany(context.Background(), backs); err != nil && c.onGiveBackError != nil {
+// giveBackNow sends backs to the store, but for those of keys a reset has
+// forgotten since their units left the lease (the reset erased them). It
+// holds the backs lock of every shard involved (in order, each once) until
+// the store has answered, so no reset of their keys runs meanwhile.
+func (c *NearCache) giveBackNow(backs []nearBack) {
+	var involved [nearShards]bool
+	for _, b := range backs {
+		involved[b.shard] = true
+	}
+	for i, in := range involved {
+		if in {
+			c.shards[i].backs.RLock()
+		}
+	}
+	defer func() {
+		for i, in := range involved {
+			if in {
+				c.shards[i].backs.RUnlock()
+			}
+		}
+	}()
+	refunds := make([]Refund, 0, len(backs))
+	for _, b := range backs {
+		sh := &c.shards[b.shard]
+		sh.mu.Lock()
+		b.k.givingBack--
+		gone := b.k.forgotten
+		sh.mu.Unlock()
+		if !gone {
+			refunds = append(refunds, b.Refund)
+		}
+	}
+	if len(refunds) == 0 {
+		return
+	}
+	if err := c.store.RefundMany(context.Background(), refunds); err != nil && c.onGiveBackError != nil {
 		var units int64
-		for _, b := range backs {
+		for _, b := range refunds {
 			units += b.Cost
 		}
-		c.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(backs), err))
+		c.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(refunds), err))
 	}
 }
 
@@ -621,7 +713,7 @@ func (c *NearCache) janitor() {
 // does) and forgets idle keys. It locks one shard at a time.
 func (c *NearCache) sweep(all bool) {
 	idleFor := 2 * LeaseLifetime.Microseconds()
-	var backs []Refund
+	var backs []nearBack
 	for i := range c.shards {
 		sh := &c.shards[i]
 		now := c.clock.now()
@@ -631,10 +723,11 @@ func (c *NearCache) sweep(all bool) {
 				if len(backs) == 0 {
 					c.givingBack.Add(1) // see giveBack
 				}
-				backs = append(backs, Refund{Key: key, Cost: k.units, Taken: k.grant})
+				backs = append(backs, nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, i})
 				k.units, k.expires = 0, 0
+				k.givingBack++
 			}
-			if k.units == 0 && k.refill == nil && now >= k.deniedUntil && now-k.used >= idleFor {
+			if k.units == 0 && k.refill == nil && k.givingBack == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
 				delete(sh.keys, key)
 				c.keys.Add(-1)
 			}
@@ -684,6 +777,10 @@ var _ Charger = (*Memory)(nil)
 // give-back until ctx is done.
 func (c *NearCache) GiveBack(ctx context.Context, key string) error {
 	sh := c.shard(key)
+	// Held from before the units leave the lease until the store has
+	// them, so no reset runs between (nearShard.backs).
+	sh.backs.RLock()
+	defer sh.backs.RUnlock()
 	var back []Refund
 	sh.mu.Lock()
 	if k := sh.keys[key]; k != nil {
