@@ -158,10 +158,10 @@ type nearKey struct {
 	// decided before the reset, so it is neither spent nor cached; and
 	// units of the key not yet given back are not given back.
 	forgotten bool
-	// givingBack counts give-backs of the key's units collected and not
+	// pendingBacks counts give-backs of the key's units collected and not
 	// yet sent (nearBack): the janitor keeps the key while any is, so a
 	// reset meanwhile finds it and marks it forgotten.
-	givingBack int
+	pendingBacks int
 	// used is when the key was last decided (µs), for the janitor.
 	used int64
 }
@@ -296,7 +296,7 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 				return c.store.Take(ctx, key, cost)
 			}
 		}
-		if d, err, again := c.refill(ctx, sh, k, key, cost, now); !again {
+		if d, again, err := c.refill(ctx, sh, k, key, cost, now); !again {
 			return d, err
 		}
 	}
@@ -350,7 +350,7 @@ func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string
 // counters, within the grant's window. It reports again, having asked
 // nothing, when a reset forgot the key before the request could be sent:
 // the caller asks afresh.
-func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d Decision, err error, again bool) {
+func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d Decision, again bool, err error) {
 	// Size: doubled when the last lease was used up within a lifetime of
 	// its grant, restarted at the cost when the key was not leased
 	// recently, else kept.
@@ -387,7 +387,7 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 		if gone {
 			sh.backs.RUnlock()
 			close(r.done)
-			return Decision{}, nil, true
+			return Decision{}, true, nil
 		}
 		d, err = c.store.Renew(ctx, Refund{Key: key, Cost: leftover, Taken: grant}, cost, want)
 		sh.backs.RUnlock()
@@ -444,15 +444,15 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 		// request, as Close may have stopped waiting for give-backs.
 		back := nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, c.shardIndex(key)}
 		k.units, k.expires = 0, 0
-		k.givingBack++
+		k.pendingBacks++
 		defer c.giveBackNow([]nearBack{back})
 	}
 	sh.mu.Unlock()
 	close(r.done)
 	if err != nil {
-		return Decision{}, err, false
+		return Decision{}, false, err
 	}
-	return d, nil, false
+	return d, false, nil
 }
 
 // leaseDecision is the decision for a request spent from k's lease at
@@ -591,8 +591,8 @@ func (c *NearCache) Peek(ctx context.Context, key string) (Decision, error) {
 // learned of the key meanwhile. The lease's units are dropped, not given
 // back: they belong to the state being forgotten. So is every answer the
 // store sent before its reset ended: a lease or refusal whose request was
-// under way is never spent or repeated after the reset (a request the
-// store sent between the two forgets may have been decided before the
+// under way is never spent or repeated after the reset (a request sent to
+// the store between the two forgets may have been decided before the
 // store's reset). Leases other instances hold are given back into the
 // fresh state when they lapse, so right after a reset up to that many
 // units more may pass. It reports that state existed when the store held
@@ -674,7 +674,7 @@ func (c *NearCache) giveBackNow(backs []nearBack) {
 	for _, b := range backs {
 		sh := &c.shards[b.shard]
 		sh.mu.Lock()
-		b.k.givingBack--
+		b.k.pendingBacks--
 		gone := b.k.forgotten
 		sh.mu.Unlock()
 		if !gone {
@@ -725,9 +725,9 @@ func (c *NearCache) sweep(all bool) {
 				}
 				backs = append(backs, nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, i})
 				k.units, k.expires = 0, 0
-				k.givingBack++
+				k.pendingBacks++
 			}
-			if k.units == 0 && k.refill == nil && k.givingBack == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
+			if k.units == 0 && k.refill == nil && k.pendingBacks == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
 				delete(sh.keys, key)
 				c.keys.Add(-1)
 			}
