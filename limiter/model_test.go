@@ -101,7 +101,7 @@ var (
 )
 
 // modelStepKinds are the steps -model.skip can leave out.
-var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "limit", "quiet", "edge", "janitor"}
+var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor"}
 
 // modelSkips reports whether -model.skip leaves out kind.
 func modelSkips(kind string) bool {
@@ -435,17 +435,34 @@ type modelGrant struct {
 // modelSlowLeaser stands between a cache and the shared store. It notes the
 // model time the store decided at, and when a step arms it, advances the
 // shared clock by delay after the store has decided and before the cache
-// hears the answer: a slow reply.
+// hears the answer: a slow reply. When a take arms resetMid, an admin
+// reset of the take's key runs on its instance at that moment too, while
+// the answer (a lease, a refusal) is on its way; not during a renewal,
+// whose give-back a reset waits for (see nearShard.backs).
 type modelSlowLeaser struct {
 	Leaser
-	m       *modelRun
-	delay   time.Duration
-	decided int64
+	m        *modelRun
+	delay    time.Duration
+	decided  int64
+	resetMid *modelMidReset
+	renewing bool
+}
+
+// modelMidReset is the reset a take's answer waits for: on instance inst
+// of generation gen, of key.
+type modelMidReset struct {
+	gen, inst int
+	key       string
 }
 
 func (s *modelSlowLeaser) answered() {
 	s.decided = s.m.clock.Now().UnixMicro()
 	s.m.observe()
+	if r := s.resetMid; r != nil && !s.renewing {
+		s.resetMid = nil
+		s.m.logf("gen %d inst %d: the store decided; its answer waits for a reset", r.gen, r.inst)
+		s.m.reset(r.gen, r.inst, r.key)
+	}
 	if s.delay > 0 {
 		s.m.clock.Advance(s.delay)
 		s.delay = 0
@@ -466,7 +483,9 @@ func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want i
 
 func (s *modelSlowLeaser) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
 	d, err := s.Leaser.Renew(ctx, back, cost, want)
+	s.renewing = true
 	s.answered()
+	s.renewing = false
 	return d, err
 }
 
@@ -932,6 +951,16 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	if slow {
 		st.delay = time.Duration(1+m.rng.Int64N(30)) * time.Millisecond
 	}
+	// An admin reset of the key on this instance while the store's answer
+	// is on its way, if the take asks the store: the units the store
+	// counted for it belong to the state the reset forgets (the epoch
+	// before it), and the cache must neither spend what else the answer
+	// granted nor repeat its refusal after the reset.
+	midReset := g.caches != nil && m.rng.IntN(25) == 0 && !modelSkips("midreset")
+	if midReset {
+		st.resetMid = &modelMidReset{gen: gi, inst: inst, key: key}
+	}
+	epoch := g.keys[key].epoch
 	st.decided = 0
 	var d Decision
 	var err error
@@ -940,7 +969,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	} else {
 		d, err = g.caches[inst].Take(m.ctx, key, cost)
 	}
-	st.delay = 0
+	st.delay, st.resetMid = 0, nil
 	m.observe()
 	if err != nil {
 		m.fail("gen %d instance %d: take %s %d: %v", gi, inst, key, cost, err)
@@ -960,6 +989,11 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		ks.hwm = max(ks.hwm, st.decided)
 	}
 	a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: cost, d: d, epoch: ks.epoch}
+	if midReset && d.Source == SourceStore && epoch != ks.epoch {
+		// Decided before the reset that ran while its answer was on
+		// its way: counted in the state the reset forgot.
+		a.epoch = epoch
+	}
 	m.nextID++
 	switch d.Source {
 	case SourceStore:

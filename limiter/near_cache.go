@@ -103,6 +103,29 @@ type NearCache struct {
 type nearShard struct {
 	mu   sync.Mutex
 	keys map[string]*nearKey
+	// resets counts the admin resets of the shard's keys, so a refusal
+	// the store made before one is not cached after it (takeFromStore):
+	// a key decided without leases may not be remembered while its take
+	// is under way. Per shard, not per key: a reset of another key costs
+	// a refusal of this one its caching, no more.
+	resets uint64
+	// backs orders give-backs against admin resets: held for reading by
+	// every call that returns units of the shard's keys to the store (the
+	// janitor's and Close's RefundMany, GiveBack's, a renewal), from the
+	// check that their key was not reset since the units left its lease
+	// until the store has answered; for writing by Reset, around the
+	// store's reset. So units taken before a reset reach the store before
+	// it, into the state it erases, or not at all: never into the fresh
+	// state, which never counted them. Never acquired with mu held.
+	backs sync.RWMutex
+}
+
+// nearBack is units of a lease on their way back to the store: their
+// refund, the key they came from and its shard's index.
+type nearBack struct {
+	Refund
+	k     *nearKey
+	shard int
 }
 
 // nearKey is what the cache knows of one key. Its fields are guarded by its
@@ -130,6 +153,15 @@ type nearKey struct {
 	// refill is the lease request under way, which requests that find
 	// the lease short wait for instead of asking the store again.
 	refill *nearRefill
+	// forgotten is set when an admin reset drops the key (NearCache.forget)
+	// while a refill may be under way: what the store answers it was
+	// decided before the reset, so it is neither spent nor cached; and
+	// units of the key not yet given back are not given back.
+	forgotten bool
+	// pendingBacks counts give-backs of the key's units collected and not
+	// yet sent (nearBack): the janitor keeps the key while any is, so a
+	// reset meanwhile finds it and marks it forgotten.
+	pendingBacks int
 	// used is when the key was last decided (µs), for the janitor.
 	used int64
 }
@@ -139,6 +171,9 @@ type nearRefill struct {
 	done chan struct{}
 	d    Decision
 	err  error
+	// again is set when a reset forgot the key before the request was
+	// sent: the requests waiting for it ask afresh.
+	again bool
 }
 
 // NewNearCache puts a NearCache in front of store, enforcing p (the
@@ -198,7 +233,11 @@ func NewNearCache(store Leaser, p Policy, opts NearCacheOptions) (*NearCache, er
 }
 
 func (c *NearCache) shard(key string) *nearShard {
-	return &c.shards[maphash.String(c.seed, key)%nearShards]
+	return &c.shards[c.shardIndex(key)]
+}
+
+func (c *NearCache) shardIndex(key string) int {
+	return int(maphash.String(c.seed, key) % nearShards)
 }
 
 // Take implements Store: from the key's lease or its cached refusal when
@@ -234,6 +273,9 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 				case <-ctx.Done():
 					return Decision{}, fmt.Errorf("near cache: waiting for a lease: %w", ctx.Err())
 				}
+				if r.again {
+					continue
+				}
 				if r.err != nil {
 					return Decision{}, r.err
 				}
@@ -244,8 +286,9 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 			}
 		}
 		if !c.leasing {
+			resets := sh.resets
 			sh.mu.Unlock()
-			return c.takeFromStore(ctx, sh, key, cost)
+			return c.takeFromStore(ctx, sh, key, cost, resets)
 		}
 		if k == nil {
 			if k = c.remember(sh, key, now); k == nil {
@@ -253,7 +296,9 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 				return c.store.Take(ctx, key, cost)
 			}
 		}
-		return c.refill(ctx, sh, k, key, cost, now)
+		if d, again, err := c.refill(ctx, sh, k, key, cost, now); !again {
+			return d, err
+		}
 	}
 }
 
@@ -270,14 +315,20 @@ func (c *NearCache) remember(sh *nearShard, key string, now int64) *nearKey {
 	return k
 }
 
-// takeFromStore asks the store alone (no leases) and caches a refusal.
-func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64) (Decision, error) {
+// takeFromStore asks the store alone (no leases) and caches a refusal,
+// unless a key of sh was reset since resets (sh.resets when the request
+// was sent) was read: the refusal may be of the state the reset forgot.
+func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64, resets uint64) (Decision, error) {
 	d, err := c.store.Take(ctx, key, cost)
 	if err != nil || d.Allowed || c.denyFor == 0 {
 		return d, err
 	}
 	now := c.clock.now()
 	sh.mu.Lock()
+	if sh.resets != resets {
+		sh.mu.Unlock()
+		return d, nil
+	}
 	k := sh.keys[key]
 	if k == nil {
 		k = c.remember(sh, key, now)
@@ -296,8 +347,10 @@ func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string
 // (and a window's end) is measured from it, not from when the answer
 // came, so however slow the reply, the lease is spent only while the
 // store's clock is within a lifetime of the grant and, for the window
-// counters, within the grant's window.
-func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (Decision, error) {
+// counters, within the grant's window. It reports again, having asked
+// nothing, when a reset forgot the key before the request could be sent:
+// the caller asks afresh.
+func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d Decision, again bool, err error) {
 	// Size: doubled when the last lease was used up within a lifetime of
 	// its grant, restarted at the cost when the key was not leased
 	// recently, else kept.
@@ -319,10 +372,25 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 	// answer. The store bounds the call with its own timeout. What the
 	// last lease left goes back in the same call, before the take.
 	ctx = context.WithoutCancel(ctx)
-	var d Decision
-	var err error
 	if leftover > 0 {
+		// A give-back, ordered against resets (nearShard.backs): if one
+		// forgot the key since the units left its lease, it erased them,
+		// and the request starts afresh.
+		sh.backs.RLock()
+		sh.mu.Lock()
+		gone := k.forgotten
+		if gone {
+			k.refill = nil
+			r.again = true
+		}
+		sh.mu.Unlock()
+		if gone {
+			sh.backs.RUnlock()
+			close(r.done)
+			return Decision{}, true, nil
+		}
 		d, err = c.store.Renew(ctx, Refund{Key: key, Cost: leftover, Taken: grant}, cost, want)
+		sh.backs.RUnlock()
 		if err != nil && c.onGiveBackError != nil {
 			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
 		}
@@ -337,6 +405,19 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 	r.d, r.err = d, err
 	switch {
 	case err != nil:
+	case k.forgotten:
+		// An admin reset ran while the store answered: the grant or
+		// refusal was decided on the state it forgot (or, if the store
+		// decided after its reset, on the fresh state: the units are then
+		// stranded until the window or state ends, an under-admission).
+		// The request itself was decided before the reset ended and
+		// stands; the rest of the lease is neither spent nor given back,
+		// since giving it back would credit the fresh state with units it
+		// never counted.
+		if d.Allowed {
+			d.granted = cost
+			d.Source = SourceStore
+		}
 	case !d.Allowed:
 		if c.denyFor > 0 {
 			k.cacheDenial(d, now, c.denyFor)
@@ -361,16 +442,17 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 	if c.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
 		// request, as Close may have stopped waiting for give-backs.
-		back := Refund{Key: key, Cost: k.units, Taken: k.grant}
+		back := nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, c.shardIndex(key)}
 		k.units, k.expires = 0, 0
-		defer c.giveBackNow([]Refund{back})
+		k.pendingBacks++
+		defer c.giveBackNow([]nearBack{back})
 	}
 	sh.mu.Unlock()
 	close(r.done)
 	if err != nil {
-		return Decision{}, err
+		return Decision{}, false, err
 	}
-	return d, nil
+	return d, false, nil
 }
 
 // leaseDecision is the decision for a request spent from k's lease at
@@ -505,29 +587,53 @@ func (c *NearCache) Peek(ctx context.Context, key string) (Decision, error) {
 }
 
 // Reset implements Store: it forgets this instance's lease and cached
-// refusal of key, then the store's state. The lease's units are dropped,
-// not given back: they belong to the state being forgotten. Leases other
-// instances hold are given back into the fresh state when they lapse, so
-// right after a reset up to that many units more may pass. It reports that
-// state existed when the store held some, or this instance a lease's units
-// or a refusal still in force.
+// refusal of key, then the store's state, then again whatever the cache
+// learned of the key meanwhile. The lease's units are dropped, not given
+// back: they belong to the state being forgotten. So is every answer the
+// store sent before its reset ended: a lease or refusal whose request was
+// under way is never spent or repeated after the reset (a request sent to
+// the store between the two forgets may have been decided before the
+// store's reset). Leases other instances hold are given back into the
+// fresh state when they lapse, so right after a reset up to that many
+// units more may pass. It reports that state existed when the store held
+// some, or this instance a lease's units or a refusal still in force.
 func (c *NearCache) Reset(ctx context.Context, key string) (bool, error) {
+	// No give-back of the shard's units is under way from here on: those
+	// sent have reached the store, and those not sent are dropped if they
+	// are key's (nearShard.backs).
+	sh := c.shard(key)
+	sh.backs.Lock()
+	defer sh.backs.Unlock()
+	held := c.forget(key)
+	existed, err := c.store.Reset(ctx, key)
+	// Even when the store's reset failed: it may have run, and dropping
+	// a lease costs an under-admission at most.
+	c.forget(key)
+	return existed || held, err
+}
+
+// forget drops key for an admin reset (see Reset): its lease, its cached
+// refusal, and what a refill under way brings back (nearKey.forgotten). It
+// reports whether the key held a lease's units or a refusal in force.
+func (c *NearCache) forget(key string) bool {
 	now := c.clock.now()
-	held := false
 	sh := c.shard(key)
 	sh.mu.Lock()
-	if k := sh.keys[key]; k != nil {
-		held = k.units > 0 || now < k.deniedUntil
-		if k.refill == nil {
-			delete(sh.keys, key)
-			c.keys.Add(-1)
-		} else {
-			k.units, k.expires, k.deniedUntil = 0, 0, 0
-		}
+	defer sh.mu.Unlock()
+	sh.resets++
+	k := sh.keys[key]
+	if k == nil {
+		return false
 	}
-	sh.mu.Unlock()
-	existed, err := c.store.Reset(ctx, key)
-	return existed || held, err
+	held := k.units > 0 || now < k.deniedUntil
+	// Removed even while a refill is under way: requests that come after
+	// the reset must not wait for an answer decided before it, but ask
+	// the store afresh. The refill still wakes those already waiting.
+	delete(sh.keys, key)
+	c.keys.Add(-1)
+	k.units, k.expires, k.deniedUntil = 0, 0, 0
+	k.forgotten = true
+	return held
 }
 
 // giveBack refunds leases' unspent units to the store, off the request
@@ -536,20 +642,54 @@ func (c *NearCache) Reset(ctx context.Context, key string) (bool, error) {
 // units belong to. The caller has added one to givingBack for it, before
 // it took the units out of their leases, so that whoever sees the leases
 // empty and then waits for givingBack also waits for their give-back.
-func (c *NearCache) giveBack(backs []Refund) {
+func (c *NearCache) giveBack(backs []nearBack) {
 	go func() {
 		defer c.givingBack.Done()
 		c.giveBackNow(backs)
 	}()
 }
 
-func (c *NearCache) giveBackNow(backs []Refund) {
-	if err := c.store.RefundMany(context.Background(), backs); err != nil && c.onGiveBackError != nil {
+// giveBackNow sends backs to the store, but for those of keys a reset has
+// forgotten since their units left the lease (the reset erased them). It
+// holds the backs lock of every shard involved (in order, each once) until
+// the store has answered, so no reset of their keys runs meanwhile.
+func (c *NearCache) giveBackNow(backs []nearBack) {
+	var involved [nearShards]bool
+	for _, b := range backs {
+		involved[b.shard] = true
+	}
+	for i, in := range involved {
+		if in {
+			c.shards[i].backs.RLock()
+		}
+	}
+	defer func() {
+		for i, in := range involved {
+			if in {
+				c.shards[i].backs.RUnlock()
+			}
+		}
+	}()
+	refunds := make([]Refund, 0, len(backs))
+	for _, b := range backs {
+		sh := &c.shards[b.shard]
+		sh.mu.Lock()
+		b.k.pendingBacks--
+		gone := b.k.forgotten
+		sh.mu.Unlock()
+		if !gone {
+			refunds = append(refunds, b.Refund)
+		}
+	}
+	if len(refunds) == 0 {
+		return
+	}
+	if err := c.store.RefundMany(context.Background(), refunds); err != nil && c.onGiveBackError != nil {
 		var units int64
-		for _, b := range backs {
+		for _, b := range refunds {
 			units += b.Cost
 		}
-		c.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(backs), err))
+		c.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(refunds), err))
 	}
 }
 
@@ -573,7 +713,7 @@ func (c *NearCache) janitor() {
 // does) and forgets idle keys. It locks one shard at a time.
 func (c *NearCache) sweep(all bool) {
 	idleFor := 2 * LeaseLifetime.Microseconds()
-	var backs []Refund
+	var backs []nearBack
 	for i := range c.shards {
 		sh := &c.shards[i]
 		now := c.clock.now()
@@ -583,10 +723,11 @@ func (c *NearCache) sweep(all bool) {
 				if len(backs) == 0 {
 					c.givingBack.Add(1) // see giveBack
 				}
-				backs = append(backs, Refund{Key: key, Cost: k.units, Taken: k.grant})
+				backs = append(backs, nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, i})
 				k.units, k.expires = 0, 0
+				k.pendingBacks++
 			}
-			if k.units == 0 && k.refill == nil && now >= k.deniedUntil && now-k.used >= idleFor {
+			if k.units == 0 && k.refill == nil && k.pendingBacks == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
 				delete(sh.keys, key)
 				c.keys.Add(-1)
 			}
@@ -636,6 +777,10 @@ var _ Charger = (*Memory)(nil)
 // give-back until ctx is done.
 func (c *NearCache) GiveBack(ctx context.Context, key string) error {
 	sh := c.shard(key)
+	// Held from before the units leave the lease until the store has
+	// them, so no reset runs between (nearShard.backs).
+	sh.backs.RLock()
+	defer sh.backs.RUnlock()
 	var back []Refund
 	sh.mu.Lock()
 	if k := sh.keys[key]; k != nil {

@@ -41,6 +41,10 @@ type ServerClock struct {
 	// recheckEvery is how often a store on the instance's clock asks
 	// whether the server allows TIME again; tests shorten it.
 	recheckEvery time.Duration
+	// clock is the instance's clock the scripts are sent when the server
+	// refuses TIME: the system's, or a test's set behind the server's, so
+	// that instances on different clocks can be tried on one machine.
+	clock Clock
 
 	// turn is held by the one probe under way: a channel, so that a
 	// decision waiting for another's probe gives up at its deadline.
@@ -81,6 +85,7 @@ func NewServerClock(client redis.UniversalClient, onChange func(instance bool)) 
 		probe:        redis.NewScript(lua.TimeProbe()),
 		onChange:     onChange,
 		recheckEvery: defaultRecheckEvery,
+		clock:        SystemClock,
 		turn:         make(chan struct{}, 1),
 	}
 }
@@ -248,7 +253,7 @@ func (c *ServerClock) recheck() {
 // clock (see lua/prelude.lua), "i" and Unix µs; it also starts a
 // background probe when one is due.
 func (c *ServerClock) instanceNow() string {
-	now := time.Now()
+	now := c.clock.Now()
 	c.due(now.UnixNano())
 	return "i" + strconv.FormatInt(now.UnixMicro(), 10)
 }

@@ -102,7 +102,8 @@ func scanKeys(t *testing.T, client redis.UniversalClient) []string {
 
 // TestRedisKeysHaveTTL drives every algorithm with Redis TIME, takes and
 // returns included, and then finds every key in the database with a TTL no
-// longer than its state needs.
+// longer than its state needs plus the second of skew every key is kept
+// for (lua/prelude.lua's pad; TestMixedClocksKeepFilledState).
 func TestRedisKeysHaveTTL(t *testing.T) {
 	s := redistest.Start(t)
 	client := s.Client(t)
@@ -160,8 +161,8 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 		}
 		tail := strings.Split(k, "}:")[1]
 		alg := suffixes[tail[:strings.IndexByte(tail, ':')]]
-		if ttl <= 0 || ttl > longest[alg]+time.Millisecond {
-			t.Errorf("key %s (%s): TTL %v, want in (0, %v]", k, alg, ttl, longest[alg])
+		if most := longest[alg] + time.Second + time.Millisecond; ttl <= 0 || ttl > most {
+			t.Errorf("key %s (%s): TTL %v, want in (0, %v]", k, alg, ttl, most)
 		}
 	}
 }

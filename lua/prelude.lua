@@ -7,10 +7,8 @@
 -- or not the limit has them, limiter's Charge, in the scripts of the
 -- algorithms that can owe), now (µs; "" = Redis TIME; "i" and µs = the
 -- instance's clock where the server refuses TIME; a bare number = a test's
--- clock), L, W. Further arguments are the algorithm's. A test that sets now
--- also steps it far from the wall clock, so its keys live 10 minutes longer
--- than their state needs (pad, in ms; see RedisOptions.Clock in
--- limiter/redis.go).
+-- clock), L, W. Further arguments are the algorithm's. Every TTL a script
+-- sets is the state's end plus pad (ms): see below.
 --
 -- The scripts run on every request and the interpreter is most of their
 -- cost, so they are written straight through, with few function calls and
@@ -25,7 +23,17 @@ elseif cost <= 0 then
 end
 local l, w = tonumber(ARGV[3]), tonumber(ARGV[4])
 
-local now, pad = tonumber(ARGV[2]), 0
+-- pad: keys live a second (the skew README.md allows between instances)
+-- longer than their state needs on the clock that wrote them, whichever
+-- clock that is. Instances on the instance's clock (a server that refuses
+-- TIME to some of them, or for a while after it allows TIME again, to
+-- those that have not probed since) decide beside instances on Redis's:
+-- a key that expired at its state's end on the writer's clock would be
+-- gone for an instance whose clock is behind and still inside that state,
+-- which would start it afresh (a filled window admitted again). A test
+-- that sets now steps it far from the wall clock, so its keys live 10
+-- minutes longer (see RedisOptions.Clock in limiter/redis.go).
+local now, pad = tonumber(ARGV[2]), 1000
 if now then
   pad = 600000
 elseif ARGV[2] == '' then
@@ -33,10 +41,8 @@ elseif ARGV[2] == '' then
   now = t[1] * 1000000 + t[2]
 else
   -- "i" and µs: the instance's clock, on a server that refuses TIME in
-  -- scripts (time_probe.lua). Instances' clocks differ by their skew, so
-  -- keys live a second longer than their state needs, for an instance
-  -- whose clock is behind the one that wrote them.
-  now, pad = tonumber(string.sub(ARGV[2], 2)), 1000
+  -- scripts (time_probe.lua).
+  now = tonumber(string.sub(ARGV[2], 2))
 end
 
 -- Integer division: floor(a / d) and ceil(a / d) are exact. Every quantity
