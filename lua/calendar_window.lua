@@ -43,24 +43,26 @@ end
 local count, behind = 0, false
 local v = redis.call('GET', KEYS[1])
 if v then
-  local sep = string.find(v, ':', 1, true)
-  if sep then
-    local stored = tonumber(string.sub(v, 1, sep - 1))
-    if stored and stored >= win then
-      -- A clock behind the stored window decides at that window's start,
-      -- as fixedWindowState.roll does (see fixed_window.lua).
-      if stored > win then
-        if stored == s2 then
-          ends = s3
-        elseif stored == s3 then
-          ends = s4
-        else
-          return redis.error_reply('calendar window: the server time is behind the stored window by more than the instance sent')
-        end
-        win, now, behind = stored, stored, true
+  -- Only what this script writes is state (see fixed_window.lua).
+  local stored, n = string.match(v, '^(%d+):(%d+)$')
+  if not stored then
+    return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
+  end
+  stored = tonumber(stored)
+  if stored >= win then
+    -- A clock behind the stored window decides at that window's start,
+    -- as fixedWindowState.roll does (see fixed_window.lua).
+    if stored > win then
+      if stored == s2 then
+        ends = s3
+      elseif stored == s3 then
+        ends = s4
+      else
+        return redis.error_reply('calendar window: the server time is behind the stored window by more than the instance sent')
       end
-      count = tonumber(string.sub(v, sep + 1))
+      win, now, behind = stored, stored, true
     end
+    count = tonumber(n)
   end
 end
 local left = ends - now

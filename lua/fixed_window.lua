@@ -18,19 +18,23 @@
 local win, count, behind = index(now), 0, false
 local v = redis.call('GET', KEYS[1])
 if v then
-  local sep = string.find(v, ':', 1, true)
-  if sep then
-    local stored = tonumber(string.sub(v, 1, sep - 1))
-    if stored and stored >= win then
-      -- A clock behind the stored window (Redis's stepped back, or a
-      -- failover to a server whose clock is behind) decides at that
-      -- window's start, as fixedWindowState.roll does: going back to the
-      -- older window would restart its count and readmit a full quota.
-      if stored > win then
-        win, now, behind = stored, stored * w, true
-      end
-      count = tonumber(string.sub(v, sep + 1))
+  -- Only what this script writes is state: anything else (nan, inf, hex,
+  -- a float, all of which Lua's tonumber takes) fails the decision, so the
+  -- zone's fail mode applies, rather than reading as a fresh window.
+  local stored, n = string.match(v, '^(%d+):(%d+)$')
+  if not stored then
+    return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
+  end
+  stored = tonumber(stored)
+  if stored >= win then
+    -- A clock behind the stored window (Redis's stepped back, or a
+    -- failover to a server whose clock is behind) decides at that
+    -- window's start, as fixedWindowState.roll does: going back to the
+    -- older window would restart its count and readmit a full quota.
+    if stored > win then
+      win, now, behind = stored, stored * w, true
     end
+    count = tonumber(n)
   end
 end
 local left = (win + 1) * w - now

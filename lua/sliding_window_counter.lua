@@ -22,18 +22,20 @@ local win, prev, cur, behind = index(now), 0, 0, false
 local v = redis.call('GET', KEYS[1])
 if v then
   local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
-  if a then
-    a = tonumber(a)
-    if a >= win then
-      -- A clock behind the stored window decides at that window's start,
-      -- as slidingCounterState.roll does, rather than drop both counts.
-      if a > win then
-        win, now, behind = a, a * w, true
-      end
-      prev, cur = tonumber(p), tonumber(c)
-    elseif a + 1 == win then
-      prev = tonumber(c)
+  if not a then
+    -- Only what this script writes is state (see fixed_window.lua).
+    return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
+  end
+  a = tonumber(a)
+  if a >= win then
+    -- A clock behind the stored window decides at that window's start,
+    -- as slidingCounterState.roll does, rather than drop both counts.
+    if a > win then
+      win, now, behind = a, a * w, true
     end
+    prev, cur = tonumber(p), tonumber(c)
+  elseif a + 1 == win then
+    prev = tonumber(c)
   end
 end
 local e = now - win * w

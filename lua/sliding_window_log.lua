@@ -31,6 +31,11 @@ while true do
   local chunk = redis.call('LRANGE', key, drop, drop + 63)
   local k = 0
   for i = 1, #chunk do
+    -- Only what this script writes is state: a time in µs (see
+    -- fixed_window.lua).
+    if not string.find(chunk[i], '^%d+$') then
+      return redis.error_reply('floodgate: ' .. key .. ' holds a value Floodgate does not write')
+    end
     if tonumber(chunk[i]) > cutoff then
       break
     end
