@@ -317,6 +317,8 @@ func FuzzCaddyfile(f *testing.F) {
 		"rate_limit x y {",
 		"rate_limit {\n zone a {\n  rate 9223372036854775807/1ns\n  cost 9223372036854775807\n }\n}",
 		"rate_limit {\n zone a {\n  key {a}{b}\\{c\\}\n  rate 1/d\n }\n}",
+		"rate_limit {\n zone a {\n  rate 5/s\n  store redis\n  local_quota 0.2\n }\n redis {\n  url redis://u:p@127.0.0.1:6379/0\n  timeout 50ms\n  tls {\n   server_name x\n  }\n }\n key_secret {env.K}\n}",
+		"rate_limit {\n zone a {\n  key jwt_claim sub\n  rate 5/s\n }\n jwt {\n  secret {env.S}\n  from header Authorization\n  leeway 5s\n }\n}",
 	} {
 		f.Add(seed)
 	}
