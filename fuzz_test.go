@@ -20,43 +20,17 @@ import (
 // says how to fuzz longer. Each checks invariants a client or operator
 // relies on, not only the absence of a panic.
 
-// fuzzHandler is one handler the request-path target drives: a key from a
-// header, a cost from a header, count_response and response_cost zones.
-var (
-	fuzzHandlerOnce sync.Once
-	fuzzHandlerH    *Handler
-)
+// fuzzHandler provisions one handler of config for a fuzz target, once:
+// the target's runs share it, as a server's requests do.
+type fuzzHandler struct {
+	once sync.Once
+	h    *Handler
+}
 
-func fuzzPathHandler(t *testing.T) *Handler {
-	fuzzHandlerOnce.Do(func() {
+func (f *fuzzHandler) get(t *testing.T, config string) *Handler {
+	f.once.Do(func() {
 		h := new(Handler)
-		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`rate_limit {
-			zone fz_cost {
-				key {http.request.header.X-Key}
-				missing_key ip
-				algorithm fixed_window
-				rate 50/1h
-				cost {http.request.header.X-Cost}
-				count_response {
-					status 401
-				}
-			}
-			zone fz_tokens {
-				key ip
-				ipv4_prefix 24
-				ipv6_prefix 48
-				algorithm token_bucket
-				rate 1000/1h
-				response_cost X-Tokens
-			}
-			zone fz_conc {
-				key {http.request.header.X-Key}
-				missing_key skip
-				algorithm concurrency
-				events 3
-				cost {http.request.header.X-Cost}
-			}
-		}`))
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(config))
 		if err == nil {
 			ctx, _ := caddy.NewContext(caddy.Context{Context: context.Background()})
 			err = h.Provision(ctx)
@@ -64,13 +38,45 @@ func fuzzPathHandler(t *testing.T) *Handler {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fuzzHandlerH = h
+		f.h = h
 	})
-	if fuzzHandlerH == nil {
+	if f.h == nil {
 		t.Skip("the fuzz handler failed to provision")
 	}
-	return fuzzHandlerH
+	return f.h
 }
+
+// fuzzPath is the handler the request-path target drives: a key from a
+// header, a cost from a header, count_response and response_cost zones.
+var fuzzPath fuzzHandler
+
+const fuzzPathConfig = `rate_limit {
+	zone fz_cost {
+		key {http.request.header.X-Key}
+		missing_key ip
+		algorithm fixed_window
+		rate 50/1h
+		cost {http.request.header.X-Cost}
+		count_response {
+			status 401
+		}
+	}
+	zone fz_tokens {
+		key ip
+		ipv4_prefix 24
+		ipv6_prefix 48
+		algorithm token_bucket
+		rate 1000/1h
+		response_cost X-Tokens
+	}
+	zone fz_conc {
+		key {http.request.header.X-Key}
+		missing_key skip
+		algorithm concurrency
+		events 3
+		cost {http.request.header.X-Cost}
+	}
+}`
 
 // FuzzRequestPath sends one request of a client-chosen IP, key, cost and
 // upstream answer through a provisioned handler. Whatever the input: no
@@ -86,7 +92,7 @@ func FuzzRequestPath(f *testing.F) {
 	f.Add("203.0.113.7", "carol", "3", "200", " 7 ")
 	f.Add("", "dave", "nope", "999", "0x10")
 	f.Fuzz(func(t *testing.T, ip, key, cost, status, tokens string) {
-		h := fuzzPathHandler(t)
+		h := fuzzPath.get(t, fuzzPathConfig)
 		code, err := strconv.Atoi(status)
 		if err != nil || code < 200 || code > 599 {
 			code = 200
@@ -154,7 +160,7 @@ func FuzzOverrideBody(f *testing.F) {
 	f.Add(`{"limit":-1,"window":"-1h"}`)
 	f.Add(`{"action":"limit","limit":1,"window":"month"}`)
 	f.Fuzz(func(t *testing.T, body string) {
-		h := fuzzOverrideHandler(t)
+		h := fuzzOverride.get(t, "rate_limit {\n zone fz_ov {\n  key ip\n  algorithm token_bucket\n  rate 10/1m\n }\n}")
 		const key = "198.51.100.200"
 		code, msg := adminOverride(t, http.MethodPut, "fz_ov", key, body)
 		defer adminOverride(t, http.MethodDelete, "fz_ov", key, "")
@@ -172,29 +178,8 @@ func FuzzOverrideBody(f *testing.F) {
 	})
 }
 
-var (
-	fuzzOverrideOnce sync.Once
-	fuzzOverrideH    *Handler
-)
-
-func fuzzOverrideHandler(t *testing.T) *Handler {
-	fuzzOverrideOnce.Do(func() {
-		h := new(Handler)
-		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit {\n zone fz_ov {\n  key ip\n  algorithm token_bucket\n  rate 10/1m\n }\n}"))
-		if err == nil {
-			ctx, _ := caddy.NewContext(caddy.Context{Context: context.Background()})
-			err = h.Provision(ctx)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		fuzzOverrideH = h
-	})
-	if fuzzOverrideH == nil {
-		t.Skip("the fuzz handler failed to provision")
-	}
-	return fuzzOverrideH
-}
+// fuzzOverride is the handler the override-body target drives.
+var fuzzOverride fuzzHandler
 
 // FuzzRedisBlockSecret: a redis block whose password, sentinel password
 // or URL userinfo holds a literal part beside a placeholder left unset is

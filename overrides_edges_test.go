@@ -54,29 +54,7 @@ func TestOverrideConcurrencyKeepsSlotsInFlight(t *testing.T) {
 		t.Fatalf("PUT L1: %d %s", code, body)
 	}
 
-	// hold runs one request that stays in flight until release is closed.
-	type held struct {
-		admitted chan int
-		release  chan struct{}
-		done     chan struct{}
-	}
-	hold := func() held {
-		hd := held{admitted: make(chan int, 1), release: make(chan struct{}), done: make(chan struct{})}
-		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			hd.admitted <- 200
-			<-hd.release
-			w.WriteHeader(200)
-			return nil
-		})
-		go func() {
-			defer close(hd.done)
-			r, _ := newKeyRequest(ip, nil)
-			if _, code := serve(h, r, next); code != 200 {
-				hd.admitted <- code
-			}
-		}()
-		return hd
-	}
+	hold := func() heldRequest { return holdKey(h, ip, nil) }
 
 	a := hold()
 	if code := <-a.admitted; code != 200 {
