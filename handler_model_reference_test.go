@@ -84,8 +84,11 @@ func (m *hmModel) limitFor(in *hmInstance, z *hmZone, key, plan string, now int6
 	name := m.r.name(z, in.i)
 	events := in.cfg.events[z.id]
 	l := hmLimit{action: "limit", quota: events, window: m.window(in, z)}
-	l.load = fmt.Sprintf("%s|%d|%s", name, events, key)
 	id := fmt.Sprintf("base/%d", events)
+	if !z.redis {
+		id += fmt.Sprintf(".%d", in.cfg.changes[z.id])
+	}
+	l.load = name + "|" + id + "|" + key
 	if z == hmLB {
 		l.quota = hmLBBurst
 	}

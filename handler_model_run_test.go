@@ -73,13 +73,21 @@ type hmConfig struct {
 	events   map[string]int64
 	cwWindow time.Duration
 	cwPro    int64
+	// changes counts the reloads that changed a memory zone's limit: each
+	// starts its counters afresh, even back to a limit it had before,
+	// since the pool lets go of a store no handler holds (README.md
+	// "State and reloads"); Redis keeps a limit's state by its policy.
+	changes map[string]int
 }
 
 func (c hmConfig) clone() hmConfig {
 	n := c
-	n.events = map[string]int64{}
+	n.events, n.changes = map[string]int64{}, map[string]int{}
 	for k, v := range c.events {
 		n.events[k] = v
+	}
+	for k, v := range c.changes {
+		n.changes[k] = v
 	}
 	return n
 }
@@ -171,7 +179,7 @@ func (r *hmRun) fail(format string, args ...any) {
 // run runs the schedule and reports whether it held.
 func (r *hmRun) run() bool {
 	defer r.close()
-	base := hmConfig{events: map[string]int64{}, cwWindow: []time.Duration{time.Second, 2 * time.Second, 5 * time.Second}[r.rng.IntN(3)]}
+	base := hmConfig{events: map[string]int64{}, changes: map[string]int{}, cwWindow: []time.Duration{time.Second, 2 * time.Second, 5 * time.Second}[r.rng.IntN(3)]}
 	for _, z := range hmAllZones {
 		switch {
 		case z == hmLB:
@@ -380,6 +388,10 @@ type hmFlight struct {
 	// or ServeHTTP returned.
 	decided chan struct{}
 	once    chanOnce
+	// entered is closed once next runs or ServeHTTP returned: a request
+	// held in flight is admitted or refused by then.
+	entered     chan struct{}
+	enteredOnce chanOnce
 	// release lets next answer; done is closed when ServeHTTP returned.
 	release chan struct{}
 	done    chan struct{}
@@ -418,7 +430,7 @@ func (w hmWriter) Header() http.Header {
 // start runs q on its instance's handler on a goroutine; next waits for
 // release when hold is set.
 func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
-	f := &hmFlight{q: q, decided: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
+	f := &hmFlight{q: q, decided: make(chan struct{}), entered: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
 	if !hold {
 		close(f.release)
 	}
@@ -436,6 +448,7 @@ func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		f.called.Store(true)
 		f.once.close(f.decided)
+		f.enteredOnce.close(f.entered)
 		<-f.release
 		if q.panicBefore {
 			panic(http.ErrAbortHandler)
@@ -461,6 +474,7 @@ func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
 	go func() {
 		defer close(f.done)
 		defer f.once.close(f.decided)
+		defer f.enteredOnce.close(f.entered)
 		defer func() { f.realEnd = time.Now().UnixMicro() }()
 		defer func() {
 			if p := recover(); p != nil {

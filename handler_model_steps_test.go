@@ -119,7 +119,7 @@ func (r *hmRun) request(z *hmZone) {
 		f.cancel()
 	}
 	if hold {
-		if !r.wait(f.decided, "deciding "+q.String()) {
+		if !r.wait(f.entered, "deciding "+q.String()) {
 			return
 		}
 		if f.called.Load() {
@@ -232,7 +232,10 @@ func (r *hmRun) override() {
 	if o.action != "limit" {
 		body = fmt.Sprintf(`{"action": %q`, o.action)
 	}
-	if !hmSkips("expiry") && r.rng.IntN(3) == 0 {
+	// A concurrency override that lapses while its key's requests run
+	// changes the limit in force under them, as a PUT does ("ovconc"):
+	// "concexpiry" leaves such expiries out.
+	if !hmSkips("expiry") && !(z.alg == "concurrency" && hmSkips("concexpiry")) && r.rng.IntN(3) == 0 {
 		d := []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second}[r.rng.IntN(3)]
 		o.expires = (now + d.Microseconds()) / 1000 * 1000
 		body += fmt.Sprintf(`, "expires": %q`, time.UnixMicro(o.expires).UTC().Format(time.RFC3339Nano))
@@ -388,6 +391,7 @@ func (r *hmRun) reload() {
 		zs := []*hmZone{hmCW, hmLC, hmCC, hmRC, hmRF, hmRT}
 		z := zs[r.rng.IntN(len(zs))]
 		cfg.events[z.id] = max(1, cfg.events[z.id]+[]int64{-1, 1}[r.rng.IntN(2)])
+		cfg.changes[z.id]++
 		what = fmt.Sprintf("zone %s events %d", z.id, cfg.events[z.id])
 	}
 	for _, f := range r.flights {

@@ -83,8 +83,10 @@ var (
 // be isolated: "mixed" (an instance on its own clock), "race" (an admin
 // reset while lease refills are in flight), "ovconc" (a concurrency
 // key's override changed while its requests are in flight), "cost0"
-// (requests of cost 0) and "leave" (a client that leaves while held).
-var hmStepKinds = []string{"cost0", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "mixed"}
+// (requests of cost 0) and "leave" (a client that leaves while held);
+// "concexpiry" (a concurrency key's override lapsing while its requests
+// are in flight) is ovconc's change of limit by expiry.
+var hmStepKinds = []string{"cost0", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "mixed"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool {
