@@ -390,9 +390,11 @@ func (r *hmRun) reload() {
 	if !hmSkips("change") && r.rng.IntN(2) == 0 {
 		zs := []*hmZone{hmCW, hmLC, hmCC, hmRC, hmRF, hmRT}
 		z := zs[r.rng.IntN(len(zs))]
-		cfg.events[z.id] = max(1, cfg.events[z.id]+[]int64{-1, 1}[r.rng.IntN(2)])
-		cfg.changes[z.id]++
-		what = fmt.Sprintf("zone %s events %d", z.id, cfg.events[z.id])
+		if n := max(1, cfg.events[z.id]+[]int64{-1, 1}[r.rng.IntN(2)]); n != cfg.events[z.id] {
+			cfg.events[z.id] = n
+			cfg.changes[z.id]++
+			what = fmt.Sprintf("zone %s events %d", z.id, n)
+		}
 	}
 	for _, f := range r.flights {
 		if f.q.inst == in.i {
