@@ -63,7 +63,11 @@ func (m *hmModel) checkAdmission(a *hmAdm, f *hmFlight) {
 			r.fail("%s admitted in zone %s with %d units already in flight (admissions %v) under a limit of %d (state %s): each request holds its cost and at least one slot", f.q, a.z.id, load, ids, a.quota, a.state)
 		}
 	case a.z == hmLB:
-		m.checkBucket(a.state)
+		m.checkBucket(a.state, "memory leaky_bucket", hmLBBurst, hmLBRate, time.Second)
+	case a.z == hmMT:
+		m.checkBucket(a.state, "memory token_bucket", a.quota, a.quota, a.window)
+	case a.z == hmML:
+		m.checkLog(a)
 	case a.z.redis:
 		m.checkRedis(a.state, a.z)
 	}
@@ -76,9 +80,11 @@ func (z *hmZone) store() string {
 	return "memory"
 }
 
-// checkBucket holds the leaky bucket's admissions of state to B + r(b−a)
-// in every span, in exact integers: units × W ≤ B × W + L × (b − a).
-func (m *hmModel) checkBucket(state string) {
+// checkBucket holds a bucket's admissions of state to B + r(b−a) in
+// every span, r = L/W, in exact integers: units × W ≤ B × W + L × (b − a).
+// Refunds come within their request, on a clock that does not move
+// meanwhile, so they add no slack.
+func (m *hmModel) checkBucket(state, check string, burst, events int64, window time.Duration) {
 	var as []*hmAdm
 	for _, a := range m.adms {
 		if a.state == state {
@@ -86,26 +92,49 @@ func (m *hmModel) checkBucket(state string) {
 		}
 	}
 	slices.SortStableFunc(as, func(x, y *hmAdm) int { return int(x.at - y.at) })
-	w := int64(time.Second / time.Microsecond)
+	w := window.Microseconds()
 	worst := int64(-1 << 62)
 	for i := range as {
 		units := int64(0)
 		for j := i; j < len(as); j++ {
 			units += as[j].counted
-			slack := hmLBBurst*w + hmLBRate*(as[j].at-as[i].at)
+			slack := burst*w + events*(as[j].at-as[i].at)
 			if over := units*w - slack; over > worst {
 				worst = over
 			}
 			if units*w > slack {
-				m.r.fail("leaky bucket %s: %d units admitted in %v, bound B + r×span = %.3f (admissions %d..%d)",
-					state, units, time.Duration(as[j].at-as[i].at)*time.Microsecond, float64(slack)/float64(w), as[i].id, as[j].id)
+				m.r.fail("%s %s: %d units admitted in %v, bound B + r×span = %.3f (admissions %d..%d)",
+					check, state, units, time.Duration(as[j].at-as[i].at)*time.Microsecond, float64(slack)/float64(w), as[i].id, as[j].id)
 				return
 			}
 		}
 	}
 	if len(as) > 0 {
-		m.r.totals.note("memory leaky_bucket", ceilDiv(worst, w), "B + r×span")
+		m.r.totals.note(check, ceilDiv(worst, w), "B + r×span")
 	}
+}
+
+// checkLog holds the sliding log's admissions of a's state to L in the
+// window that ends at a: those less than W before it. An admission
+// exactly W before has left the window or not, as the store rounds; it
+// is left out, which can only miss an excess.
+func (m *hmModel) checkLog(a *hmAdm) {
+	units := m.logUnits(a.state, a.at, a.window)
+	m.r.totals.note("memory sliding_window_log", units-a.quota, "L per window-long span")
+	if units > a.quota {
+		m.r.fail("memory sliding_window_log %s: %d units admitted in the window ending at admission %d, limit %d:%s", a.state, units, a.id, a.quota, m.describe(a.state))
+	}
+}
+
+// logUnits is what state's admissions hold in the W that ends at t.
+func (m *hmModel) logUnits(state string, t int64, w time.Duration) int64 {
+	units := int64(0)
+	for _, b := range m.adms {
+		if b.state == state && b.at > t-w.Microseconds() && b.at <= t {
+			units += b.counted
+		}
+	}
+	return units
 }
 
 func ceilDiv(a, b int64) int64 {
@@ -156,6 +185,17 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 	}
 }
 
+// onEdge reports whether an admission of state is exactly W before now,
+// where the log's rounding decides whether it still counts.
+func (m *hmModel) onEdge(state string, now int64, w time.Duration) bool {
+	for _, a := range m.adms {
+		if a.state == state && a.at == now-w.Microseconds() {
+			return true
+		}
+	}
+	return false
+}
+
 // describe lists the admissions of state.
 func (m *hmModel) describe(state string) string {
 	s := ""
@@ -178,7 +218,7 @@ func (r *hmRun) quiet(why string) {
 	ctx := context.Background()
 	checked := 0
 	for _, in := range r.inst {
-		for _, z := range []*hmZone{hmCW, hmLC, hmCC, hmRC} {
+		for _, z := range []*hmZone{hmCW, hmLC, hmML, hmCC, hmRC} {
 			for _, key := range r.keys {
 				for _, plan := range []string{"", "pro"} {
 					if plan != "" && z != hmCW {
@@ -204,9 +244,15 @@ func (r *hmRun) quiet(why string) {
 						return
 					}
 					want := l.quota
-					if z.alg == "fixed_window" {
+					switch z.alg {
+					case "fixed_window":
 						win := now / l.window.Microseconds()
 						want = max(0, l.quota-r.m.fw[l.state][win])
+					case "sliding_window_log":
+						if r.m.onEdge(l.state, now, l.window) {
+							continue
+						}
+						want = max(0, l.quota-r.m.logUnits(l.state, now, l.window))
 					}
 					checked++
 					if d.Remaining != want {

@@ -40,6 +40,8 @@ type hmZone struct {
 var (
 	hmCW = &hmZone{id: "cw", alg: "fixed_window", charges: true, counts: true, costly: true, overrides: true}
 	hmLC = &hmZone{id: "lc", alg: "fixed_window", counts: true}
+	hmML = &hmZone{id: "ml", alg: "sliding_window_log", counts: true, costly: true, overrides: true}
+	hmMT = &hmZone{id: "mt", alg: "token_bucket", charges: true, costly: true, overrides: true}
 	hmLB = &hmZone{id: "lb", alg: "leaky_bucket"}
 	hmCC = &hmZone{id: "cc", alg: "concurrency", costly: true, overrides: true}
 	hmRC = &hmZone{id: "rc", alg: "concurrency", redis: true, costly: true, overrides: true}
@@ -48,10 +50,10 @@ var (
 	hmRT = &hmZone{id: "rt", alg: "token_bucket", redis: true, charges: true, costly: true, overrides: true}
 
 	hmRoutes = map[string][]*hmZone{
-		"cw": {hmCW}, "lb": {hmLC, hmLB}, "cc": {hmCC}, "rc": {hmRC},
+		"cw": {hmCW}, "lb": {hmLC, hmLB}, "ml": {hmML}, "mt": {hmMT}, "cc": {hmCC}, "rc": {hmRC},
 		"rf": {hmRF}, "rl": {hmRL}, "rt": {hmRT},
 	}
-	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmCC, hmRC, hmRF, hmRL, hmRT}
+	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmCC, hmRC, hmRF, hmRL, hmRT}
 )
 
 const (
@@ -67,8 +69,8 @@ const (
 	hmLocalQuota = 0.5
 )
 
-// hmConfig is one instance's limits: events per zone, and cw's window
-// and pro tier.
+// hmConfig is one instance's limits: events per zone, and the memory
+// zones' window (cwWindow) and cw's pro tier.
 type hmConfig struct {
 	events   map[string]int64
 	cwWindow time.Duration
