@@ -72,8 +72,14 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 	q.cost = 1
 	if z.costly {
 		q.cost = 1 + r.rng.Int64N(quota)
-		if !hmSkips("cost0") && r.rng.IntN(6) == 0 {
+		switch n := r.rng.IntN(24); {
+		case n < 4 && !hmSkips("cost0"):
 			q.cost = 0
+		case n == 4 && !hmSkips("badcost") && z != hmLB:
+			// More than the limit in force can ever admit: refused
+			// with 400, consuming nothing (README.md "Costs from the
+			// request").
+			q.cost = quota + 1
 		}
 	}
 	if z.counts && r.rng.IntN(3) == 0 {
@@ -140,6 +146,10 @@ func (r *hmRun) request(z *hmZone) {
 	r.logf("%s: %d (called %v, panicked %v)", q, f.status, f.called.Load(), f.panicked)
 	if f.panicked != (f.called.Load() && (q.panicBefore || q.panicAfter)) {
 		r.fail("%s: ServeHTTP panicked %v, want the panic of next re-raised", q, f.panicked)
+		return
+	}
+	if z.costly && q.cost > lims[0].quota && lims[0].action == "limit" && f.status != http.StatusBadRequest {
+		r.fail("%s: status %d, want 400 for a cost above the quota %d", q, f.status, lims[0].quota)
 		return
 	}
 	r.m.decide(f, lims)

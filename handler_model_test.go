@@ -86,7 +86,7 @@ var (
 // (requests of cost 0) and "leave" (a client that leaves while held);
 // "concexpiry" (a concurrency key's override lapsing while its requests
 // are in flight) is ovconc's change of limit by expiry.
-var hmStepKinds = []string{"cost0", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "mixed"}
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "mixed"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool {
@@ -103,8 +103,8 @@ func hmSkipArg() string {
 
 const (
 	hmInstances        = 3
-	hmDefaultSchedules = 24
-	hmDefaultSteps     = 60
+	hmDefaultSchedules = 150
+	hmDefaultSteps     = 80
 	hmDefaultBase      = 20261127
 	hmLogTail          = 40
 	hmNoTimeUser       = "hmnotime"
