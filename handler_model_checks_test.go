@@ -10,11 +10,11 @@ import (
 )
 
 // The bounds the checks hold each algorithm to, from README.md:
-//   - memory fixed_window (cw, lc): exact, on the test's clock: a request
+//   - memory fixed_window (cw, lc, wf): exact, on the test's clock: a request
 //     passes only while its window's count plus its cost (at least one
 //     unit: "Costs from the request") fits the quota; a charge takes the
 //     count up to twice the quota at most ("Costs from the response").
-//   - concurrency (cc, rc): at most L requests of a key in flight
+//   - concurrency (cc, rc, wc): at most L requests of a key in flight
 //     ("Algorithms"), each holding its cost, and at least one slot;
 //     an override's limit counts the requests in flight admitted under
 //     another (docs/design.md "Runtime overrides: the adapter": a
@@ -38,7 +38,7 @@ func (m *hmModel) checkAdmission(a *hmAdm, f *hmFlight) {
 	r := m.r
 	switch {
 	case a.state == "": // a race step's, either epoch's
-	case a.z == hmCW || a.z == hmLC:
+	case a.z.alg == "fixed_window" && !a.z.redis:
 		w := m.fwOf(a.state)
 		win := a.at / a.window.Microseconds()
 		need := max(a.cost, 1)
@@ -218,7 +218,7 @@ func (r *hmRun) quiet(why string) {
 	ctx := context.Background()
 	checked := 0
 	for _, in := range r.inst {
-		for _, z := range []*hmZone{hmCW, hmLC, hmML, hmCC, hmRC} {
+		for _, z := range []*hmZone{hmCW, hmLC, hmML, hmWF, hmWC, hmCC, hmRC} {
 			for _, key := range r.keys {
 				for _, plan := range []string{"", "pro"} {
 					if plan != "" && z != hmCW {

@@ -200,12 +200,12 @@ func (m *hmModel) settle(f *hmFlight) {
 			final, ok := m.reported(q, a)
 			if ok {
 				a.counted, a.stored = min(a.cost, final), final
-				if a.z == hmCW && final > a.cost {
+				if (a.z == hmCW || a.z == hmWF) && final > a.cost {
 					m.charge(a, final-a.cost)
 				}
 			}
 		}
-		if a.z == hmCW || a.z == hmLC {
+		if a.z.alg == "fixed_window" && !a.z.redis {
 			if back := before - a.counted; back > 0 && a.state != "" {
 				win := a.at / a.window.Microseconds()
 				m.fw[a.state][win] = max(0, m.fw[a.state][win]-back)
@@ -235,10 +235,13 @@ func (m *hmModel) reported(q hmRequest, a *hmAdm) (int64, bool) {
 
 // charge takes units more in a's memory fixed window, in the window the
 // response ends in, up to twice the quota (limiter's
-// fixedWindowState.charge: the key owes at most one quota).
+// fixedWindowState.charge: the key owes at most one quota). It lands in
+// the key's state as it is when the response ends: after an admin reset,
+// the fresh one (a request carries its state's name, not its epoch).
 func (m *hmModel) charge(a *hmAdm, units int64) {
 	win := m.r.clock.Now().UnixMicro() / a.window.Microseconds()
-	w := m.fwOf(a.state)
+	base := stateBase(a.state)
+	w := m.fwOf(base + "#" + strconv.Itoa(m.epochs[base]))
 	w[win] = max(w[win], min(w[win]+units, 2*a.quota))
 }
 

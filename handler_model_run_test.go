@@ -36,13 +36,18 @@ type hmZone struct {
 }
 
 // The zones, by route: /lb passes lc (count_response) and then lb (a
-// leaky_bucket that holds), every other route one zone of its name.
+// leaky_bucket that holds), /wf passes wf (count_response and
+// response_cost) and then wc (concurrency), so its requests stay in
+// flight across steps and settle late; every other route one zone of
+// its name.
 var (
 	hmCW = &hmZone{id: "cw", alg: "fixed_window", charges: true, counts: true, costly: true, overrides: true}
 	hmLC = &hmZone{id: "lc", alg: "fixed_window", counts: true}
 	hmML = &hmZone{id: "ml", alg: "sliding_window_log", counts: true, costly: true, overrides: true}
 	hmMT = &hmZone{id: "mt", alg: "token_bucket", charges: true, costly: true, overrides: true}
 	hmLB = &hmZone{id: "lb", alg: "leaky_bucket"}
+	hmWF = &hmZone{id: "wf", alg: "fixed_window", charges: true, counts: true, costly: true, overrides: true}
+	hmWC = &hmZone{id: "wc", alg: "concurrency"}
 	hmCC = &hmZone{id: "cc", alg: "concurrency", costly: true, overrides: true}
 	hmRC = &hmZone{id: "rc", alg: "concurrency", redis: true, costly: true, overrides: true}
 	hmRF = &hmZone{id: "rf", alg: "fixed_window", redis: true, counts: true, costly: true, overrides: true}
@@ -50,10 +55,10 @@ var (
 	hmRT = &hmZone{id: "rt", alg: "token_bucket", redis: true, charges: true, costly: true, overrides: true}
 
 	hmRoutes = map[string][]*hmZone{
-		"cw": {hmCW}, "lb": {hmLC, hmLB}, "ml": {hmML}, "mt": {hmMT}, "cc": {hmCC}, "rc": {hmRC},
+		"cw": {hmCW}, "lb": {hmLC, hmLB}, "ml": {hmML}, "mt": {hmMT}, "wf": {hmWF, hmWC}, "cc": {hmCC}, "rc": {hmRC},
 		"rf": {hmRF}, "rl": {hmRL}, "rt": {hmRT},
 	}
-	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmCC, hmRC, hmRF, hmRL, hmRT}
+	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRL, hmRT}
 )
 
 const (
@@ -291,8 +296,11 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig) string {
 
 // routeOf is the path whose requests z decides.
 func routeOf(z *hmZone) string {
-	if z == hmLC {
+	switch z {
+	case hmLC:
 		return hmLB.id
+	case hmWC:
+		return hmWF.id
 	}
 	return z.id
 }

@@ -21,7 +21,7 @@ func (r *hmRun) doStep() {
 	case n < 14:
 		r.request(hmCW)
 	case n < 22:
-		r.request([]*hmZone{hmML, hmMT}[r.rng.IntN(2)])
+		r.request([]*hmZone{hmML, hmMT, hmWF}[r.rng.IntN(3)])
 	case n < 30:
 		if !hmSkips("hold") {
 			r.request(hmLB)
@@ -118,7 +118,7 @@ func (r *hmRun) request(z *hmZone) {
 	for _, zz := range hmRoutes[q.route] {
 		lims = append(lims, r.m.limitFor(r.inst[q.inst], zz, q.key, q.plan, now))
 	}
-	hold := z.alg == "concurrency"
+	hold := slices.ContainsFunc(hmRoutes[q.route], func(z *hmZone) bool { return z.alg == "concurrency" })
 	f := r.start(q, hold)
 	if q.leave {
 		if !r.wait(f.decided, "deciding "+q.String()) {
@@ -205,7 +205,7 @@ func (r *hmRun) clockStep() {
 
 // override PUTs or DELETEs a key's override through the admin API.
 func (r *hmRun) override() {
-	zs := []*hmZone{hmCW, hmCW, hmML, hmMT, hmCC, hmRC, hmRF, hmRL, hmRT}
+	zs := []*hmZone{hmCW, hmCW, hmML, hmMT, hmWF, hmCC, hmRC, hmRF, hmRL, hmRT}
 	z := zs[r.rng.IntN(len(zs))]
 	in := r.inst[r.rng.IntN(hmInstances)]
 	key := r.keys[r.rng.IntN(len(r.keys))]
@@ -283,7 +283,7 @@ func (r *hmRun) inFlight(name, key string) bool {
 
 // resetZones are the zones admin resets are sent to: not concurrency's,
 // whose state is the requests in flight.
-var resetZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmRF, hmRL, hmRT}
+var resetZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmRF, hmRL, hmRT}
 
 // reset forgets a key's state through the admin API (admin.go resetKey):
 // its zone's own limit's and its override's in force.
@@ -400,7 +400,7 @@ func (r *hmRun) reload() {
 	cfg := in.cfg.clone()
 	what := "same limits"
 	if !hmSkips("change") && r.rng.IntN(2) == 0 {
-		zs := []*hmZone{hmCW, hmLC, hmML, hmMT, hmCC, hmRC, hmRF, hmRT}
+		zs := []*hmZone{hmCW, hmLC, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRT}
 		z := zs[r.rng.IntN(len(zs))]
 		if n := max(1, cfg.events[z.id]+[]int64{-1, 1}[r.rng.IntN(2)]); n != cfg.events[z.id] {
 			cfg.events[z.id] = n
