@@ -283,7 +283,7 @@ func (r *hmRun) finalRedis() {
 	now := r.clock.Now().UnixMicro()
 	seen := map[string]bool{}
 	for _, in := range r.inst {
-		for _, z := range []*hmZone{hmRF, hmRL, hmRT} {
+		for _, z := range []*hmZone{hmRF, hmRL, hmRT, hmRW} {
 			for _, key := range r.keys {
 				l := r.m.limitFor(in, z, key, "", now)
 				if l.action != "limit" || seen[l.state] || r.m.ambiguous[l.state] {
@@ -321,6 +321,7 @@ func (r *hmRun) finalRedis() {
 			}
 			units += a.stored
 		}
+		units += r.m.charged[p.l.state]
 		want := max(0, p.l.quota-units)
 		ok := d.Remaining == want
 		if p.z.alg == "token_bucket" {

@@ -23,6 +23,9 @@ type hmModel struct {
 	// state and aligned window, as fixedWindowState keeps it.
 	fw   map[string]map[int64]int64
 	adms []*hmAdm
+	// charged is what charges took in each redis state beyond up-front
+	// costs.
+	charged map[string]int64
 	// ambiguous are the redis states a race step left unsure of: an
 	// admission that overlapped the reset may be either epoch's.
 	ambiguous map[string]bool
@@ -54,8 +57,8 @@ type hmAdm struct {
 	// settles, then what settling left (what a charge takes beyond the
 	// up-front cost is not counted: it only makes the store refuse more).
 	counted int64
-	// stored is what the store holds for it once settled, charges
-	// included.
+	// stored is what the store holds for it once settled, less what
+	// charges took beyond the up-front cost (hmModel.charged).
 	stored int64
 	// at is the clock (µs) at the decision, for memory zones; lo and hi
 	// bracket it in real time, Redis's TIME, for redis zones.
@@ -65,7 +68,7 @@ type hmAdm struct {
 }
 
 func newHMModel(r *hmRun) *hmModel {
-	return &hmModel{r: r, overrides: map[string]*hmOverride{}, epochs: map[string]int{}, fw: map[string]map[int64]int64{}, ambiguous: map[string]bool{}}
+	return &hmModel{r: r, overrides: map[string]*hmOverride{}, epochs: map[string]int{}, fw: map[string]map[int64]int64{}, charged: map[string]int64{}, ambiguous: map[string]bool{}}
 }
 
 // hmLimit is the limit in force for a request in one zone.
@@ -172,6 +175,7 @@ func (m *hmModel) decide(f *hmFlight, lims []hmLimit) {
 		}
 		m.adms = append(m.adms, a)
 		f.adms = append(f.adms, a)
+		r.byZone[z.id]++
 		m.checkAdmission(a, f)
 	}
 }
@@ -199,8 +203,8 @@ func (m *hmModel) settle(f *hmFlight) {
 		case a.z.charges:
 			final, ok := m.reported(q, a)
 			if ok {
-				a.counted, a.stored = min(a.cost, final), final
-				if (a.z == hmCW || a.z == hmWF) && final > a.cost {
+				a.counted, a.stored = min(a.cost, final), min(a.cost, final)
+				if final > a.cost {
 					m.charge(a, final-a.cost)
 				}
 			}
@@ -239,9 +243,14 @@ func (m *hmModel) reported(q hmRequest, a *hmAdm) (int64, bool) {
 // the key's state as it is when the response ends: after an admin reset,
 // the fresh one (a request carries its state's name, not its epoch).
 func (m *hmModel) charge(a *hmAdm, units int64) {
-	win := m.r.clock.Now().UnixMicro() / a.window.Microseconds()
 	base := stateBase(a.state)
-	w := m.fwOf(base + "#" + strconv.Itoa(m.epochs[base]))
+	state := base + "#" + strconv.Itoa(m.epochs[base])
+	if a.z.redis {
+		m.charged[state] += units
+		return
+	}
+	win := m.r.clock.Now().UnixMicro() / a.window.Microseconds()
+	w := m.fwOf(state)
 	w[win] = max(w[win], min(w[win]+units, 2*a.quota))
 }
 

@@ -38,8 +38,9 @@ type hmZone struct {
 // The zones, by route: /lb passes lc (count_response) and then lb (a
 // leaky_bucket that holds), /wf passes wf (count_response and
 // response_cost) and then wc (concurrency), so its requests stay in
-// flight across steps and settle late; every other route one zone of
-// its name.
+// flight across steps and settle late, and /rw the same over Redis with
+// leases (rw, then rc, which also decides /rc); every other route one
+// zone of its name.
 var (
 	hmCW = &hmZone{id: "cw", alg: "fixed_window", charges: true, counts: true, costly: true, overrides: true}
 	hmLC = &hmZone{id: "lc", alg: "fixed_window", counts: true}
@@ -52,13 +53,14 @@ var (
 	hmRC = &hmZone{id: "rc", alg: "concurrency", redis: true, costly: true, overrides: true}
 	hmRF = &hmZone{id: "rf", alg: "fixed_window", redis: true, counts: true, costly: true, overrides: true}
 	hmRL = &hmZone{id: "rl", alg: "sliding_window_log", redis: true, overrides: true}
+	hmRW = &hmZone{id: "rw", alg: "fixed_window", redis: true, charges: true, counts: true, costly: true, overrides: true}
 	hmRT = &hmZone{id: "rt", alg: "token_bucket", redis: true, charges: true, costly: true, overrides: true}
 
 	hmRoutes = map[string][]*hmZone{
 		"cw": {hmCW}, "lb": {hmLC, hmLB}, "ml": {hmML}, "mt": {hmMT}, "wf": {hmWF, hmWC}, "cc": {hmCC}, "rc": {hmRC},
-		"rf": {hmRF}, "rl": {hmRL}, "rt": {hmRT},
+		"rf": {hmRF}, "rl": {hmRL}, "rt": {hmRT}, "rw": {hmRW, hmRC},
 	}
-	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRL, hmRT}
+	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRL, hmRT, hmRW}
 )
 
 const (
@@ -134,6 +136,7 @@ type hmRun struct {
 	// features are what the schedule did, for the totals' mixes.
 	features          map[string]bool
 	admitted, refused int
+	byZone            map[string]int
 	resetSeen         bool
 }
 
@@ -150,6 +153,7 @@ func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals
 		prefix:   fmt.Sprintf("hm%d_", hmSeq.Add(1)),
 		keys:     []string{"k0", "k1", "k2"}[:2+rng.IntN(2)],
 		features: map[string]bool{},
+		byZone:   map[string]int{},
 		steps:    hmDefaultSteps,
 	}
 	if *hmStepsFlag > 0 {
@@ -257,7 +261,7 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig) string {
 	var b strings.Builder
 	b.WriteString("rate_limit {\n")
 	for _, z := range hmAllZones {
-		fmt.Fprintf(&b, "\tzone %s {\n\t\tmatch {\n\t\t\tpath /%s\n\t\t}\n", r.name(z, in.i), routeOf(z))
+		fmt.Fprintf(&b, "\tzone %s {\n\t\tmatch {\n\t\t\tpath %s\n\t\t}\n", r.name(z, in.i), pathsOf(z))
 		b.WriteString("\t\tkey {http.request.header.X-Key}\n")
 		fmt.Fprintf(&b, "\t\talgorithm %s\n", z.alg)
 		switch {
@@ -294,7 +298,15 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig) string {
 	return b.String()
 }
 
-// routeOf is the path whose requests z decides.
+// pathsOf are the paths whose requests z decides.
+func pathsOf(z *hmZone) string {
+	if z == hmRC {
+		return "/rc /rw"
+	}
+	return "/" + routeOf(z)
+}
+
+// routeOf is the route z's requests are sent to.
 func routeOf(z *hmZone) string {
 	switch z {
 	case hmLC:
@@ -534,5 +546,6 @@ func (r *hmRun) finish(i int) {
 		return
 	}
 	r.logf("finished %s: %d", f.q, f.status)
+	r.noteFeatures(f.q, f)
 	r.m.settle(f)
 }

@@ -31,7 +31,7 @@ func (r *hmRun) doStep() {
 			r.request([]*hmZone{hmCC, hmRC}[r.rng.IntN(2)])
 		}
 	case n < 60:
-		r.request([]*hmZone{hmRF, hmRL, hmRT}[r.rng.IntN(3)])
+		r.request([]*hmZone{hmRF, hmRL, hmRT, hmRW}[r.rng.IntN(4)])
 	case n < 70:
 		if len(r.flights) > 0 {
 			r.finish(r.rng.IntN(len(r.flights)))
@@ -67,8 +67,17 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 	if z == hmCW && !hmSkips("tier") && r.rng.IntN(4) == 0 {
 		q.plan = "pro"
 	}
-	l := r.m.limitFor(r.inst[q.inst], z, q.key, q.plan, r.clock.Now().UnixMicro())
-	quota := max(1, l.quota)
+	// The least quota of the route's zones that read X-Cost.
+	quota := int64(1 << 40)
+	for _, zz := range hmRoutes[q.route] {
+		if l := r.m.limitFor(r.inst[q.inst], zz, q.key, q.plan, r.clock.Now().UnixMicro()); zz.costly && l.action == "limit" {
+			quota = min(quota, l.quota)
+		}
+	}
+	if quota == 1<<40 {
+		quota = r.inst[q.inst].cfg.events[z.id]
+	}
+	quota = max(1, quota)
 	q.cost = 1
 	if z.costly {
 		q.cost = 1 + r.rng.Int64N(quota)
@@ -134,9 +143,6 @@ func (r *hmRun) request(z *hmZone) {
 			r.logf("in flight: %s", q)
 			r.m.decide(f, lims)
 			r.flights = append(r.flights, f)
-			if q.cost == 0 {
-				r.features["cost0"] = true
-			}
 			return
 		}
 	}
@@ -148,9 +154,15 @@ func (r *hmRun) request(z *hmZone) {
 		r.fail("%s: ServeHTTP panicked %v, want the panic of next re-raised", q, f.panicked)
 		return
 	}
-	if z.costly && q.cost > lims[0].quota && lims[0].action == "limit" && f.status != http.StatusBadRequest {
-		r.fail("%s: status %d, want 400 for a cost above the quota %d", q, f.status, lims[0].quota)
-		return
+	for i, zz := range hmRoutes[q.route] {
+		if zz.costly && q.cost > lims[i].quota && lims[i].action == "limit" && f.status != http.StatusBadRequest && !f.called.Load() && f.status != http.StatusTooManyRequests {
+			r.fail("%s: status %d, want 400 for a cost above zone %s's quota %d", q, f.status, zz.id, lims[i].quota)
+			return
+		}
+		if zz.costly && q.cost > lims[i].quota && lims[i].action == "limit" && f.called.Load() {
+			r.fail("%s: admitted with a cost above zone %s's quota %d", q, zz.id, lims[i].quota)
+			return
+		}
 	}
 	r.m.decide(f, lims)
 	if f.called.Load() || f.status == statusClientClosedRequest {
@@ -186,7 +198,7 @@ func (r *hmRun) noteFeatures(q hmRequest, f *hmFlight) {
 	if q.cost == 0 {
 		r.features["cost0"] = true
 	}
-	if r.mixed && q.inst == 0 && (q.route == hmRF.id || q.route == hmRL.id || q.route == hmRT.id) {
+	if r.mixed && q.inst == 0 && hmRoutes[q.route][0].redis {
 		r.features["mixed"] = true
 	}
 }
@@ -205,7 +217,7 @@ func (r *hmRun) clockStep() {
 
 // override PUTs or DELETEs a key's override through the admin API.
 func (r *hmRun) override() {
-	zs := []*hmZone{hmCW, hmCW, hmML, hmMT, hmWF, hmCC, hmRC, hmRF, hmRL, hmRT}
+	zs := []*hmZone{hmCW, hmCW, hmML, hmMT, hmWF, hmCC, hmRC, hmRF, hmRL, hmRT, hmRW}
 	z := zs[r.rng.IntN(len(zs))]
 	in := r.inst[r.rng.IntN(hmInstances)]
 	key := r.keys[r.rng.IntN(len(r.keys))]
@@ -283,7 +295,7 @@ func (r *hmRun) inFlight(name, key string) bool {
 
 // resetZones are the zones admin resets are sent to: not concurrency's,
 // whose state is the requests in flight.
-var resetZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmRF, hmRL, hmRT}
+var resetZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmRF, hmRL, hmRT, hmRW}
 
 // reset forgets a key's state through the admin API (admin.go resetKey):
 // its zone's own limit's and its override's in force.
@@ -400,7 +412,7 @@ func (r *hmRun) reload() {
 	cfg := in.cfg.clone()
 	what := "same limits"
 	if !hmSkips("change") && r.rng.IntN(2) == 0 {
-		zs := []*hmZone{hmCW, hmLC, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRT}
+		zs := []*hmZone{hmCW, hmLC, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRT, hmRW}
 		z := zs[r.rng.IntN(len(zs))]
 		if n := max(1, cfg.events[z.id]+[]int64{-1, 1}[r.rng.IntN(2)]); n != cfg.events[z.id] {
 			cfg.events[z.id] = n

@@ -49,7 +49,7 @@ func TestHandlerModel(t *testing.T) {
 	// instance's own clock (README.md "Servers that refuse TIME in
 	// scripts"), beside instances on Redis's TIME, on one server.
 	srv.SetUser(t, hmNoTimeUser, []string{"on", ">" + hmNoTimePassword, "~*", "&*", "+@all", "-time"})
-	totals := &hmTotals{start: time.Now(), excess: map[string]*hmExcess{}, mixes: map[string]int{}}
+	totals := &hmTotals{start: time.Now(), excess: map[string]*hmExcess{}, mixes: map[string]int{}, byZone: map[string]int{}}
 	failed := 0
 	for i := range schedules {
 		s := seed + uint64(i)
@@ -159,6 +159,8 @@ type hmTotals struct {
 	excess map[string]*hmExcess
 	// mixes counts the schedules each mix of features appeared in.
 	mixes map[string]int
+	// byZone counts admissions per zone.
+	byZone map[string]int
 }
 
 type hmExcess struct {
@@ -209,6 +211,9 @@ func (tt *hmTotals) schedule(r *hmRun) {
 	tt.steps += r.step
 	tt.admissions += r.admitted
 	tt.refused += r.refused
+	for z, n := range r.byZone {
+		tt.byZone[z] += n
+	}
 	for _, m := range hmMixes {
 		all := true
 		for _, f := range m.features {
@@ -227,7 +232,11 @@ func (tt *hmTotals) report(failed int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "handler model totals (%v, %d instances):\n", time.Since(tt.start).Round(time.Millisecond), hmInstances)
 	fmt.Fprintf(&b, "  schedules %d (%d failed), steps %d, admissions %d, refusals %d\n", tt.schedules, failed, tt.steps, tt.admissions, tt.refused)
-	b.WriteString("  largest excess over the limit, per check, against its bound:\n")
+	b.WriteString("  admissions per zone:")
+	for _, z := range hmAllZones {
+		fmt.Fprintf(&b, " %s %d", z.id, tt.byZone[z.id])
+	}
+	b.WriteString("\n  largest excess over the limit, per check, against its bound:\n")
 	checks := make([]string, 0, len(tt.excess))
 	for c := range tt.excess {
 		checks = append(checks, c)
