@@ -60,7 +60,7 @@ func (m *hmModel) checkAdmission(a *hmAdm, f *hmFlight) {
 		excess := load + max(a.cost, 1) - a.quota
 		r.totals.note(a.z.store()+" concurrency", excess, "0")
 		if excess > 0 {
-			r.fail("%s admitted in zone %s with %d units already in flight (admissions %v) under a limit of %d (state %s): each request holds its cost and at least one slot", f.q, a.z.id, load, ids, a.quota, a.state)
+			r.fail("%s admitted in zone %s with %d units already in flight (admissions %v) under a limit of %d (state %s): each request holds its cost and at least one slot%s", f.q, a.z.id, load, ids, a.quota, a.state, m.concurrencyHint(a))
 		}
 	case a.z == hmLB:
 		m.checkBucket(a.state, "memory leaky_bucket", hmLBBurst, hmLBRate, time.Second)
@@ -71,6 +71,26 @@ func (m *hmModel) checkAdmission(a *hmAdm, f *hmFlight) {
 	case a.z.redis:
 		m.checkRedis(a.state, a.z)
 	}
+}
+
+// concurrencyHint names the known failure modes a concurrency excess
+// involves, for the failure message.
+func (m *hmModel) concurrencyHint(a *hmAdm) string {
+	cost0, other := a.cost == 0, false
+	for _, b := range m.adms {
+		if b.inflight && b.load == a.load && b != a {
+			cost0 = cost0 || b.cost == 0
+			other = other || b.state != a.state
+		}
+	}
+	hint := ""
+	if cost0 {
+		hint += "; requests of cost 0 among them (step kind cost0)"
+	}
+	if other {
+		hint += "; some were admitted under another limit of the key, an override since changed or lapsed (step kinds ovconc, concexpiry)"
+	}
+	return hint
 }
 
 func (z *hmZone) store() string {
@@ -181,7 +201,11 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 	}
 	m.r.totals.note(check, units-quota, bound)
 	if units > allowed {
-		m.r.fail("redis zone %s state %s: %d units admitted, bound %s = %d: %s", z.id, state, units, bound, allowed, m.describe(state))
+		hint := ""
+		if m.raced[stateBase(state)] {
+			hint = "; the state was reset while lease refills were in flight (step kind race)"
+		}
+		m.r.fail("redis zone %s state %s: %d units admitted, bound %s = %d:%s%s", z.id, state, units, bound, allowed, m.describe(state), hint)
 	}
 }
 
@@ -256,7 +280,11 @@ func (r *hmRun) quiet(why string) {
 					}
 					checked++
 					if d.Remaining != want {
-						r.fail("%s: instance %d zone %s key %s plan %q: the store has %d units left, the model %d (state %s)", why, in.i, z.id, key, plan, d.Remaining, want, l.state)
+						hint := ""
+						if r.m.left[l.state] {
+							hint = "; a client left while a later zone held its request (step kind leave)"
+						}
+						r.fail("%s: instance %d zone %s key %s plan %q: the store has %d units left, the model %d (state %s)%s", why, in.i, z.id, key, plan, d.Remaining, want, l.state, hint)
 						return
 					}
 				}

@@ -26,6 +26,10 @@ type hmModel struct {
 	// charged is what charges took in each redis state beyond up-front
 	// costs.
 	charged map[string]int64
+	// left are the states a client left while held in; raced the states
+	// (without epoch) a race step reset: for failure messages.
+	left  map[string]bool
+	raced map[string]bool
 	// ambiguous are the redis states a race step left unsure of: an
 	// admission that overlapped the reset may be either epoch's.
 	ambiguous map[string]bool
@@ -68,7 +72,7 @@ type hmAdm struct {
 }
 
 func newHMModel(r *hmRun) *hmModel {
-	return &hmModel{r: r, overrides: map[string]*hmOverride{}, epochs: map[string]int{}, fw: map[string]map[int64]int64{}, charged: map[string]int64{}, ambiguous: map[string]bool{}}
+	return &hmModel{r: r, overrides: map[string]*hmOverride{}, epochs: map[string]int{}, fw: map[string]map[int64]int64{}, charged: map[string]int64{}, left: map[string]bool{}, raced: map[string]bool{}, ambiguous: map[string]bool{}}
 }
 
 // hmLimit is the limit in force for a request in one zone.
@@ -197,6 +201,7 @@ func (m *hmModel) settle(f *hmFlight) {
 			// keeps its place (evaluate.go holdRequest).
 			if a.z.counts {
 				a.counted, a.stored = 0, 0
+				m.left[a.state] = true
 			}
 		case a.z.counts && (q.panicBefore || q.status < 200 || q.status > 299):
 			a.counted, a.stored = 0, 0

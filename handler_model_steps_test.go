@@ -384,6 +384,7 @@ func (r *hmRun) race() {
 	}
 	for _, s := range before {
 		r.m.resetState(s)
+		r.m.raced[stateBase(s)] = true
 	}
 	r.resetSeen = true
 	r.features["race"], r.features["reset"] = true, true
