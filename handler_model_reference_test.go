@@ -87,7 +87,12 @@ type hmLimit struct {
 // limitFor is the limit zone z applies on instance in to key with plan
 // now (the clock's µs): the key's override in force, else the tier's,
 // else the zone's own (docs/design.md "Runtime overrides: the adapter").
-func (m *hmModel) limitFor(in *hmInstance, z *hmZone, key, plan string, now int64) hmLimit {
+func (m *hmModel) limitFor(in *hmInstance, z *hmZone, key, plan string) hmLimit {
+	return m.limitAt(in, z, key, plan, m.r.nowFor(z))
+}
+
+// limitAt is limitFor at now (the µs of z's handler's clock).
+func (m *hmModel) limitAt(in *hmInstance, z *hmZone, key, plan string, now int64) hmLimit {
 	name := m.r.name(z, in.i)
 	events := in.cfg.events[z.id]
 	l := hmLimit{action: "limit", quota: events, window: m.window(in, z)}
@@ -117,7 +122,7 @@ func (m *hmModel) limitFor(in *hmInstance, z *hmZone, key, plan string, now int6
 func (m *hmModel) window(in *hmInstance, z *hmZone) time.Duration {
 	switch {
 	case z.redis:
-		return hmRedisWindow
+		return in.cfg.redisWindow
 	case z == hmLB:
 		return time.Second
 	}
@@ -159,7 +164,7 @@ func (m *hmModel) decide(f *hmFlight, lims []hmLimit) {
 	for i, z := range hmRoutes[f.q.route] {
 		l := lims[i]
 		switch l.action {
-		case "exempt":
+		case "exempt", "ambiguous":
 			continue
 		case "block":
 			r.fail("%s admitted though its key is blocked in zone %s", f.q, z.id)

@@ -68,10 +68,6 @@ const (
 	// at most (burst − 1)/rate = 100ms of real time.
 	hmLBRate  = 20
 	hmLBBurst = 3
-	// hmRedisWindow is the redis zones' window: Redis's TIME is real
-	// time, which a schedule cannot step, so their windows outlast a
-	// schedule and the checks hold each to its limit over all of it.
-	hmRedisWindow = time.Hour
 	// hmLocalQuota is the leased redis zones' local_quota.
 	hmLocalQuota = 0.5
 )
@@ -82,6 +78,9 @@ type hmConfig struct {
 	events   map[string]int64
 	cwWindow time.Duration
 	cwPro    int64
+	// redisWindow is the redis zones' (but concurrency's): real time,
+	// Redis's TIME, which the schedule passes by sleeping.
+	redisWindow time.Duration
 	// changes counts the reloads that changed a memory zone's limit: each
 	// starts its counters afresh, even back to a limit it had before,
 	// since the pool lets go of a store no handler holds (README.md
@@ -101,12 +100,15 @@ func (c hmConfig) clone() hmConfig {
 	return n
 }
 
-// hmInstance is one instance: its handler of the running config.
+// hmInstance is one instance: its handlers of the running config, one
+// for the routes of its memory zones on the test's clock, one for those
+// of its redis zones on hmRealClock (two rate_limit directives of one
+// site, as Caddy allows).
 type hmInstance struct {
-	i   int
-	h   *Handler
-	cfg hmConfig
-	// ctxCancel ends the handler's Caddy context once it is cleaned up.
+	i     int
+	h, hr *Handler
+	cfg   hmConfig
+	// cancel ends the handlers' Caddy context once they are cleaned up.
 	cancel context.CancelFunc
 	// url is its redis block's URL.
 	url string
@@ -116,12 +118,17 @@ type hmInstance struct {
 
 // hmRun is one schedule.
 type hmRun struct {
-	t       *testing.T
-	seed    uint64
-	rng     *rand.Rand
-	srv     *redistest.Server
-	totals  *hmTotals
-	clock   *testutil.Clock
+	t      *testing.T
+	seed   uint64
+	rng    *rand.Rand
+	srv    *redistest.Server
+	totals *hmTotals
+	clock  *testutil.Clock
+	// rclock is the redis handlers' clock: real time plus every step of
+	// clock. Redis's TIME is real time, so their leases must not outlive
+	// it (README.md "The near cache": a lease lives a second), and
+	// override expiries on it can fall within a request.
+	rclock  *hmRealClock
 	prefix  string
 	mixed   bool
 	inst    []*hmInstance
@@ -138,9 +145,33 @@ type hmRun struct {
 	admitted, refused int
 	byZone            map[string]int
 	resetSeen         bool
+	// compared counts the states compared with the stores at quiet
+	// points, and at the end in Redis.
+	compared, comparedRedis int
 }
 
 var hmSeq atomic.Int64
+
+// hmRealClock is real time plus an offset that only grows.
+type hmRealClock struct{ offset atomic.Int64 }
+
+func (c *hmRealClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// nowFor is the time (µs) zone z's handler reads.
+func (r *hmRun) nowFor(z *hmZone) int64 {
+	if z.redis {
+		return r.rclock.Now().UnixMicro()
+	}
+	return r.clock.Now().UnixMicro()
+}
+
+// timeFor is nowFor as a time.
+func (r *hmRun) timeFor(z *hmZone) time.Time {
+	if z.redis {
+		return r.rclock.Now()
+	}
+	return r.clock.Now()
+}
 
 func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals) *hmRun {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
@@ -150,6 +181,7 @@ func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals
 	r := &hmRun{
 		t: t, seed: seed, rng: rng, srv: srv, totals: totals,
 		clock:    testutil.NewClock(start),
+		rclock:   &hmRealClock{},
 		prefix:   fmt.Sprintf("hm%d_", hmSeq.Add(1)),
 		keys:     []string{"k0", "k1", "k2"}[:2+rng.IntN(2)],
 		features: map[string]bool{},
@@ -190,7 +222,9 @@ func (r *hmRun) fail(format string, args ...any) {
 // run runs the schedule and reports whether it held.
 func (r *hmRun) run() bool {
 	defer r.close()
-	base := hmConfig{events: map[string]int64{}, changes: map[string]int{}, cwWindow: []time.Duration{time.Second, 2 * time.Second, 5 * time.Second}[r.rng.IntN(3)]}
+	base := hmConfig{events: map[string]int64{}, changes: map[string]int{},
+		cwWindow:    []time.Duration{time.Second, 2 * time.Second, 5 * time.Second}[r.rng.IntN(3)],
+		redisWindow: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}[r.rng.IntN(3)]}
 	for _, z := range hmAllZones {
 		switch {
 		case z == hmLB:
@@ -220,7 +254,7 @@ func (r *hmRun) run() bool {
 			r.t.Fatalf("seed %d: instance 1's redis zones are on the instance's clock", r.seed)
 		}
 	}
-	r.logf("seed %d, mixed clocks %v, keys %v, limits %v, cw window %v", r.seed, r.mixed, r.keys, base.events, base.cwWindow)
+	r.logf("seed %d, mixed clocks %v, keys %v, limits %v, memory window %v, redis window %v", r.seed, r.mixed, r.keys, base.events, base.cwWindow, base.redisWindow)
 	for r.step = 1; r.step <= r.steps && r.failure == ""; r.step++ {
 		r.doStep()
 	}
@@ -234,33 +268,50 @@ func (r *hmRun) run() bool {
 	return r.failure == ""
 }
 
-// provision builds instance in's handler of cfg, as a config load does,
-// and makes it the one new requests reach; the one it replaces is
-// cleaned up at once, as Caddy does while its requests still run.
+// provision builds instance in's handlers of cfg, as a config load does,
+// and makes them the ones new requests reach; those they replace are
+// cleaned up at once, as Caddy does while their requests still run.
 func (r *hmRun) provision(in *hmInstance, cfg hmConfig) error {
-	h := new(Handler)
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(r.caddyfile(in, cfg))); err != nil {
-		return err
-	}
-	h.clock = r.clock
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		cancel()
-		return err
+	var hs [2]*Handler
+	for i, redis := range []bool{false, true} {
+		h := new(Handler)
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(r.caddyfile(in, cfg, redis))); err != nil {
+			cancel()
+			return err
+		}
+		h.clock = r.clock
+		if redis {
+			h.clock = r.rclock
+		}
+		if err := h.Provision(ctx); err != nil {
+			if hs[0] != nil {
+				_ = hs[0].Cleanup()
+			}
+			cancel()
+			return err
+		}
+		hs[i] = h
 	}
-	old, oldCancel := in.h, in.cancel
-	in.h, in.cfg, in.cancel = h, cfg, cancel
+	old, oldR, oldCancel := in.h, in.hr, in.cancel
+	in.h, in.hr, in.cfg, in.cancel = hs[0], hs[1], cfg, cancel
 	if old != nil {
 		_ = old.Cleanup()
+		_ = oldR.Cleanup()
 		r.cleanup = append(r.cleanup, oldCancel)
 	}
 	return nil
 }
 
-func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig) string {
+// caddyfile is instance in's rate_limit directive of its memory zones,
+// or of its redis zones.
+func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig, redis bool) string {
 	var b strings.Builder
 	b.WriteString("rate_limit {\n")
 	for _, z := range hmAllZones {
+		if z.redis != redis {
+			continue
+		}
 		fmt.Fprintf(&b, "\tzone %s {\n\t\tmatch {\n\t\t\tpath %s\n\t\t}\n", r.name(z, in.i), pathsOf(z))
 		b.WriteString("\t\tkey {http.request.header.X-Key}\n")
 		fmt.Fprintf(&b, "\t\talgorithm %s\n", z.alg)
@@ -270,7 +321,7 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig) string {
 		case z.alg == "concurrency":
 			fmt.Fprintf(&b, "\t\tevents %d\n", cfg.events[z.id])
 		case z.redis:
-			fmt.Fprintf(&b, "\t\trate %d/%s\n", cfg.events[z.id], hmRedisWindow)
+			fmt.Fprintf(&b, "\t\trate %d/%s\n", cfg.events[z.id], cfg.redisWindow)
 		default:
 			fmt.Fprintf(&b, "\t\trate %d/%s\n", cfg.events[z.id], cfg.cwWindow)
 		}
@@ -294,7 +345,10 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig) string {
 		}
 		b.WriteString("\t}\n")
 	}
-	fmt.Fprintf(&b, "\tredis {\n\t\turl %s\n\t\ttimeout 5s\n\t}\n}\n", in.url)
+	if redis {
+		fmt.Fprintf(&b, "\tredis {\n\t\turl %s\n\t\ttimeout 5s\n\t}\n", in.url)
+	}
+	b.WriteString("}\n")
 	return b.String()
 }
 
@@ -320,7 +374,11 @@ func routeOf(z *hmZone) string {
 // zoneOf is z in instance in's running handler.
 func (r *hmRun) zoneOf(in *hmInstance, z *hmZone) *zone {
 	name := r.name(z, in.i)
-	for _, zz := range in.h.zones {
+	h := in.h
+	if z.redis {
+		h = in.hr
+	}
+	for _, zz := range h.zones {
 		if zz.name == name {
 			return zz
 		}
@@ -336,6 +394,7 @@ func (r *hmRun) close() {
 	for _, in := range r.inst {
 		if in.h != nil && !in.cleaned {
 			_ = in.h.Cleanup()
+			_ = in.hr.Cleanup()
 		}
 		if in.cancel != nil {
 			in.cancel()
@@ -492,6 +551,9 @@ func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
 		return nil
 	})
 	h := r.inst[q.inst].h
+	if hmRoutes[q.route][0].redis {
+		h = r.inst[q.inst].hr
+	}
 	f.realStart = time.Now().UnixMicro()
 	go func() {
 		defer close(f.done)

@@ -36,9 +36,13 @@ func (r *hmRun) doStep() {
 		if len(r.flights) > 0 {
 			r.finish(r.rng.IntN(len(r.flights)))
 		}
-	case n < 78:
+	case n < 76:
 		if !hmSkips("step") {
 			r.clockStep()
+		}
+	case n < 78:
+		if !hmSkips("sleep") {
+			r.sleep()
 		}
 	case n < 86:
 		if !hmSkips("override") {
@@ -70,7 +74,7 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 	// The least quota of the route's zones that read X-Cost.
 	quota := int64(1 << 40)
 	for _, zz := range hmRoutes[q.route] {
-		if l := r.m.limitFor(r.inst[q.inst], zz, q.key, q.plan, r.clock.Now().UnixMicro()); zz.costly && l.action == "limit" {
+		if l := r.m.limitFor(r.inst[q.inst], zz, q.key, q.plan); zz.costly && l.action == "limit" {
 			quota = min(quota, l.quota)
 		}
 	}
@@ -122,11 +126,7 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 // concurrency zone, until it is decided, leaving it in flight.
 func (r *hmRun) request(z *hmZone) {
 	q := r.newRequest(z)
-	now := r.clock.Now().UnixMicro()
-	var lims []hmLimit
-	for _, zz := range hmRoutes[q.route] {
-		lims = append(lims, r.m.limitFor(r.inst[q.inst], zz, q.key, q.plan, now))
-	}
+	lims := r.limits(q)
 	hold := slices.ContainsFunc(hmRoutes[q.route], func(z *hmZone) bool { return z.alg == "concurrency" })
 	f := r.start(q, hold)
 	if q.leave {
@@ -141,7 +141,7 @@ func (r *hmRun) request(z *hmZone) {
 		}
 		if f.called.Load() {
 			r.logf("in flight: %s", q)
-			r.m.decide(f, lims)
+			r.m.decide(f, r.recheck(q, lims))
 			r.flights = append(r.flights, f)
 			return
 		}
@@ -164,12 +164,37 @@ func (r *hmRun) request(z *hmZone) {
 			return
 		}
 	}
-	r.m.decide(f, lims)
+	r.m.decide(f, r.recheck(q, lims))
 	if f.called.Load() || f.status == statusClientClosedRequest {
 		r.noteFeatures(q, f)
 	}
 	r.m.settle(f)
 	f.cancel()
+}
+
+// limits are the limits in force for q in each zone of its route.
+func (r *hmRun) limits(q hmRequest) []hmLimit {
+	var lims []hmLimit
+	for _, z := range hmRoutes[q.route] {
+		lims = append(lims, r.m.limitFor(r.inst[q.inst], z, q.key, q.plan))
+	}
+	return lims
+}
+
+// recheck compares the limits in force for q once it was decided with
+// lims, those before it was sent: a redis zone's clock runs on meanwhile,
+// and an override that lapsed in between leaves the limit that decided
+// unknown (ambiguous: its admission is not counted, and the states are
+// not compared).
+func (r *hmRun) recheck(q hmRequest, lims []hmLimit) []hmLimit {
+	after := r.limits(q)
+	for i := range lims {
+		if after[i] != lims[i] {
+			r.m.ambiguous[lims[i].state], r.m.ambiguous[after[i].state] = true, true
+			lims[i] = hmLimit{action: "ambiguous"}
+		}
+	}
+	return lims
 }
 
 // noteFeatures notes what an admitted request exercised.
@@ -203,16 +228,29 @@ func (r *hmRun) noteFeatures(q hmRequest, f *hmFlight) {
 	}
 }
 
-// clockStep moves the test's clock forward: the handlers' and memory
-// zones' clock (Redis's is real time).
+// clockStep moves the test's clock forward, and the redis handlers'
+// with it (Redis's TIME is real time: see sleep).
 func (r *hmRun) clockStep() {
 	cw := r.inst[0].cfg.cwWindow
 	d := []time.Duration{10 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond, time.Second, 1500 * time.Millisecond, cw}[r.rng.IntN(6)]
 	r.clock.Advance(d)
+	r.rclock.offset.Add(int64(d))
 	if d >= cw && r.resetSeen {
 		r.features["refill"] = true
 	}
 	r.logf("clock +%v", d)
+}
+
+// sleep lets real time pass, Redis's TIME, so redis zones refill and
+// cross window edges: up to a redis window.
+func (r *hmRun) sleep() {
+	w := r.inst[0].cfg.redisWindow
+	d := w/8 + time.Duration(r.rng.Int64N(int64(w/2)))
+	time.Sleep(d)
+	if r.resetSeen {
+		r.features["refill"] = true
+	}
+	r.logf("slept %v", d.Round(time.Millisecond))
 }
 
 // override PUTs or DELETEs a key's override through the admin API.
@@ -228,7 +266,7 @@ func (r *hmRun) override() {
 		}
 		r.features["ovconc"] = true
 	}
-	now := r.clock.Now().UnixMicro()
+	now := r.nowFor(z)
 	old := r.m.overrides[name+"|"+key]
 	if old != nil && (!old.active(now) || r.rng.IntN(3) == 0) {
 		// An override lapsed on the test's clock may still stand on the
@@ -320,18 +358,18 @@ func (r *hmRun) reset() {
 // starts afresh: on each instance the name reaches, the zone's own
 // limit's and the override's in force.
 func (r *hmRun) resetStates(z *hmZone, in *hmInstance, key string) []string {
-	now := r.clock.Now().UnixMicro()
+	now := r.nowFor(z)
 	var states []string
 	for _, other := range r.inst {
 		if !z.redis && other != in {
 			continue
 		}
 		for _, ov := range []bool{false, true} {
-			l := r.m.limitFor(other, z, key, "", now)
+			l := r.m.limitAt(other, z, key, "", now)
 			if !ov {
 				saved := r.m.overrides[r.name(z, other.i)+"|"+key]
 				delete(r.m.overrides, r.name(z, other.i)+"|"+key)
-				l = r.m.limitFor(other, z, key, "", now)
+				l = r.m.limitAt(other, z, key, "", now)
 				if saved != nil {
 					r.m.overrides[r.name(z, other.i)+"|"+key] = saved
 				}
@@ -350,7 +388,6 @@ func (r *hmRun) resetStates(z *hmZone, in *hmInstance, key string) []string {
 func (r *hmRun) race() {
 	z := []*hmZone{hmRF, hmRL, hmRT}[r.rng.IntN(3)]
 	key := r.keys[r.rng.IntN(len(r.keys))]
-	now := r.clock.Now().UnixMicro()
 	before := r.resetStates(z, r.inst[0], key)
 	var flights []*hmFlight
 	var lims [][]hmLimit
@@ -369,7 +406,7 @@ func (r *hmRun) race() {
 	}()
 	for i := range n {
 		q := hmRequest{route: z.id, inst: i % hmInstances, key: key, cost: 1, status: http.StatusOK}
-		lims = append(lims, []hmLimit{r.m.limitFor(r.inst[q.inst], z, key, "", now)})
+		lims = append(lims, []hmLimit{r.m.limitFor(r.inst[q.inst], z, key, "")})
 		flights = append(flights, r.start(q, false))
 	}
 	wg.Wait()
@@ -393,11 +430,14 @@ func (r *hmRun) race() {
 		switch {
 		case f.realEnd < resetLo: // before the reset: its state's old epoch
 		case f.realStart > resetHi:
-			l = r.m.limitFor(r.inst[f.q.inst], z, key, "", now)
+			l = r.m.limitFor(r.inst[f.q.inst], z, key, "")
 		default:
 			r.m.ambiguous[l.state] = true
 			l.state = ""
-			r.m.ambiguous[r.m.limitFor(r.inst[f.q.inst], z, key, "", now).state] = true
+			r.m.ambiguous[r.m.limitFor(r.inst[f.q.inst], z, key, "").state] = true
+		}
+		if after := r.m.limitFor(r.inst[f.q.inst], z, key, ""); l.state != "" && l.action != after.action {
+			l = hmLimit{action: "ambiguous"}
 		}
 		r.logf("race: %s: %d (state %q)", f.q, f.status, l.state)
 		r.m.decide(f, []hmLimit{l})

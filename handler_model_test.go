@@ -86,7 +86,7 @@ var (
 // (requests of cost 0) and "leave" (a client that leaves while held);
 // "concexpiry" (a concurrency key's override lapsing while its requests
 // are in flight) is ovconc's change of limit by expiry.
-var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "mixed"}
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool {
@@ -103,7 +103,7 @@ func hmSkipArg() string {
 
 const (
 	hmInstances        = 3
-	hmDefaultSchedules = 150
+	hmDefaultSchedules = 120
 	hmDefaultSteps     = 80
 	hmDefaultBase      = 20261127
 	hmLogTail          = 40
@@ -154,6 +154,7 @@ type hmTotals struct {
 	mu                                    sync.Mutex
 	start                                 time.Time
 	schedules, steps, admissions, refused int
+	compared, comparedRedis               int
 	// excess is, per check (an algorithm and store), the largest excess
 	// of admissions over the limit before the bound, and the bound.
 	excess map[string]*hmExcess
@@ -211,6 +212,8 @@ func (tt *hmTotals) schedule(r *hmRun) {
 	tt.steps += r.step
 	tt.admissions += r.admitted
 	tt.refused += r.refused
+	tt.compared += r.compared
+	tt.comparedRedis += r.comparedRedis
 	for z, n := range r.byZone {
 		tt.byZone[z] += n
 	}
@@ -232,6 +235,7 @@ func (tt *hmTotals) report(failed int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "handler model totals (%v, %d instances):\n", time.Since(tt.start).Round(time.Millisecond), hmInstances)
 	fmt.Fprintf(&b, "  schedules %d (%d failed), steps %d, admissions %d, refusals %d\n", tt.schedules, failed, tt.steps, tt.admissions, tt.refused)
+	fmt.Fprintf(&b, "  states compared with the stores: %d at quiet points, %d in Redis at the ends\n", tt.compared, tt.comparedRedis)
 	b.WriteString("  admissions per zone:")
 	for _, z := range hmAllZones {
 		fmt.Fprintf(&b, " %s %d", z.id, tt.byZone[z.id])
