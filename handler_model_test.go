@@ -18,27 +18,39 @@ import (
 // TestHandlerModel is the handler-level companion of the limiter's
 // TestModel: a model-based test of what README.md promises a client, with
 // everything between the request and the stores in the way. Several
-// Handlers in one process stand for instances (hmInstances): they share
-// one real redis-server, and each has memory zones of its own (its zone
-// names carry the instance's number, since memory zones of one name
-// share their counters, README.md "State and reloads"). Seeded random
-// schedules drive them through ServeHTTP with requests of random cost,
-// count_response and response_cost outcomes (in a header or a trailer),
-// panics in next, leaky_bucket holds and clients that leave during them,
-// concurrency requests that stay in flight across steps, override PUTs,
-// DELETEs and expiries, tiers, admin resets, reloads that keep or change
-// a limit, clock steps, and an instance on its own clock beside others on
-// Redis's TIME. After every step an exact reference model checks every
-// admission against the limit in force plus the bound README.md documents
-// for it (hmRun.checkAdmission, checkRedisBounds, checkBucket), and at
-// quiet points, once every request has settled, that each store holds
-// what the model says (hmRun.quiet): no unit lost or counted twice.
+// instances live in one process (hmInstances), each with two Handlers of
+// its own (hmInstance): one for its memory zones, on the test's clock,
+// and one for its redis zones, all instances' sharing one real
+// redis-server, on real time plus the test's steps (Redis's TIME is real
+// time). Memory zone names carry the instance's number, since memory
+// zones of one name share their counters (README.md "State and
+// reloads"). Seeded random schedules drive them through ServeHTTP with
+// requests of random cost, count_response and response_cost outcomes (in
+// a header or a trailer), panics in next, leaky_bucket holds and clients
+// that leave during them, requests that stay in flight across steps in
+// concurrency zones, override PUTs, DELETEs and expiries, tiers, admin
+// resets (some while lease refills are in flight), reloads that keep or
+// change a limit, clock steps, real time passing, and an instance whose
+// Redis user may not call TIME, so that it decides by its own clock
+// beside the others on Redis's. After every step an exact reference model
+// (hmModel) checks every admission against the limit in force plus the
+// bound README.md documents for it (handler_model_checks_test.go lists
+// them), and at quiet points, once every request has settled, that each
+// store holds what the model says (hmRun.quiet, hmRun.finalRedis): no
+// unit lost or counted twice.
 //
 // Replay one schedule with -handler-model.seed=N (or
 // FLOODGATE_HANDLER_MODEL_SEED=N), as a failure prints; a whole run with
-// -handler-model.base=N; run longer with -handler-model.schedules=N.
-// -handler-model.skip leaves out kinds of step (hmStepKinds), to isolate
-// a failure. The log ends with one block of totals.
+// -handler-model.base=N (1: a random base); run longer with
+// -handler-model.schedules=N (and -timeout 0: a schedule takes about a
+// tenth of a second). -handler-model.skip leaves out kinds of step
+// (hmStepKinds), to isolate a failure. The log ends with one block of
+// totals (run with -v to see it when the test passes).
+//
+// The instance on its own clock reads this process's clock, as Redis's
+// TIME reads this machine's: the test cannot skew one against the other
+// (the instance clock is time.Now in limiter.ServerClock), so it checks
+// mixed clocks without skew.
 func TestHandlerModel(t *testing.T) {
 	if !redistest.Available() {
 		t.Skip("no redis-server")
