@@ -391,7 +391,7 @@ func (r *hmRun) race() {
 	before := r.resetStates(z, r.inst[0], key)
 	var flights []*hmFlight
 	var lims [][]hmLimit
-	n := 3 + r.rng.IntN(4)
+	n := 6 + r.rng.IntN(7)
 	var resetLo, resetHi int64
 	var wg sync.WaitGroup
 	wg.Add(1)
