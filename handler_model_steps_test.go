@@ -255,7 +255,12 @@ func (r *hmRun) sleep() {
 
 // override PUTs or DELETEs a key's override through the admin API.
 func (r *hmRun) override() {
-	zs := []*hmZone{hmCW, hmCW, hmML, hmMT, hmWF, hmCC, hmRC, hmRF, hmRL, hmRT, hmRW}
+	var zs []*hmZone
+	for _, z := range hmAllZones {
+		if z.overrides {
+			zs = append(zs, z)
+		}
+	}
 	z := zs[r.rng.IntN(len(zs))]
 	in := r.inst[r.rng.IntN(hmInstances)]
 	key := r.keys[r.rng.IntN(len(r.keys))]
