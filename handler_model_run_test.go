@@ -1,0 +1,613 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+)
+
+// hmZone is one of the zones every instance declares. Memory zones are
+// each instance's own (their names carry its number); redis zones are one
+// name shared by every instance.
+type hmZone struct {
+	id    string // short name, also its route's path
+	alg   string
+	redis bool
+	// charges, counts: the zone has response_cost, count_response.
+	charges, counts bool
+	// costly: the zone's cost is the request's X-Cost header.
+	costly bool
+	// overrides: the schedules PUT overrides for its keys.
+	overrides bool
+}
+
+// The zones, by route: /lb passes lc (count_response) and then lb (a
+// leaky_bucket that holds), /wf passes wf (count_response and
+// response_cost) and then wc (concurrency), so its requests stay in
+// flight across steps and settle late, and /rw the same over Redis with
+// leases (rw, then rc, which also decides /rc); every other route one
+// zone of its name.
+var (
+	hmCW = &hmZone{id: "cw", alg: "fixed_window", charges: true, counts: true, costly: true, overrides: true}
+	hmLC = &hmZone{id: "lc", alg: "fixed_window", counts: true}
+	hmML = &hmZone{id: "ml", alg: "sliding_window_log", counts: true, costly: true, overrides: true}
+	hmMT = &hmZone{id: "mt", alg: "token_bucket", charges: true, costly: true, overrides: true}
+	hmLB = &hmZone{id: "lb", alg: "leaky_bucket"}
+	hmWF = &hmZone{id: "wf", alg: "fixed_window", charges: true, counts: true, costly: true, overrides: true}
+	hmWC = &hmZone{id: "wc", alg: "concurrency"}
+	hmCC = &hmZone{id: "cc", alg: "concurrency", costly: true, overrides: true}
+	hmRC = &hmZone{id: "rc", alg: "concurrency", redis: true, costly: true, overrides: true}
+	hmRF = &hmZone{id: "rf", alg: "fixed_window", redis: true, counts: true, costly: true, overrides: true}
+	hmRL = &hmZone{id: "rl", alg: "sliding_window_log", redis: true, overrides: true}
+	hmRW = &hmZone{id: "rw", alg: "fixed_window", redis: true, charges: true, counts: true, costly: true, overrides: true}
+	hmRT = &hmZone{id: "rt", alg: "token_bucket", redis: true, charges: true, costly: true, overrides: true}
+
+	hmRoutes = map[string][]*hmZone{
+		"cw": {hmCW}, "lb": {hmLC, hmLB}, "ml": {hmML}, "mt": {hmMT}, "wf": {hmWF, hmWC}, "cc": {hmCC}, "rc": {hmRC},
+		"rf": {hmRF}, "rl": {hmRL}, "rt": {hmRT}, "rw": {hmRW, hmRC},
+	}
+	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRL, hmRT, hmRW}
+)
+
+const (
+	// hmLBRate and hmLBBurst are the leaky bucket's: 20/s, so a hold is
+	// at most (burst − 1)/rate = 100ms of real time.
+	hmLBRate  = 20
+	hmLBBurst = 3
+	// hmLocalQuota is the leased redis zones' local_quota.
+	hmLocalQuota = 0.5
+)
+
+// hmConfig is one instance's limits: events per zone, and the memory
+// zones' window (cwWindow) and cw's pro tier.
+type hmConfig struct {
+	events   map[string]int64
+	cwWindow time.Duration
+	cwPro    int64
+	// redisWindow is the redis zones' (but concurrency's): real time,
+	// Redis's TIME, which the schedule passes by sleeping.
+	redisWindow time.Duration
+	// changes counts the reloads that changed a memory zone's limit: each
+	// starts its counters afresh, even back to a limit it had before,
+	// since the pool lets go of a store no handler holds (README.md
+	// "State and reloads"); Redis keeps a limit's state by its policy.
+	changes map[string]int
+}
+
+func (c hmConfig) clone() hmConfig {
+	n := c
+	n.events, n.changes = map[string]int64{}, map[string]int{}
+	for k, v := range c.events {
+		n.events[k] = v
+	}
+	for k, v := range c.changes {
+		n.changes[k] = v
+	}
+	return n
+}
+
+// hmInstance is one instance: its handlers of the running config, one
+// for the routes of its memory zones on the test's clock, one for those
+// of its redis zones on hmRealClock (two rate_limit directives of one
+// site, as Caddy allows).
+type hmInstance struct {
+	i     int
+	h, hr *Handler
+	cfg   hmConfig
+	// cancel ends the handlers' Caddy context once they are cleaned up.
+	cancel context.CancelFunc
+	// url is its redis block's URL.
+	url string
+	// cleaned is set once its running handler is cleaned up.
+	cleaned bool
+}
+
+// hmRun is one schedule.
+type hmRun struct {
+	t      *testing.T
+	seed   uint64
+	rng    *rand.Rand
+	srv    *redistest.Server
+	totals *hmTotals
+	clock  *testutil.Clock
+	// rclock is the redis handlers' clock: real time plus every step of
+	// clock. Redis's TIME is real time, so their leases must not outlive
+	// it (README.md "The near cache": a lease lives a second), and
+	// override expiries on it can fall within a request.
+	rclock  *hmRealClock
+	prefix  string
+	mixed   bool
+	inst    []*hmInstance
+	cleanup []func()
+	keys    []string
+	m       *hmModel
+	flights []*hmFlight
+	step    int
+	steps   int
+	log     []string
+	failure string
+	// features are what the schedule did, for the totals' mixes.
+	features          map[string]bool
+	admitted, refused int
+	byZone            map[string]int
+	resetSeen         bool
+	// compared counts the states compared with the stores at quiet
+	// points, and at the end in Redis.
+	compared, comparedRedis int
+}
+
+var hmSeq atomic.Int64
+
+// hmRealClock is real time plus an offset that only grows.
+type hmRealClock struct{ offset atomic.Int64 }
+
+func (c *hmRealClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// nowFor is the time (µs) zone z's handler reads.
+func (r *hmRun) nowFor(z *hmZone) int64 {
+	if z.redis {
+		return r.rclock.Now().UnixMicro()
+	}
+	return r.clock.Now().UnixMicro()
+}
+
+// timeFor is nowFor as a time.
+func (r *hmRun) timeFor(z *hmZone) time.Time {
+	if z.redis {
+		return r.rclock.Now()
+	}
+	return r.clock.Now()
+}
+
+func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals) *hmRun {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
+	// Somewhere in a window, on a clock of its own ahead of real time
+	// (a memory zone's state is the clock's; Redis's is real time).
+	start := time.Now().Add(time.Duration(1+rng.IntN(3600)) * time.Second).Truncate(time.Microsecond)
+	r := &hmRun{
+		t: t, seed: seed, rng: rng, srv: srv, totals: totals,
+		clock:    testutil.NewClock(start),
+		rclock:   &hmRealClock{},
+		prefix:   fmt.Sprintf("hm%d_", hmSeq.Add(1)),
+		keys:     []string{"k0", "k1", "k2"}[:2+rng.IntN(2)],
+		features: map[string]bool{},
+		byZone:   map[string]int{},
+		steps:    hmDefaultSteps,
+	}
+	if *hmStepsFlag > 0 {
+		r.steps = *hmStepsFlag
+	}
+	r.mixed = !hmSkips("mixed") && rng.IntN(2) == 0
+	r.m = newHMModel(r)
+	return r
+}
+
+// name is a zone's name on instance i.
+func (r *hmRun) name(z *hmZone, i int) string {
+	if z.redis {
+		return r.prefix + z.id
+	}
+	return fmt.Sprintf("%s%s_i%d", r.prefix, z.id, i)
+}
+
+func (r *hmRun) logf(format string, args ...any) {
+	r.log = append(r.log, fmt.Sprintf("step %3d clock +%.3fs: ", r.step, r.clockSince())+fmt.Sprintf(format, args...))
+}
+
+func (r *hmRun) clockSince() float64 {
+	return float64(r.clock.Now().UnixMicro()%3_600_000_000) / 1e6
+}
+
+func (r *hmRun) fail(format string, args ...any) {
+	if r.failure == "" {
+		r.failure = fmt.Sprintf("step %d: ", r.step) + fmt.Sprintf(format, args...)
+		r.logf("FAIL: %s", r.failure)
+	}
+}
+
+// run runs the schedule and reports whether it held.
+func (r *hmRun) run() bool {
+	defer r.close()
+	base := hmConfig{events: map[string]int64{}, changes: map[string]int{},
+		cwWindow:    []time.Duration{time.Second, 2 * time.Second, 5 * time.Second}[r.rng.IntN(3)],
+		redisWindow: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}[r.rng.IntN(3)]}
+	for _, z := range hmAllZones {
+		switch {
+		case z == hmLB:
+			base.events[z.id] = hmLBRate
+		case z.alg == "concurrency":
+			base.events[z.id] = 1 + r.rng.Int64N(3)
+		default:
+			base.events[z.id] = 2 + r.rng.Int64N(5)
+		}
+	}
+	base.cwPro = base.events["cw"] * 2
+	for i := range hmInstances {
+		in := &hmInstance{i: i, url: "redis://" + r.srv.Addr()}
+		if i == 0 && r.mixed {
+			in.url = fmt.Sprintf("redis://%s:%s@%s", hmNoTimeUser, hmNoTimePassword, r.srv.Addr())
+		}
+		r.inst = append(r.inst, in)
+		if err := r.provision(in, base.clone()); err != nil {
+			r.t.Fatalf("seed %d: provisioning instance %d: %v", r.seed, i, err)
+		}
+	}
+	if r.mixed {
+		if z := r.zoneOf(r.inst[0], hmRF); !z.instanceClock() {
+			r.t.Fatalf("seed %d: instance 0's redis zones are not on the instance's clock", r.seed)
+		}
+		if z := r.zoneOf(r.inst[1], hmRF); z.instanceClock() {
+			r.t.Fatalf("seed %d: instance 1's redis zones are on the instance's clock", r.seed)
+		}
+	}
+	r.logf("seed %d, mixed clocks %v, keys %v, limits %v, memory window %v, redis window %v", r.seed, r.mixed, r.keys, base.events, base.cwWindow, base.redisWindow)
+	for r.step = 1; r.step <= r.steps && r.failure == ""; r.step++ {
+		r.doStep()
+	}
+	if r.failure == "" {
+		r.quiet("end of schedule")
+	}
+	if r.failure == "" {
+		r.finalRedis()
+	}
+	r.totals.schedule(r)
+	return r.failure == ""
+}
+
+// provision builds instance in's handlers of cfg, as a config load does,
+// and makes them the ones new requests reach; those they replace are
+// cleaned up at once, as Caddy does while their requests still run.
+func (r *hmRun) provision(in *hmInstance, cfg hmConfig) error {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	var hs [2]*Handler
+	for i, redis := range []bool{false, true} {
+		h := new(Handler)
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(r.caddyfile(in, cfg, redis))); err != nil {
+			cancel()
+			return err
+		}
+		h.clock = r.clock
+		if redis {
+			h.clock = r.rclock
+		}
+		if err := h.Provision(ctx); err != nil {
+			if hs[0] != nil {
+				_ = hs[0].Cleanup()
+			}
+			cancel()
+			return err
+		}
+		hs[i] = h
+	}
+	old, oldR, oldCancel := in.h, in.hr, in.cancel
+	in.h, in.hr, in.cfg, in.cancel = hs[0], hs[1], cfg, cancel
+	if old != nil {
+		_ = old.Cleanup()
+		_ = oldR.Cleanup()
+		r.cleanup = append(r.cleanup, oldCancel)
+	}
+	return nil
+}
+
+// caddyfile is instance in's rate_limit directive of its memory zones,
+// or of its redis zones.
+func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig, redis bool) string {
+	var b strings.Builder
+	b.WriteString("rate_limit {\n")
+	for _, z := range hmAllZones {
+		if z.redis != redis {
+			continue
+		}
+		fmt.Fprintf(&b, "\tzone %s {\n\t\tmatch {\n\t\t\tpath %s\n\t\t}\n", r.name(z, in.i), pathsOf(z))
+		b.WriteString("\t\tkey {http.request.header.X-Key}\n")
+		fmt.Fprintf(&b, "\t\talgorithm %s\n", z.alg)
+		switch {
+		case z == hmLB:
+			fmt.Fprintf(&b, "\t\trate %d/1s\n\t\tburst %d\n", cfg.events[z.id], hmLBBurst)
+		case z.alg == "concurrency":
+			fmt.Fprintf(&b, "\t\tevents %d\n", cfg.events[z.id])
+		case z.redis:
+			fmt.Fprintf(&b, "\t\trate %d/%s\n", cfg.events[z.id], cfg.redisWindow)
+		default:
+			fmt.Fprintf(&b, "\t\trate %d/%s\n", cfg.events[z.id], cfg.cwWindow)
+		}
+		if z.costly {
+			b.WriteString("\t\tcost {http.request.header.X-Cost}\n")
+		}
+		if z.counts {
+			b.WriteString("\t\tcount_response {\n\t\t\tstatus 2xx\n\t\t}\n")
+		}
+		if z.charges {
+			b.WriteString("\t\tresponse_cost X-Used\n")
+		}
+		if z == hmCW {
+			fmt.Fprintf(&b, "\t\ttier {http.request.header.X-Plan} {\n\t\t\tpro %d/%s\n\t\t}\n", cfg.cwPro, cfg.cwWindow)
+		}
+		if z.redis {
+			b.WriteString("\t\tstore redis\n")
+			if z.alg != "concurrency" {
+				fmt.Fprintf(&b, "\t\tlocal_quota %v\n", hmLocalQuota)
+			}
+		}
+		b.WriteString("\t}\n")
+	}
+	if redis {
+		fmt.Fprintf(&b, "\tredis {\n\t\turl %s\n\t\ttimeout 5s\n\t}\n", in.url)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// pathsOf are the paths whose requests z decides.
+func pathsOf(z *hmZone) string {
+	if z == hmRC {
+		return "/rc /rw"
+	}
+	return "/" + routeOf(z)
+}
+
+// routeOf is the route z's requests are sent to.
+func routeOf(z *hmZone) string {
+	switch z {
+	case hmLC:
+		return hmLB.id
+	case hmWC:
+		return hmWF.id
+	}
+	return z.id
+}
+
+// zoneOf is z in instance in's running handler.
+func (r *hmRun) zoneOf(in *hmInstance, z *hmZone) *zone {
+	name := r.name(z, in.i)
+	h := in.h
+	if z.redis {
+		h = in.hr
+	}
+	for _, zz := range h.zones {
+		if zz.name == name {
+			return zz
+		}
+	}
+	r.t.Fatalf("no zone %q", name)
+	return nil
+}
+
+// close ends the schedule: every request still in flight finishes and
+// every handler is cleaned up. Its zones' names are never used again.
+func (r *hmRun) close() {
+	r.finishAll()
+	for _, in := range r.inst {
+		if in.h != nil && !in.cleaned {
+			_ = in.h.Cleanup()
+			_ = in.hr.Cleanup()
+		}
+		if in.cancel != nil {
+			in.cancel()
+		}
+	}
+	for _, c := range r.cleanup {
+		c()
+	}
+	// Memory zones' overrides live for the process, by name.
+	for _, in := range r.inst {
+		for _, z := range hmAllZones {
+			if !z.redis {
+				memoryOverrideSets.mu.Lock()
+				delete(memoryOverrideSets.byName, r.name(z, in.i))
+				memoryOverrideSets.mu.Unlock()
+			}
+		}
+	}
+}
+
+// hmRequest is one request of a schedule and what the handler after the
+// rate limit does with it.
+type hmRequest struct {
+	route string
+	inst  int
+	key   string
+	cost  int64
+	plan  string
+	// status is what next answers; used, when set, the cost it reports
+	// in the header (trailer unset) or in a trailer after the body.
+	status  int
+	used    string
+	trailer bool
+	// panicBefore and panicAfter make next panic before writing its
+	// header or after its body.
+	panicBefore, panicAfter bool
+	// leave cancels the request's context once it is decided: a client
+	// that leaves while a leaky bucket holds it.
+	leave bool
+}
+
+func (q hmRequest) String() string {
+	s := fmt.Sprintf("/%s i%d key=%s cost=%d", q.route, q.inst, q.key, q.cost)
+	if q.plan != "" {
+		s += " plan=" + q.plan
+	}
+	s += fmt.Sprintf(" status=%d", q.status)
+	if q.used != "" {
+		where := "header"
+		if q.trailer {
+			where = "trailer"
+		}
+		s += fmt.Sprintf(" used=%s(%s)", q.used, where)
+	}
+	if q.panicBefore {
+		s += " panic-before-header"
+	}
+	if q.panicAfter {
+		s += " panic-after-body"
+	}
+	if q.leave {
+		s += " leaves"
+	}
+	return s
+}
+
+// hmFlight is a request running on a goroutine.
+type hmFlight struct {
+	q hmRequest
+	// decided is closed once the rate limit has decided it: its next
+	// runs, its header is written (a refusal, or a hold about to begin),
+	// or ServeHTTP returned.
+	decided chan struct{}
+	once    chanOnce
+	// entered is closed once next runs or ServeHTTP returned: a request
+	// held in flight is admitted or refused by then.
+	entered     chan struct{}
+	enteredOnce chanOnce
+	// release lets next answer; done is closed when ServeHTTP returned.
+	release chan struct{}
+	done    chan struct{}
+	cancel  context.CancelFunc
+	// called is set when next ran; status is ServeHTTP's (an error's
+	// status, or what next wrote), panicked whether it re-panicked.
+	called    atomic.Bool
+	status    int
+	panicked  bool
+	adms      []*hmAdm
+	realStart int64
+	realEnd   int64
+}
+
+// chanOnce closes a channel once.
+type chanOnce struct{ closed atomic.Bool }
+
+func (o *chanOnce) close(c chan struct{}) {
+	if o.closed.CompareAndSwap(false, true) {
+		close(c)
+	}
+}
+
+// hmWriter is a ResponseRecorder that tells when the rate limit first
+// touches the response's header: its decision is made by then.
+type hmWriter struct {
+	*httptest.ResponseRecorder
+	f *hmFlight
+}
+
+func (w hmWriter) Header() http.Header {
+	w.f.once.close(w.f.decided)
+	return w.ResponseRecorder.Header()
+}
+
+// start runs q on its instance's handler on a goroutine; next waits for
+// release when hold is set.
+func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
+	f := &hmFlight{q: q, decided: make(chan struct{}), entered: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
+	if !hold {
+		close(f.release)
+	}
+	req := httptest.NewRequest(http.MethodGet, "http://example.com/"+q.route, nil)
+	req.Header.Set("X-Key", q.key)
+	req.Header.Set("X-Cost", fmt.Sprint(q.cost))
+	if q.plan != "" {
+		req.Header.Set("X-Plan", q.plan)
+	}
+	repl := caddyhttp.NewTestReplacer(req)
+	ctx := context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl)
+	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "198.51.100.77"})
+	ctx, f.cancel = context.WithCancel(ctx)
+	req = req.WithContext(ctx)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		f.called.Store(true)
+		f.once.close(f.decided)
+		f.enteredOnce.close(f.entered)
+		<-f.release
+		if q.panicBefore {
+			panic(http.ErrAbortHandler)
+		}
+		if q.used != "" && !q.trailer {
+			w.Header().Set("X-Used", q.used)
+		}
+		if q.used != "" && q.trailer {
+			w.Header().Set("Trailer", "X-Used")
+		}
+		w.WriteHeader(q.status)
+		_, _ = w.Write([]byte("ok"))
+		if q.used != "" && q.trailer {
+			w.Header().Set(http.TrailerPrefix+"X-Used", q.used)
+		}
+		if q.panicAfter {
+			panic(http.ErrAbortHandler)
+		}
+		return nil
+	})
+	h := r.inst[q.inst].h
+	if hmRoutes[q.route][0].redis {
+		h = r.inst[q.inst].hr
+	}
+	f.realStart = time.Now().UnixMicro()
+	go func() {
+		defer close(f.done)
+		defer f.once.close(f.decided)
+		defer f.enteredOnce.close(f.entered)
+		defer func() { f.realEnd = time.Now().UnixMicro() }()
+		defer func() {
+			if p := recover(); p != nil {
+				f.panicked = true
+			}
+		}()
+		w := hmWriter{httptest.NewRecorder(), f}
+		err := h.ServeHTTP(w, req, next)
+		var he caddyhttp.HandlerError
+		switch {
+		case errors.As(err, &he):
+			f.status = he.StatusCode
+		case err != nil:
+			f.status = -1
+		default:
+			f.status = w.Code
+		}
+	}()
+	return f
+}
+
+// wait waits for c, failing the schedule after a while.
+func (r *hmRun) wait(c chan struct{}, what string) bool {
+	select {
+	case <-c:
+		return true
+	case <-time.After(20 * time.Second):
+		r.fail("%s: no answer in 20s", what)
+		return false
+	}
+}
+
+// finishAll lets every request in flight answer and waits for them.
+func (r *hmRun) finishAll() {
+	for len(r.flights) > 0 {
+		r.finish(0)
+	}
+}
+
+// finish lets the in-flight request i answer, waits for it and settles
+// it in the model.
+func (r *hmRun) finish(i int) {
+	f := r.flights[i]
+	r.flights = append(r.flights[:i], r.flights[i+1:]...)
+	close(f.release)
+	if !r.wait(f.done, "finishing "+f.q.String()) {
+		return
+	}
+	r.logf("finished %s: %d", f.q, f.status)
+	r.noteFeatures(f.q, f)
+	r.m.settle(f)
+}

@@ -1,0 +1,270 @@
+package ratelimit
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+)
+
+// TestHandlerModel is the handler-level companion of the limiter's
+// TestModel: a model-based test of what README.md promises a client, with
+// everything between the request and the stores in the way. Several
+// instances live in one process (hmInstances), each with two Handlers of
+// its own (hmInstance): one for its memory zones, on the test's clock,
+// and one for its redis zones, all instances' sharing one real
+// redis-server, on real time plus the test's steps (Redis's TIME is real
+// time). Memory zone names carry the instance's number, since memory
+// zones of one name share their counters (README.md "State and
+// reloads"). Seeded random schedules drive them through ServeHTTP with
+// requests of random cost, count_response and response_cost outcomes (in
+// a header or a trailer), panics in next, leaky_bucket holds and clients
+// that leave during them, requests that stay in flight across steps in
+// concurrency zones, override PUTs, DELETEs and expiries, tiers, admin
+// resets (some while lease refills are in flight), reloads that keep or
+// change a limit, clock steps, real time passing, and an instance whose
+// Redis user may not call TIME, so that it decides by its own clock
+// beside the others on Redis's. After every step an exact reference model
+// (hmModel) checks every admission against the limit in force plus the
+// bound README.md documents for it (handler_model_checks_test.go lists
+// them), and at quiet points, once every request has settled, that each
+// store holds what the model says (hmRun.quiet, hmRun.finalRedis): no
+// unit lost or counted twice.
+//
+// Replay one schedule with -handler-model.seed=N (or
+// FLOODGATE_HANDLER_MODEL_SEED=N), as a failure prints; a whole run with
+// -handler-model.base=N (1: a random base); run longer with
+// -handler-model.schedules=N (and -timeout 0: a schedule takes about a
+// tenth of a second). -handler-model.skip leaves out kinds of step
+// (hmStepKinds), to isolate a failure. The log ends with one block of
+// totals (run with -v to see it when the test passes).
+//
+// The instance on its own clock reads this process's clock, as Redis's
+// TIME reads this machine's: the test cannot skew one against the other
+// (the instance clock is time.Now in limiter.ServerClock), so it checks
+// mixed clocks without skew.
+func TestHandlerModel(t *testing.T) {
+	if !redistest.Available() {
+		t.Skip("no redis-server")
+	}
+	schedules, seed, replay := hmSettings(t)
+	srv := redistest.Start(t)
+	// An ACL user without TIME: its instance's scripts decide by the
+	// instance's own clock (README.md "Servers that refuse TIME in
+	// scripts"), beside instances on Redis's TIME, on one server.
+	srv.SetUser(t, hmNoTimeUser, []string{"on", ">" + hmNoTimePassword, "~*", "&*", "+@all", "-time"})
+	totals := &hmTotals{start: time.Now(), excess: map[string]*hmExcess{}, mixes: map[string]int{}, byZone: map[string]int{}}
+	failed := 0
+	for i := range schedules {
+		s := seed + uint64(i)
+		if !replay {
+			s = hmSeedFor(i, seed)
+		}
+		run := newHMRun(t, s, srv, totals)
+		if !run.run() {
+			failed++
+			if failed == 1 {
+				t.Errorf("seed %d (replay: go test -race -count=1 -run '^TestHandlerModel$' . -handler-model.seed=%d%s): %s\nlast steps:\n%s",
+					s, s, hmSkipArg(), run.failure, strings.Join(run.log[max(0, len(run.log)-hmLogTail):], "\n"))
+			} else {
+				t.Errorf("seed %d also fails: %s", s, run.failure)
+			}
+		}
+	}
+	t.Log(totals.report(failed))
+}
+
+var (
+	hmSeedFlag      = flag.Uint64("handler-model.seed", 0, "TestHandlerModel: replay only this schedule seed")
+	hmBaseFlag      = flag.Uint64("handler-model.base", 0, "TestHandlerModel: the base seed schedule seeds derive from (0: the fixed default; 1: a fresh random one)")
+	hmSchedulesFlag = flag.Int("handler-model.schedules", 0, "TestHandlerModel: how many schedules (0: the CI default)")
+	hmStepsFlag     = flag.Int("handler-model.steps", 0, "TestHandlerModel: steps per schedule (0: the default)")
+	hmSkipFlag      = flag.String("handler-model.skip", "", "TestHandlerModel: step kinds to leave out, comma-separated: "+strings.Join(hmStepKinds, ","))
+)
+
+// hmStepKinds are the kinds of step -handler-model.skip can leave out.
+// Each of the known failure modes has a kind of its own, so that one can
+// be isolated: "mixed" (an instance on its own clock), "race" (an admin
+// reset while lease refills are in flight), "ovconc" (a concurrency
+// key's override changed while its requests are in flight), "cost0"
+// (requests of cost 0) and "leave" (a client that leaves while held);
+// "concexpiry" (a concurrency key's override lapsing while its requests
+// are in flight) is ovconc's change of limit by expiry.
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed"}
+
+// hmSkips reports whether -handler-model.skip leaves out kind.
+func hmSkips(kind string) bool {
+	return slices.Contains(strings.Split(*hmSkipFlag, ","), kind)
+}
+
+// hmSkipArg repeats -handler-model.skip for a replay line.
+func hmSkipArg() string {
+	if *hmSkipFlag == "" {
+		return ""
+	}
+	return " -handler-model.skip=" + *hmSkipFlag
+}
+
+const (
+	hmInstances        = 3
+	hmDefaultSchedules = 120
+	hmDefaultSteps     = 80
+	hmDefaultBase      = 20261127
+	hmLogTail          = 40
+	hmNoTimeUser       = "hmnotime"
+	hmNoTimePassword   = "hm-no-time"
+)
+
+// hmSettings reads the flags and their environment variables.
+func hmSettings(t *testing.T) (schedules int, seed uint64, replay bool) {
+	fromEnv := func(v uint64, env string) uint64 {
+		if s := os.Getenv(env); v == 0 && s != "" {
+			n, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", env, err)
+			}
+			return n
+		}
+		return v
+	}
+	if seed = fromEnv(*hmSeedFlag, "FLOODGATE_HANDLER_MODEL_SEED"); seed != 0 {
+		return 1, seed, true
+	}
+	schedules = int(fromEnv(uint64(max(0, *hmSchedulesFlag)), "FLOODGATE_HANDLER_MODEL_SCHEDULES"))
+	if schedules <= 0 {
+		schedules = hmDefaultSchedules
+		if testing.Short() {
+			schedules = 4
+		}
+	}
+	switch seed = fromEnv(*hmBaseFlag, "FLOODGATE_HANDLER_MODEL_BASE"); seed {
+	case 0:
+		// A plain run, as CI's, tries the same schedules every time.
+		seed = hmDefaultBase
+	case 1:
+		seed = rand.Uint64()>>1 | 1
+	}
+	t.Logf("handler model base seed %d (rerun every schedule with -handler-model.base=%d)", seed, seed)
+	return schedules, seed, false
+}
+
+// hmSeedFor is schedule i's seed under base.
+func hmSeedFor(i int, base uint64) uint64 {
+	return (base*1099511628211+uint64(i)*0x9e3779b97f4a7c15)>>1 | 1
+}
+
+// hmTotals gathers the figures of a whole run.
+type hmTotals struct {
+	mu                                    sync.Mutex
+	start                                 time.Time
+	schedules, steps, admissions, refused int
+	compared, comparedRedis               int
+	// excess is, per check (an algorithm and store), the largest excess
+	// of admissions over the limit before the bound, and the bound.
+	excess map[string]*hmExcess
+	// mixes counts the schedules each mix of features appeared in.
+	mixes map[string]int
+	// byZone counts admissions per zone.
+	byZone map[string]int
+}
+
+type hmExcess struct {
+	max   int64
+	bound string
+	seen  bool
+}
+
+// note records an excess (units over the limit, before the documented
+// bound) seen by check, whose bound is described by bound.
+func (tt *hmTotals) note(check string, excess int64, bound string) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	e := tt.excess[check]
+	if e == nil {
+		e = &hmExcess{bound: bound}
+		tt.excess[check] = e
+	}
+	if !e.seen || excess > e.max {
+		e.max, e.seen = excess, true
+	}
+}
+
+// hmMixes are the mixes of features the totals count, each a schedule
+// that had all of its features.
+var hmMixes = []struct {
+	name     string
+	features []string
+}{
+	{"override change + concurrency in flight", []string{"ovconc"}},
+	{"reset + refill", []string{"reset", "refill"}},
+	{"mixed clocks", []string{"mixed"}},
+	{"hold + leave", []string{"hold", "leave"}},
+	{"reset + lease refills in flight", []string{"race"}},
+	{"reload while in flight", []string{"reload-inflight"}},
+	{"response_cost charge + count_response", []string{"charge", "uncounted"}},
+	{"trailer cost", []string{"trailer"}},
+	{"panic in next", []string{"panic"}},
+	{"override expiry", []string{"expiry"}},
+	{"tier", []string{"tier"}},
+	{"cost 0", []string{"cost0"}},
+}
+
+func (tt *hmTotals) schedule(r *hmRun) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	tt.schedules++
+	tt.steps += r.step
+	tt.admissions += r.admitted
+	tt.refused += r.refused
+	tt.compared += r.compared
+	tt.comparedRedis += r.comparedRedis
+	for z, n := range r.byZone {
+		tt.byZone[z] += n
+	}
+	for _, m := range hmMixes {
+		all := true
+		for _, f := range m.features {
+			all = all && r.features[f]
+		}
+		if all {
+			tt.mixes[m.name]++
+		}
+	}
+}
+
+// report is the totals as one block, for BENCHMARKS.md.
+func (tt *hmTotals) report(failed int) string {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "handler model totals (%v, %d instances):\n", time.Since(tt.start).Round(time.Millisecond), hmInstances)
+	fmt.Fprintf(&b, "  schedules %d (%d failed), steps %d, admissions %d, refusals %d\n", tt.schedules, failed, tt.steps, tt.admissions, tt.refused)
+	fmt.Fprintf(&b, "  states compared with the stores: %d at quiet points, %d in Redis at the ends\n", tt.compared, tt.comparedRedis)
+	b.WriteString("  admissions per zone:")
+	for _, z := range hmAllZones {
+		fmt.Fprintf(&b, " %s %d", z.id, tt.byZone[z.id])
+	}
+	b.WriteString("\n  largest excess over the limit, per check, against its bound:\n")
+	checks := make([]string, 0, len(tt.excess))
+	for c := range tt.excess {
+		checks = append(checks, c)
+	}
+	slices.Sort(checks)
+	for _, c := range checks {
+		e := tt.excess[c]
+		fmt.Fprintf(&b, "    %-34s %+d units (bound: %s)\n", c, e.max, e.bound)
+	}
+	b.WriteString("  schedules per mix of features:\n")
+	for _, m := range hmMixes {
+		fmt.Fprintf(&b, "    %-42s %d\n", m.name, tt.mixes[m.name])
+	}
+	return strings.TrimRight(b.String(), "\n")
+}
