@@ -49,8 +49,8 @@ func TestMixedClocksKeepFilledState(t *testing.T) {
 	)
 	onTime := NewServerClock(server, nil)
 	behind, ahead := NewServerClock(noTime, nil), NewServerClock(noTime, nil)
-	behind.clock = ClockFunc(func() time.Time { return time.Now().Add(-skew) })
-	ahead.clock = ClockFunc(func() time.Time { return time.Now().Add(skew) })
+	behind.SetInstanceClock(ClockFunc(func() time.Time { return time.Now().Add(-skew) }))
+	ahead.SetInstanceClock(ClockFunc(func() time.Time { return time.Now().Add(skew) }))
 	for _, c := range []*ServerClock{onTime, behind, ahead} {
 		if err := c.Probe(ctx); err != nil {
 			t.Fatal(err)

@@ -43,8 +43,9 @@ type ServerClock struct {
 	recheckEvery time.Duration
 	// clock is the instance's clock the scripts are sent when the server
 	// refuses TIME: the system's, or a test's set behind the server's, so
-	// that instances on different clocks can be tried on one machine.
-	clock Clock
+	// that instances on different clocks can be tried on one machine
+	// (SetInstanceClock).
+	clock atomic.Pointer[instanceClock]
 
 	// turn is held by the one probe under way: a channel, so that a
 	// decision waiting for another's probe gives up at its deadline.
@@ -85,9 +86,23 @@ func NewServerClock(client redis.UniversalClient, onChange func(instance bool)) 
 		probe:        redis.NewScript(lua.TimeProbe()),
 		onChange:     onChange,
 		recheckEvery: defaultRecheckEvery,
-		clock:        SystemClock,
 		turn:         make(chan struct{}, 1),
 	}
+}
+
+// instanceClock boxes the Clock of ServerClock.clock.
+type instanceClock struct{ Clock }
+
+// SetInstanceClock sets the clock the stores send the scripts while the
+// server refuses TIME; nil is the system clock. Production leaves it: it
+// lets a test put one instance's clock behind another's on one machine,
+// as hosts whose clocks are apart would be.
+func (c *ServerClock) SetInstanceClock(clock Clock) {
+	if clock == nil {
+		c.clock.Store(nil)
+		return
+	}
+	c.clock.Store(&instanceClock{clock})
 }
 
 // Instance reports whether the stores send the instance's clock because
@@ -253,7 +268,10 @@ func (c *ServerClock) recheck() {
 // clock (see lua/prelude.lua), "i" and Unix µs; it also starts a
 // background probe when one is due.
 func (c *ServerClock) instanceNow() string {
-	now := c.clock.Now()
+	now := time.Now()
+	if ic := c.clock.Load(); ic != nil {
+		now = ic.Now()
+	}
 	c.due(now.UnixNano())
 	return "i" + strconv.FormatInt(now.UnixMicro(), 10)
 }
