@@ -323,8 +323,12 @@ func FuzzCaddyfile(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, input string) {
+		d, ok := fuzzDispenser(input)
+		if !ok {
+			return
+		}
 		h := new(Handler)
-		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
+		if err := h.UnmarshalCaddyfile(d); err != nil {
 			return
 		}
 		// Whatever parses must validate or be refused cleanly, and its

@@ -197,8 +197,12 @@ func FuzzRedisBlockSecret(f *testing.F) {
 			"addresses 127.0.0.1:6379\nmaster_name m\nsentinel_password {env.FLOODGATE_TEST_UNSET}" + secret,
 			"url redis://user:" + secret + "@{env.FLOODGATE_TEST_UNSET}:6379/0",
 		} {
+			d, ok := fuzzDispenser("rate_limit {\nzone z {\nrate 1/s\nstore redis\n}\nredis {\n" + block + "\n}\n}")
+			if !ok {
+				continue
+			}
 			h := new(Handler)
-			if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit {\nzone z {\nrate 1/s\nstore redis\n}\nredis {\n" + block + "\n}\n}")); err != nil {
+			if err := h.UnmarshalCaddyfile(d); err != nil {
 				if strings.Contains(err.Error(), secret) {
 					t.Fatalf("parse error shows the secret: %v", err)
 				}
@@ -213,4 +217,15 @@ func FuzzRedisBlockSecret(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fuzzDispenser tokenizes input as Caddy does when it loads a Caddyfile,
+// reporting false for text Caddy refuses before any directive sees it
+// (caddyfile.NewTestDispenser ends the process on such text instead).
+func fuzzDispenser(input string) (*caddyfile.Dispenser, bool) {
+	tokens, err := caddyfile.Tokenize([]byte(input), "Caddyfile")
+	if err != nil {
+		return nil, false
+	}
+	return caddyfile.NewDispenser(tokens), true
 }
