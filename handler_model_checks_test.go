@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -184,25 +185,18 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 	worst, bound, fail := int64(math.MinInt64), "", ""
 	switch z.alg {
 	case "fixed_window":
-		bound = "L per aligned window"
-		byWin := map[int64]int64{}
-		for _, a := range as {
-			if a.lo/w == a.hi/w {
-				byWin[a.lo/w] += a.counted
-			}
-		}
-		for win, u := range byWin {
-			worst = max(worst, u-quota)
-			if u > quota {
-				fail = fmt.Sprintf("%d units in aligned window %d", u, win)
-			}
-		}
+		bound = "L per window, windows placed by skew"
+		worst, fail = m.checkWindows(as, quota, w)
 	case "sliding_window_log":
-		bound = "L per window-long span"
+		bound = "L per span of W, W − δ for entries of a clock behind another"
+		dmax := max(m.offset(0), 0)
 		for _, a := range as {
 			u := a.counted
 			for _, b := range as {
-				if b != a && b.lo > a.hi-w && b.hi <= a.lo {
+				// b's entry stays in a's log for W − (dmax − d_b) of
+				// real time at least (see the bounds above).
+				span := w - (dmax - m.offset(b.inst))
+				if b != a && b.lo > a.hi-span && b.hi <= a.lo {
 					u += b.counted
 				}
 			}
@@ -212,9 +206,10 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 			}
 		}
 	case "token_bucket":
-		// units × W ≤ B × W + L × (span + 1s + the longest request, in
-		// which a refund may come after its take), in exact integers.
-		bound = "B + r×T + r×1s"
+		// units × W ≤ B × W + L × (span + δ + 1s + the longest request,
+		// in which a refund may come after its take), in exact integers.
+		bound = "B + r×(T + δ) + r×1s"
+		skew := m.r.skew.Abs().Microseconds()
 		for _, a := range as {
 			for _, e := range as {
 				if e.hi < a.lo {
@@ -227,7 +222,7 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 						longest = max(longest, b.hi-b.lo)
 					}
 				}
-				slack := quota*w + quota*(e.hi-a.lo+time.Second.Microseconds()+longest)
+				slack := quota*w + quota*(e.hi-a.lo+skew+time.Second.Microseconds()+longest)
 				worst = max(worst, ceilDiv(u*w-slack, w))
 				if u*w > slack {
 					fail = fmt.Sprintf("%d units between admissions %d and %d, %v apart at most", u, a.id, e.id, time.Duration(e.hi-a.lo)*time.Microsecond)
@@ -350,10 +345,22 @@ func (r *hmRun) finalRedis() {
 		l     hmLimit
 		redis *limiter.Redis
 		state string
+		inst  int
 	}
 	var peeks []peek
 	seen := map[string]bool{}
+	// Peeks go through the instance whose clock is furthest ahead: a
+	// lease given back in a later window than it was taken in stays in
+	// Redis (a give-back counts only in its own window), where a clock
+	// behind the one that gave it back can still read it, though the
+	// model cannot know it (refused requests took it).
+	peeker := r.inst[0]
 	for _, in := range r.inst {
+		if r.m.offset(in.i) > r.m.offset(peeker.i) {
+			peeker = in
+		}
+	}
+	for _, in := range []*hmInstance{peeker} {
 		for _, z := range []*hmZone{hmRF, hmRW} {
 			for _, key := range r.keys {
 				now := r.rclock.Now()
@@ -367,7 +374,7 @@ func (r *hmRun) finalRedis() {
 				if lim == nil || lim.redis == nil {
 					continue
 				}
-				peeks = append(peeks, peek{z, key, l, lim.redis, state})
+				peeks = append(peeks, peek{z, key, l, lim.redis, state, in.i})
 			}
 		}
 	}
@@ -388,19 +395,27 @@ func (r *hmRun) finalRedis() {
 			r.fail("end: peek %s %s: %v", p.z.id, p.key, err)
 			return
 		}
-		if before/w != after/w {
+		// The peek reads the window of its instance's clock, or a later
+		// one a key holds (windowsOf): compared only when every admission
+		// of the zone and key that can be in that window or a later one is
+		// certainly in that one.
+		off := r.m.offset(p.inst)
+		if floorDiv(before+off, w) != floorDiv(after+off, w) {
 			continue
 		}
+		win := floorDiv(before+off, w)
 		var units int64
 		sure := true
 		for _, a := range r.m.adms {
-			if a.state != p.l.state {
+			if a.z != p.z || a.key != p.key {
 				continue
 			}
+			s, e := r.m.windowsOf(a, w)
 			switch {
-			case a.lo/w == before/w && a.hi/w == before/w:
+			case e < win:
+			case a.state == p.l.state && s == win && e == win:
 				units += a.stored
-			case a.hi/w >= before/w:
+			default:
 				sure = false
 			}
 		}
@@ -415,4 +430,82 @@ func (r *hmRun) finalRedis() {
 	}
 	r.comparedRedis += compared
 	r.logf("end: %d redis states as the model says", compared)
+}
+
+// windowsOf is the range of aligned windows [s, e] (indices of W µs on
+// the clock that decided it) a redis fixed_window admission can have been
+// counted in. Each instance's scripts read their own clock, real time plus
+// offset: the window its clock was in while a ran is the least; a clock
+// behind decides in the later window a key holds (lua/fixed_window.lua's
+// behind: "as fixedWindowState.roll does"), which only a request of the
+// same zone and key (hmModel.writers, admitted or not) can have written
+// by then, in its own clock's window at
+// most, as far as it had run (to its end, or a's: a charge writes when its
+// response ends), recorded or still pending. With every instance on one
+// clock this is the windows a spans.
+func (m *hmModel) windowsOf(a *hmAdm, w int64) (s, e int64) {
+	d := m.offset(a.inst)
+	s, e = floorDiv(a.lo+d, w), floorDiv(a.hi+d, w)
+	for _, b := range m.writers {
+		if b.z != a.z || b.key != a.key || b.lo >= a.hi {
+			continue
+		}
+		end := a.hi
+		if b.until != 0 {
+			end = min(end, b.until)
+		}
+		e = max(e, floorDiv(end+m.offset(b.inst), w))
+	}
+	for _, f := range m.pending {
+		if f.q.key != a.key || !slices.Contains(hmRoutes[f.q.route], a.z) || f.realStart >= a.hi {
+			continue
+		}
+		e = max(e, floorDiv(min(a.hi, f.realEnd)+m.offset(f.q.inst), w))
+	}
+	return s, e
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// checkWindows holds a redis fixed_window state's admissions as to L per
+// window, each in one of the windows windowsOf allows: for every run of
+// windows [p, q], those that must fall in it hold at most L × (q − p + 1)
+// units (what any placement of them needs). It returns the largest excess
+// and a failure, if any.
+func (m *hmModel) checkWindows(as []*hmAdm, quota, w int64) (int64, string) {
+	type placed struct {
+		a    *hmAdm
+		s, e int64
+	}
+	ps := make([]placed, 0, len(as))
+	for _, a := range as {
+		s, e := m.windowsOf(a, w)
+		ps = append(ps, placed{a, s, e})
+	}
+	slices.SortFunc(ps, func(x, y placed) int { return cmp.Compare(x.e, y.e) })
+	worst, fail := int64(math.MinInt64), ""
+	for _, first := range ps {
+		p := first.s
+		u := int64(0)
+		var ids []int
+		for _, b := range ps { // by e: each q once all that end by it are in
+			if b.s < p {
+				continue
+			}
+			u += b.a.counted
+			ids = append(ids, b.a.id)
+			excess := u - quota*(b.e-p+1)
+			worst = max(worst, excess)
+			if excess > 0 && fail == "" {
+				fail = fmt.Sprintf("%d units in windows %d..%d (admissions %v, each counted in one of them on its instance's clock), %d allowed", u, p, b.e, ids, quota*(b.e-p+1))
+			}
+		}
+	}
+	return worst, fail
 }

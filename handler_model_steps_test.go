@@ -430,6 +430,8 @@ func (r *hmRun) race() {
 	}
 	r.resetSeen = true
 	r.features["race"], r.features["reset"] = true, true
+	r.m.pending = flights
+	defer func() { r.m.pending = nil }()
 	for i, f := range flights {
 		l := lims[i][0]
 		switch {
