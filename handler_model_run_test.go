@@ -271,6 +271,11 @@ func (r *hmRun) run() bool {
 	base.cwPro = base.events["cw"] * 2
 	if r.mixed {
 		r.skew = r.drawSkew(base.redisWindow)
+		if r.skew < 0 {
+			r.features["behind"] = true
+		} else {
+			r.features["ahead"] = true
+		}
 	}
 	for i := range hmInstances {
 		in := &hmInstance{i: i, url: "redis://" + r.srv.Addr()}

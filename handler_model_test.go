@@ -98,7 +98,7 @@ var (
 // (requests of cost 0) and "leave" (a client that leaves while held);
 // "concexpiry" (a concurrency key's override lapsing while its requests
 // are in flight) is ovconc's change of limit by expiry.
-var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed"}
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed", "edge"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool {
@@ -174,6 +174,9 @@ type hmTotals struct {
 	mixes map[string]int
 	// byZone counts admissions per zone.
 	byZone map[string]int
+	// skewMin and skewMax are the least and greatest skew (either way)
+	// of the schedules that mixed clocks.
+	skewMin, skewMax time.Duration
 }
 
 type hmExcess struct {
@@ -206,6 +209,9 @@ var hmMixes = []struct {
 	{"override change + concurrency in flight", []string{"ovconc"}},
 	{"reset + refill", []string{"reset", "refill"}},
 	{"mixed clocks", []string{"mixed"}},
+	{"mixed clocks, instance 0 behind", []string{"mixed", "behind"}},
+	{"mixed clocks, instance 0 ahead", []string{"mixed", "ahead"}},
+	{"mixed clocks + edge step", []string{"mixed", "edge"}},
 	{"hold + leave", []string{"hold", "leave"}},
 	{"reset + lease refills in flight", []string{"race"}},
 	{"reload while in flight", []string{"reload-inflight"}},
@@ -228,6 +234,12 @@ func (tt *hmTotals) schedule(r *hmRun) {
 	tt.comparedRedis += r.comparedRedis
 	for z, n := range r.byZone {
 		tt.byZone[z] += n
+	}
+	if d := r.skew.Abs(); r.mixed {
+		if tt.skewMin == 0 || d < tt.skewMin {
+			tt.skewMin = d
+		}
+		tt.skewMax = max(tt.skewMax, d)
 	}
 	for _, m := range hmMixes {
 		all := true
@@ -264,7 +276,11 @@ func (tt *hmTotals) report(failed int) string {
 	}
 	b.WriteString("  schedules per mix of features:\n")
 	for _, m := range hmMixes {
-		fmt.Fprintf(&b, "    %-42s %d\n", m.name, tt.mixes[m.name])
+		name := m.name
+		if name == "mixed clocks" {
+			name += fmt.Sprintf(" (skew %v–%v)", tt.skewMin, tt.skewMax)
+		}
+		fmt.Fprintf(&b, "    %-42s %d\n", name, tt.mixes[m.name])
 	}
 	return strings.TrimRight(b.String(), "\n")
 }
