@@ -24,12 +24,41 @@ import (
 //   - leaky_bucket (lb): a queue of burst places draining at r, so at
 //     most B + r × (b − a) admissions in any span [a, b].
 //   - redis zones with leases ("The near cache"): fixed_window at most L
-//     in every aligned window, sliding_window_log at most L in every
-//     window-long span, token_bucket B + r × T plus r × 1 s for the
-//     lease, on Redis's TIME (see checkRedis). After an admin reset the
-//     README allows (instances − 1) leases that other instances took
-//     before it; here the reset reaches every instance's near cache (one
+//     in every window, sliding_window_log at most L in every window-long
+//     span, token_bucket B + r × T plus r × 1 s for the lease, on
+//     Redis's TIME (see checkRedis). After an admin reset the README
+//     allows (instances − 1) leases that other instances took before
+//     it; here the reset reaches every instance's near cache (one
 //     process's admin API answers for every zone of the name), so none.
+//   - redis zones when instance 0 decides by its own clock, δ = |skew|
+//     from Redis's TIME (README.md "Servers that refuse TIME in
+//     scripts", "What that costs": "a skew of δ between instances moves
+//     window edges and refills by δ"), with every key outliving its
+//     state by a second on the clock that wrote it, so that skew costs
+//     no more than that:
+//       - fixed_window: the instance ahead starts a key's next window up
+//         to δ early and the one behind then counts in it too, "so a
+//         window can be up to δ shorter"; no window counts more than L.
+//         Exactly: each admission is counted in one window, between the
+//         one its instance's clock was in while it ran and the latest a
+//         key of its zone and key can have held by then (a clock behind
+//         decides in the later window a key holds: lua/fixed_window.lua's
+//         behind), and no window holds more than L (checkWindows,
+//         windowsOf). That catches a window counted twice: a key gone at
+//         the end of its window on the writer's clock while the clock
+//         behind still says that window, which starts it afresh.
+//       - sliding_window_log: "holds its limit over any span of W − δ
+//         rather than W": an entry is stamped by its instance's clock
+//         and leaves the log when a decision's clock is W past the stamp,
+//         which the clock ahead reaches δ early for an entry of the clock
+//         behind; so a decision counts, exactly, every entry less than
+//         W − (d_max − d) of real time before it, d being the clock offset
+//         of the entry's instance and d_max the greatest (W − δ for an
+//         entry of the clock behind, W for the other's).
+//       - token_bucket: "can refill up to δ early (up to r × δ more
+//         units)": B + r × (T + δ), plus r × 1 s for the lease.
+//     sliding_window_counter (the README's bound is fixed_window's) and
+//     leaky_bucket (token_bucket's) have no redis zone here.
 //   - response_cost: what a charge takes past the up-front cost is the
 //     README's documented bound ("Costs from the response"); the checks
 //     count only up-front costs, less what settling gave back.
@@ -166,8 +195,9 @@ func ceilDiv(a, b int64) int64 {
 }
 
 // checkRedis holds a redis zone's state to its limit (see the bounds
-// above). Its admissions are timed by Redis's TIME, real time, which the
-// test knows only as the span of each request ([lo, hi]), so each check
+// above). Its admissions are timed by Redis's TIME, real time, or by
+// instance 0's clock, real time plus its skew, which the test knows only
+// as the span of each request ([lo, hi], in real time), so each check
 // counts only the admissions certainly inside the span it checks: it can
 // miss an excess at the edges, never invent one.
 func (m *hmModel) checkRedis(state string, z *hmZone) {
