@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -23,12 +24,41 @@ import (
 //   - leaky_bucket (lb): a queue of burst places draining at r, so at
 //     most B + r × (b − a) admissions in any span [a, b].
 //   - redis zones with leases ("The near cache"): fixed_window at most L
-//     in every aligned window, sliding_window_log at most L in every
-//     window-long span, token_bucket B + r × T plus r × 1 s for the
-//     lease, on Redis's TIME (see checkRedis). After an admin reset the
-//     README allows (instances − 1) leases that other instances took
-//     before it; here the reset reaches every instance's near cache (one
+//     in every window, sliding_window_log at most L in every window-long
+//     span, token_bucket B + r × T plus r × 1 s for the lease, on
+//     Redis's TIME (see checkRedis). After an admin reset the README
+//     allows (instances − 1) leases that other instances took before
+//     it; here the reset reaches every instance's near cache (one
 //     process's admin API answers for every zone of the name), so none.
+//   - redis zones when instance 0 decides by its own clock, δ = |skew|
+//     from Redis's TIME (README.md "Servers that refuse TIME in
+//     scripts", "What that costs": "a skew of δ between instances moves
+//     window edges and refills by δ"), with every key outliving its
+//     state by a second on the clock that wrote it, so that skew costs
+//     no more than that:
+//       - fixed_window: the instance ahead starts a key's next window up
+//         to δ early and the one behind then counts in it too, "so a
+//         window can be up to δ shorter"; no window counts more than L.
+//         Exactly: each admission is counted in one window, between the
+//         one its instance's clock was in while it ran and the latest a
+//         key of its zone and key can have held by then (a clock behind
+//         decides in the later window a key holds: lua/fixed_window.lua's
+//         behind), and no window holds more than L (checkWindows,
+//         windowsOf). That catches a window counted twice: a key gone at
+//         the end of its window on the writer's clock while the clock
+//         behind still says that window, which starts it afresh.
+//       - sliding_window_log: "holds its limit over any span of W − δ
+//         rather than W": an entry is stamped by its instance's clock
+//         and leaves the log when a decision's clock is W past the stamp,
+//         which the clock ahead reaches δ early for an entry of the clock
+//         behind; so a decision counts, exactly, every entry less than
+//         W − (d_max − d) of real time before it, d being the clock offset
+//         of the entry's instance and d_max the greatest (W − δ for an
+//         entry of the clock behind, W for the other's).
+//       - token_bucket: "can refill up to δ early (up to r × δ more
+//         units)": B + r × (T + δ), plus r × 1 s for the lease.
+//     sliding_window_counter (the README's bound is fixed_window's) and
+//     leaky_bucket (token_bucket's) have no redis zone here.
 //   - response_cost: what a charge takes past the up-front cost is the
 //     README's documented bound ("Costs from the response"); the checks
 //     count only up-front costs, less what settling gave back.
@@ -165,8 +195,9 @@ func ceilDiv(a, b int64) int64 {
 }
 
 // checkRedis holds a redis zone's state to its limit (see the bounds
-// above). Its admissions are timed by Redis's TIME, real time, which the
-// test knows only as the span of each request ([lo, hi]), so each check
+// above). Its admissions are timed by Redis's TIME, real time, or by
+// instance 0's clock, real time plus its skew, which the test knows only
+// as the span of each request ([lo, hi], in real time), so each check
 // counts only the admissions certainly inside the span it checks: it can
 // miss an excess at the edges, never invent one.
 func (m *hmModel) checkRedis(state string, z *hmZone) {
@@ -184,25 +215,18 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 	worst, bound, fail := int64(math.MinInt64), "", ""
 	switch z.alg {
 	case "fixed_window":
-		bound = "L per aligned window"
-		byWin := map[int64]int64{}
-		for _, a := range as {
-			if a.lo/w == a.hi/w {
-				byWin[a.lo/w] += a.counted
-			}
-		}
-		for win, u := range byWin {
-			worst = max(worst, u-quota)
-			if u > quota {
-				fail = fmt.Sprintf("%d units in aligned window %d", u, win)
-			}
-		}
+		bound = "L per window, windows placed by skew"
+		worst, fail = m.checkWindows(as, quota, w)
 	case "sliding_window_log":
-		bound = "L per window-long span"
+		bound = "L per span of W, W − δ for entries of a clock behind another"
+		dmax := max(m.offset(0), 0)
 		for _, a := range as {
 			u := a.counted
 			for _, b := range as {
-				if b != a && b.lo > a.hi-w && b.hi <= a.lo {
+				// b's entry stays in a's log for W − (dmax − d_b) of
+				// real time at least (see the bounds above).
+				span := w - (dmax - m.offset(b.inst))
+				if b != a && b.lo > a.hi-span && b.hi <= a.lo {
 					u += b.counted
 				}
 			}
@@ -212,9 +236,10 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 			}
 		}
 	case "token_bucket":
-		// units × W ≤ B × W + L × (span + 1s + the longest request, in
-		// which a refund may come after its take), in exact integers.
-		bound = "B + r×T + r×1s"
+		// units × W ≤ B × W + L × (span + δ + 1s + the longest request,
+		// in which a refund may come after its take), in exact integers.
+		bound = "B + r×(T + δ) + r×1s"
+		skew := m.r.skew.Abs().Microseconds()
 		for _, a := range as {
 			for _, e := range as {
 				if e.hi < a.lo {
@@ -227,7 +252,7 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 						longest = max(longest, b.hi-b.lo)
 					}
 				}
-				slack := quota*w + quota*(e.hi-a.lo+time.Second.Microseconds()+longest)
+				slack := quota*w + quota*(e.hi-a.lo+skew+time.Second.Microseconds()+longest)
 				worst = max(worst, ceilDiv(u*w-slack, w))
 				if u*w > slack {
 					fail = fmt.Sprintf("%d units between admissions %d and %d, %v apart at most", u, a.id, e.id, time.Duration(e.hi-a.lo)*time.Microsecond)
@@ -350,10 +375,22 @@ func (r *hmRun) finalRedis() {
 		l     hmLimit
 		redis *limiter.Redis
 		state string
+		inst  int
 	}
 	var peeks []peek
 	seen := map[string]bool{}
+	// Peeks go through the instance whose clock is furthest ahead: a
+	// lease given back in a later window than it was taken in stays in
+	// Redis (a give-back counts only in its own window), where a clock
+	// behind the one that gave it back can still read it, though the
+	// model cannot know it (refused requests took it).
+	peeker := r.inst[0]
 	for _, in := range r.inst {
+		if r.m.offset(in.i) > r.m.offset(peeker.i) {
+			peeker = in
+		}
+	}
+	for _, in := range []*hmInstance{peeker} {
 		for _, z := range []*hmZone{hmRF, hmRW} {
 			for _, key := range r.keys {
 				now := r.rclock.Now()
@@ -367,7 +404,7 @@ func (r *hmRun) finalRedis() {
 				if lim == nil || lim.redis == nil {
 					continue
 				}
-				peeks = append(peeks, peek{z, key, l, lim.redis, state})
+				peeks = append(peeks, peek{z, key, l, lim.redis, state, in.i})
 			}
 		}
 	}
@@ -388,19 +425,27 @@ func (r *hmRun) finalRedis() {
 			r.fail("end: peek %s %s: %v", p.z.id, p.key, err)
 			return
 		}
-		if before/w != after/w {
+		// The peek reads the window of its instance's clock, or a later
+		// one a key holds (windowsOf): compared only when every admission
+		// of the zone and key that can be in that window or a later one is
+		// certainly in that one.
+		off := r.m.offset(p.inst)
+		if floorDiv(before+off, w) != floorDiv(after+off, w) {
 			continue
 		}
+		win := floorDiv(before+off, w)
 		var units int64
 		sure := true
 		for _, a := range r.m.adms {
-			if a.state != p.l.state {
+			if a.z != p.z || a.key != p.key {
 				continue
 			}
+			s, e := r.m.windowsOf(a, w)
 			switch {
-			case a.lo/w == before/w && a.hi/w == before/w:
+			case e < win:
+			case a.state == p.l.state && s == win && e == win:
 				units += a.stored
-			case a.hi/w >= before/w:
+			default:
 				sure = false
 			}
 		}
@@ -415,4 +460,82 @@ func (r *hmRun) finalRedis() {
 	}
 	r.comparedRedis += compared
 	r.logf("end: %d redis states as the model says", compared)
+}
+
+// windowsOf is the range of aligned windows [s, e] (indices of W µs on
+// the clock that decided it) a redis fixed_window admission can have been
+// counted in. Each instance's scripts read their own clock, real time plus
+// offset: the window its clock was in while a ran is the least; a clock
+// behind decides in the later window a key holds (lua/fixed_window.lua's
+// behind: "as fixedWindowState.roll does"), which only a request of the
+// same zone and key (hmModel.writers, admitted or not) can have written
+// by then, in its own clock's window at
+// most, as far as it had run (to its end, or a's: a charge writes when its
+// response ends), recorded or still pending. With every instance on one
+// clock this is the windows a spans.
+func (m *hmModel) windowsOf(a *hmAdm, w int64) (s, e int64) {
+	d := m.offset(a.inst)
+	s, e = floorDiv(a.lo+d, w), floorDiv(a.hi+d, w)
+	for _, b := range m.writers {
+		if b.z != a.z || b.key != a.key || b.lo >= a.hi {
+			continue
+		}
+		end := a.hi
+		if b.until != 0 {
+			end = min(end, b.until)
+		}
+		e = max(e, floorDiv(end+m.offset(b.inst), w))
+	}
+	for _, f := range m.pending {
+		if f.q.key != a.key || !slices.Contains(hmRoutes[f.q.route], a.z) || f.realStart >= a.hi {
+			continue
+		}
+		e = max(e, floorDiv(min(a.hi, f.realEnd)+m.offset(f.q.inst), w))
+	}
+	return s, e
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// checkWindows holds a redis fixed_window state's admissions as to L per
+// window, each in one of the windows windowsOf allows: for every run of
+// windows [p, q], those that must fall in it hold at most L × (q − p + 1)
+// units (what any placement of them needs). It returns the largest excess
+// and a failure, if any.
+func (m *hmModel) checkWindows(as []*hmAdm, quota, w int64) (int64, string) {
+	type placed struct {
+		a    *hmAdm
+		s, e int64
+	}
+	ps := make([]placed, 0, len(as))
+	for _, a := range as {
+		s, e := m.windowsOf(a, w)
+		ps = append(ps, placed{a, s, e})
+	}
+	slices.SortFunc(ps, func(x, y placed) int { return cmp.Compare(x.e, y.e) })
+	worst, fail := int64(math.MinInt64), ""
+	for _, first := range ps {
+		p := first.s
+		u := int64(0)
+		var ids []int
+		for _, b := range ps { // by e: each q once all that end by it are in
+			if b.s < p {
+				continue
+			}
+			u += b.a.counted
+			ids = append(ids, b.a.id)
+			excess := u - quota*(b.e-p+1)
+			worst = max(worst, excess)
+			if excess > 0 && fail == "" {
+				fail = fmt.Sprintf("%d units in windows %d..%d (admissions %v, each counted in one of them on its instance's clock), %d allowed", u, p, b.e, ids, quota*(b.e-p+1))
+			}
+		}
+	}
+	return worst, fail
 }

@@ -33,6 +33,26 @@ type hmModel struct {
 	// ambiguous are the redis states a race step left unsure of: an
 	// admission that overlapped the reset may be either epoch's.
 	ambiguous map[string]bool
+	// pending are requests that ran beside the one being decided and are
+	// decided after it (a race step's): what they took is not recorded
+	// yet, but they may have written a key first (hmModel.windowsOf).
+	pending []*hmFlight
+	// writers are the decided requests of redis zones, admitted or not
+	// (a zone before the one that refused takes units that go back to
+	// it or to its lease, which writes its key all the same), each as
+	// far as it may have written a key: hmModel.windowsOf.
+	writers []*hmWrite
+}
+
+// hmWrite is a decided request of a redis zone: its instance, the real
+// time it started, and until, the real time it ended (0 in flight).
+type hmWrite struct {
+	z     *hmZone
+	f     *hmFlight
+	key   string
+	inst  int
+	lo    int64
+	until int64
 }
 
 // hmOverride is a key's override as the model set it.
@@ -118,6 +138,16 @@ func (m *hmModel) limitAt(in *hmInstance, z *hmZone, key, plan string, now int64
 	return l
 }
 
+// offset is how far (µs) the clock instance inst's redis scripts decide
+// by is from real time, Redis's TIME: the skew on instance 0 when the
+// schedule mixes clocks, else none.
+func (m *hmModel) offset(inst int) int64 {
+	if m.r.mixed && inst == 0 {
+		return m.r.skew.Microseconds()
+	}
+	return 0
+}
+
 // window is the window of z's limits on in.
 func (m *hmModel) window(in *hmInstance, z *hmZone) time.Duration {
 	switch {
@@ -149,6 +179,11 @@ func (m *hmModel) resetState(state string) {
 // decided (the clock did not move in between).
 func (m *hmModel) decide(f *hmFlight, lims []hmLimit) {
 	r := m.r
+	for _, z := range hmRoutes[f.q.route] {
+		if z.redis {
+			m.writers = append(m.writers, &hmWrite{z: z, f: f, key: f.q.key, inst: f.q.inst, lo: f.realStart, until: f.realEnd})
+		}
+	}
 	admitted := f.called.Load() || (f.q.leave && f.status == statusClientClosedRequest)
 	if !admitted {
 		r.refused++
@@ -195,6 +230,11 @@ func (m *hmModel) decide(f *hmFlight, lims []hmLimit) {
 func (m *hmModel) settle(f *hmFlight) {
 	q := f.q
 	left := q.leave && f.status == statusClientClosedRequest
+	for _, w := range m.writers {
+		if w.f == f {
+			w.until = f.realEnd
+		}
+	}
 	for _, a := range f.adms {
 		before := a.counted
 		switch {

@@ -128,9 +128,15 @@ type hmRun struct {
 	// clock. Redis's TIME is real time, so their leases must not outlive
 	// it (README.md "The near cache": a lease lives a second), and
 	// override expiries on it can fall within a request.
-	rclock  *hmRealClock
-	prefix  string
-	mixed   bool
+	rclock *hmRealClock
+	prefix string
+	mixed  bool
+	// skew is how far instance 0's own clock, the one its scripts decide
+	// by when r.mixed, is from Redis's TIME (real time): negative behind,
+	// positive ahead; 0 unless r.mixed. Its redis admissions, timed in
+	// real time like the others', happened at real time plus skew on the
+	// clock the scripts read (hmModel.offset).
+	skew    time.Duration
 	inst    []*hmInstance
 	cleanup []func()
 	keys    []string
@@ -156,6 +162,33 @@ var hmSeq atomic.Int64
 type hmRealClock struct{ offset atomic.Int64 }
 
 func (c *hmRealClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// hmSkewClock is real time, Redis's TIME, moved by d: the clock instance
+// 0's scripts read when r.mixed, as a host whose clock is d from the
+// server's.
+type hmSkewClock struct{ d time.Duration }
+
+func (c hmSkewClock) Now() time.Time { return time.Now().Add(c.d) }
+
+// Skews are drawn from hmSkewMin up to hmSkewMax, and below
+// hmSkewPerWindow of the redis window, well inside the second README.md
+// ("Servers that refuse TIME in scripts") bounds skew to.
+const (
+	hmSkewMin       = 20 * time.Millisecond
+	hmSkewMax       = 150 * time.Millisecond
+	hmSkewPerWindow = 0.75
+)
+
+// drawSkew draws the schedule's skew for a redis window w: 20ms up to
+// 150ms or 3/4 of w, behind or ahead of Redis's TIME.
+func (r *hmRun) drawSkew(w time.Duration) time.Duration {
+	hi := min(hmSkewMax, time.Duration(float64(w)*hmSkewPerWindow))
+	d := hmSkewMin + time.Duration(r.rng.Int64N(int64(hi-hmSkewMin)+1)).Truncate(time.Millisecond)
+	if r.rng.IntN(2) == 0 {
+		return -d
+	}
+	return d
+}
 
 // nowFor is the time (µs) zone z's handler reads.
 func (r *hmRun) nowFor(z *hmZone) int64 {
@@ -236,6 +269,14 @@ func (r *hmRun) run() bool {
 		}
 	}
 	base.cwPro = base.events["cw"] * 2
+	if r.mixed {
+		r.skew = r.drawSkew(base.redisWindow)
+		if r.skew < 0 {
+			r.features["behind"] = true
+		} else {
+			r.features["ahead"] = true
+		}
+	}
 	for i := range hmInstances {
 		in := &hmInstance{i: i, url: "redis://" + r.srv.Addr()}
 		if i == 0 && r.mixed {
@@ -254,7 +295,7 @@ func (r *hmRun) run() bool {
 			r.t.Fatalf("seed %d: instance 1's redis zones are on the instance's clock", r.seed)
 		}
 	}
-	r.logf("seed %d, mixed clocks %v, keys %v, limits %v, memory window %v, redis window %v", r.seed, r.mixed, r.keys, base.events, base.cwWindow, base.redisWindow)
+	r.logf("seed %d, mixed clocks %v (instance 0's skew %v), keys %v, limits %v, memory window %v, redis window %v", r.seed, r.mixed, r.skew, r.keys, base.events, base.cwWindow, base.redisWindow)
 	for r.step = 1; r.step <= r.steps && r.failure == ""; r.step++ {
 		r.doStep()
 	}
@@ -292,6 +333,18 @@ func (r *hmRun) provision(in *hmInstance, cfg hmConfig) error {
 			return err
 		}
 		hs[i] = h
+	}
+	if in.i == 0 && r.mixed {
+		// The redis block's pooled ServerClock: a reload with the same
+		// block gets the same one, set again all the same.
+		sc := hs[1].redis.clock
+		if sc == nil {
+			r.t.Fatalf("seed %d: instance 0's redis handler has no ServerClock", r.seed)
+		}
+		if in.hr != nil && in.hr.redis.clock != sc {
+			r.logf("instance 0's reload got another ServerClock")
+		}
+		sc.SetInstanceClock(hmSkewClock{r.skew})
 	}
 	old, oldR, oldCancel := in.h, in.hr, in.cancel
 	in.h, in.hr, in.cfg, in.cancel = hs[0], hs[1], cfg, cancel

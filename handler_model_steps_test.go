@@ -17,6 +17,10 @@ import (
 
 // doStep picks one step of the schedule and runs it.
 func (r *hmRun) doStep() {
+	if r.mixed && !hmSkips("edge") && r.rng.IntN(hmEdgeOdds) == 0 {
+		r.edge()
+		return
+	}
 	switch n := r.rng.IntN(100); {
 	case n < 14:
 		r.request(hmCW)
@@ -125,43 +129,47 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 // request runs one request of z's route: to its end, or, for a
 // concurrency zone, until it is decided, leaving it in flight.
 func (r *hmRun) request(z *hmZone) {
-	q := r.newRequest(z)
+	r.send(r.newRequest(z))
+}
+
+// send runs q as request does, and reports whether it was admitted.
+func (r *hmRun) send(q hmRequest) bool {
 	lims := r.limits(q)
 	hold := slices.ContainsFunc(hmRoutes[q.route], func(z *hmZone) bool { return z.alg == "concurrency" })
 	f := r.start(q, hold)
 	if q.leave {
 		if !r.wait(f.decided, "deciding "+q.String()) {
-			return
+			return false
 		}
 		f.cancel()
 	}
 	if hold {
 		if !r.wait(f.entered, "deciding "+q.String()) {
-			return
+			return false
 		}
 		if f.called.Load() {
 			r.logf("in flight: %s", q)
 			r.m.decide(f, r.recheck(q, lims))
 			r.flights = append(r.flights, f)
-			return
+			return true
 		}
 	}
 	if !r.wait(f.done, "serving "+q.String()) {
-		return
+		return false
 	}
 	r.logf("%s: %d (called %v, panicked %v)", q, f.status, f.called.Load(), f.panicked)
 	if f.panicked != (f.called.Load() && (q.panicBefore || q.panicAfter)) {
 		r.fail("%s: ServeHTTP panicked %v, want the panic of next re-raised", q, f.panicked)
-		return
+		return false
 	}
 	for i, zz := range hmRoutes[q.route] {
 		if zz.costly && q.cost > lims[i].quota && lims[i].action == "limit" && f.status != http.StatusBadRequest && !f.called.Load() && f.status != http.StatusTooManyRequests {
 			r.fail("%s: status %d, want 400 for a cost above zone %s's quota %d", q, f.status, zz.id, lims[i].quota)
-			return
+			return false
 		}
 		if zz.costly && q.cost > lims[i].quota && lims[i].action == "limit" && f.called.Load() {
 			r.fail("%s: admitted with a cost above zone %s's quota %d", q, zz.id, lims[i].quota)
-			return
+			return false
 		}
 	}
 	r.m.decide(f, r.recheck(q, lims))
@@ -170,6 +178,52 @@ func (r *hmRun) request(z *hmZone) {
 	}
 	r.m.settle(f)
 	f.cancel()
+	return f.called.Load()
+}
+
+// hmEdgeOdds: a schedule that mixes clocks takes an edge step at one
+// step in hmEdgeOdds; each sleeps about half a redis window.
+const hmEdgeOdds = 120
+
+// edge tries what README.md ("Servers that refuse TIME in scripts",
+// "What that costs") says skew δ costs a fixed window at its edge: the
+// instance whose clock is ahead fills a key of rf just before its window
+// ends on that clock, and once it has ended there, but not on the clock
+// δ behind (δ/2 later), the instance behind sends the same key. Its
+// clock still says the window the other filled, whose key outlives it by
+// a second: it must find it full (checkRedis holds each admission to the
+// window its instance's clock allows).
+func (r *hmRun) edge() {
+	key := r.keys[r.rng.IntN(len(r.keys))]
+	ahead, behind := 1, 0
+	if r.skew > 0 {
+		ahead, behind = 0, 1
+	}
+	w := r.inst[ahead].cfg.redisWindow.Microseconds()
+	off := r.m.offset(ahead)
+	now := time.Now().UnixMicro()
+	// end is when, in real time, the ahead clock's window ends.
+	end := (floorDiv(now+off, w)+1)*w - off
+	if end-now < (15 * time.Millisecond).Microseconds() {
+		end += w
+	}
+	r.logf("edge: rf %s from instance %d, then from instance %d %v after the window's end on instance %d's clock", key, ahead, behind, r.skew.Abs()/2, ahead)
+	r.features["edge"] = true
+	for range r.inst[ahead].cfg.events[hmRF.id] + 1 {
+		if time.Now().UnixMicro() >= end-(2*time.Millisecond).Microseconds() {
+			break
+		}
+		if !r.send(hmRequest{route: hmRF.id, inst: ahead, key: key, cost: 1, status: http.StatusOK}) || r.failure != "" {
+			break
+		}
+	}
+	time.Sleep(time.Until(time.UnixMicro(end).Add(r.skew.Abs() / 2)))
+	for range 2 {
+		if r.failure != "" {
+			return
+		}
+		r.send(hmRequest{route: hmRF.id, inst: behind, key: key, cost: 1, status: http.StatusOK})
+	}
 }
 
 // limits are the limits in force for q in each zone of its route.
@@ -430,6 +484,8 @@ func (r *hmRun) race() {
 	}
 	r.resetSeen = true
 	r.features["race"], r.features["reset"] = true, true
+	r.m.pending = flights
+	defer func() { r.m.pending = nil }()
 	for i, f := range flights {
 		l := lims[i][0]
 		switch {

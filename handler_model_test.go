@@ -47,10 +47,15 @@ import (
 // (hmStepKinds), to isolate a failure. The log ends with one block of
 // totals (run with -v to see it when the test passes).
 //
-// The instance on its own clock reads this process's clock, as Redis's
-// TIME reads this machine's: the test cannot skew one against the other
-// (the instance clock is time.Now in limiter.ServerClock), so it checks
-// mixed clocks without skew.
+// The instance on its own clock, instance 0 when a schedule mixes clocks,
+// is skewed from Redis's TIME (this machine's clock) by 20 to 150 ms
+// (less than 3/4 of the redis window), behind or ahead, drawn per
+// schedule: its pooled ServerClock sends its scripts that clock
+// (limiter.ServerClock.SetInstanceClock), and the checks place its
+// admissions, timed in real time like the others', by it (hmModel.offset)
+// and hold each algorithm to what README.md says skew costs it ("Servers
+// that refuse TIME in scripts"). Its edge step ("edge") tries a fixed
+// window at the edge the skew moves.
 func TestHandlerModel(t *testing.T) {
 	if !redistest.Available() {
 		t.Skip("no redis-server")
@@ -97,8 +102,10 @@ var (
 // key's override changed while its requests are in flight), "cost0"
 // (requests of cost 0) and "leave" (a client that leaves while held);
 // "concexpiry" (a concurrency key's override lapsing while its requests
-// are in flight) is ovconc's change of limit by expiry.
-var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed"}
+// are in flight) is ovconc's change of limit by expiry; "edge" (a fixed
+// window tried by the instance behind just after it ended on the clock
+// ahead) is mixed's.
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed", "edge"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool {
@@ -174,6 +181,9 @@ type hmTotals struct {
 	mixes map[string]int
 	// byZone counts admissions per zone.
 	byZone map[string]int
+	// skewMin and skewMax are the least and greatest skew (either way)
+	// of the schedules that mixed clocks.
+	skewMin, skewMax time.Duration
 }
 
 type hmExcess struct {
@@ -206,6 +216,9 @@ var hmMixes = []struct {
 	{"override change + concurrency in flight", []string{"ovconc"}},
 	{"reset + refill", []string{"reset", "refill"}},
 	{"mixed clocks", []string{"mixed"}},
+	{"mixed clocks, instance 0 behind", []string{"mixed", "behind"}},
+	{"mixed clocks, instance 0 ahead", []string{"mixed", "ahead"}},
+	{"mixed clocks + edge step", []string{"mixed", "edge"}},
 	{"hold + leave", []string{"hold", "leave"}},
 	{"reset + lease refills in flight", []string{"race"}},
 	{"reload while in flight", []string{"reload-inflight"}},
@@ -228,6 +241,12 @@ func (tt *hmTotals) schedule(r *hmRun) {
 	tt.comparedRedis += r.comparedRedis
 	for z, n := range r.byZone {
 		tt.byZone[z] += n
+	}
+	if d := r.skew.Abs(); r.mixed {
+		if tt.skewMin == 0 || d < tt.skewMin {
+			tt.skewMin = d
+		}
+		tt.skewMax = max(tt.skewMax, d)
 	}
 	for _, m := range hmMixes {
 		all := true
@@ -264,7 +283,11 @@ func (tt *hmTotals) report(failed int) string {
 	}
 	b.WriteString("  schedules per mix of features:\n")
 	for _, m := range hmMixes {
-		fmt.Fprintf(&b, "    %-42s %d\n", m.name, tt.mixes[m.name])
+		name := m.name
+		if name == "mixed clocks" {
+			name += fmt.Sprintf(" (skew %v–%v)", tt.skewMin, tt.skewMax)
+		}
+		fmt.Fprintf(&b, "    %-42s %d\n", name, tt.mixes[m.name])
 	}
 	return strings.TrimRight(b.String(), "\n")
 }
