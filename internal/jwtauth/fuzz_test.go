@@ -257,8 +257,13 @@ func checkDecimal(t *testing.T, in, out string) {
 		return
 	}
 	want, ok1 := new(big.Rat).SetString(in)
+	if !ok1 {
+		// big.Rat refuses exponents it cannot hold ("0E10000000000000000000"
+		// is 0, which renderDecimal says): no oracle for this input.
+		return
+	}
 	got, ok2 := new(big.Rat).SetString(out)
-	if !ok1 || !ok2 || want.Cmp(got) != 0 {
+	if !ok2 || want.Cmp(got) != 0 {
 		t.Fatalf("renderDecimal(%q) = %q: value changed", in, out)
 	}
 }
