@@ -211,6 +211,10 @@ func FuzzLookupClaim(f *testing.F) {
 		out, ok := Claims(claims).Lookup(path)
 		// Resolve the path independently to know what was found.
 		val, found := claims[path]
+		if path == "" {
+			// An empty path names no claim, even one keyed "" (Lookup).
+			val, found = nil, false
+		}
 		if !found && path != "" {
 			var cur any = claims
 			found = true
