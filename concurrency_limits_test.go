@@ -50,23 +50,33 @@ func finish(hs ...heldRequest) {
 	}
 }
 
-// concurrencyOverrideHandler provisions a concurrency zone of events,
-// keyed by client IP, in store (a redis zone on a server of its own).
-func concurrencyOverrideHandler(t *testing.T, name, store string, events int) *Handler {
+// concurrencyConfig returns the config of a concurrency zone name, keyed
+// by client IP, in store (a redis zone on a server of its own, started
+// once), for a given limit: a test that reloads calls it twice.
+func concurrencyConfig(t *testing.T, name, store string) func(events int) string {
 	t.Helper()
 	redisBlock := ""
 	if store == storeRedis {
 		redisBlock = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
 	}
-	return provisionHandler(t, `rate_limit {
-		zone `+name+` {
-			key ip
-			algorithm concurrency
-			events `+strconv.Itoa(events)+`
-			store `+store+`
-		}
-		`+redisBlock+`
-	}`)
+	return func(events int) string {
+		return `rate_limit {
+			zone ` + name + ` {
+				key ip
+				algorithm concurrency
+				events ` + strconv.Itoa(events) + `
+				store ` + store + `
+			}
+			` + redisBlock + `
+		}`
+	}
+}
+
+// concurrencyOverrideHandler provisions concurrencyConfig's zone with a
+// limit of events.
+func concurrencyOverrideHandler(t *testing.T, name, store string, events int) *Handler {
+	t.Helper()
+	return provisionHandler(t, concurrencyConfig(t, name, store)(events))
 }
 
 // TestConcurrencyOverrideCountsRequestsInFlight: a concurrency key has one
@@ -223,21 +233,7 @@ func TestConcurrencyReloadCountsRequestsInFlight(t *testing.T) {
 		t.Run(store, func(t *testing.T) {
 			const ip = "198.51.100.95"
 			name := "conc_reload_" + store
-			redisBlock := ""
-			if store == storeRedis {
-				redisBlock = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
-			}
-			config := func(events int) string {
-				return `rate_limit {
-					zone ` + name + ` {
-						key ip
-						algorithm concurrency
-						events ` + strconv.Itoa(events) + `
-						store ` + store + `
-					}
-					` + redisBlock + `
-				}`
-			}
+			config := concurrencyConfig(t, name, store)
 			old := provisionHandler(t, config(2))
 			a, b := holdKey(old, ip, nil), holdKey(old, ip, nil)
 			if ca, cb := <-a.admitted, <-b.admitted; ca != 200 || cb != 200 {
