@@ -148,7 +148,7 @@ func (e errBadCost) Error() string {
 // value, which must be an integer from 0 to the limit's largest cost. A
 // value outside that range refuses the request with 400, never admits it
 // free.
-func (h *Handler) requestCost(r *http.Request, repl *caddy.Replacer, claims *jwtClaims, c *candidate) error {
+func (h *Handler) requestCost(r *http.Request, repl *caddy.Replacer, claims *jwtClaims, c *zoneRecord) error {
 	z := c.zone
 	if z.costTemplate == nil {
 		c.cost = z.cost

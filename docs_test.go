@@ -320,3 +320,30 @@ func TestREADMEIncludesExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestRootGivesBackOnlyThroughAdmissions: the root package never calls a
+// store's give-back or charge itself; units come back only through the
+// limiter.Admission that holds them (docs/design.md, "One record per zone,
+// one phase").
+func TestRootGivesBackOnlyThroughAdmissions(t *testing.T) {
+	calls := regexp.MustCompile(`\.(store|local|Store)\.(GiveBack|Refund|Charge|Renew|ReturnMany|RefundMany)\(|limiter\.(Charger|Leaser)\)`)
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			if calls.MatchString(line) {
+				t.Errorf("%s:%d calls a store's give-back or charge directly: %s", name, i+1, strings.TrimSpace(line))
+			}
+		}
+	}
+}

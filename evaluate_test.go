@@ -56,23 +56,25 @@ func (rv *rendezvous) wait() {
 // wait at a rendezvous, counting what it is asked.
 type remoteStore struct {
 	limiter.Store
-	rv               *rendezvous
-	takes, returns   atomic.Int32
-	returnedAllowing atomic.Int32
+	rv              *rendezvous
+	takes, gaveBack atomic.Int32
 }
 
-func (s *remoteStore) Take(ctx context.Context, key string, cost int64) (limiter.Decision, error) {
+// Take answers as the memory store does, with an admission that gives
+// back through s, so give-backs are counted.
+func (s *remoteStore) Take(ctx context.Context, key string, cost int64) (limiter.Admission, error) {
 	s.takes.Add(1)
 	s.rv.wait()
-	return s.Store.Take(ctx, key, cost)
+	a, err := s.Store.Take(ctx, key, cost)
+	if err != nil || !a.Allowed {
+		return a, err
+	}
+	return limiter.NewAdmission(s, key, cost, a.Decision, a.Receipt), nil
 }
 
-func (s *remoteStore) Refund(ctx context.Context, key string, cost int64, taken limiter.Decision) (limiter.Decision, error) {
-	s.returns.Add(1)
-	if taken.Allowed {
-		s.returnedAllowing.Add(1)
-	}
-	return s.Store.Refund(ctx, key, cost, taken)
+func (s *remoteStore) GiveBack(ctx context.Context, key string, units int64, taken limiter.Receipt) (limiter.Decision, error) {
+	s.gaveBack.Add(1)
+	return s.Store.GiveBack(ctx, key, units, taken)
 }
 
 // remoteZones provisions fixed-window zones of the given limits per hour,
@@ -105,7 +107,7 @@ func TestRemoteZonesDecidedTogether(t *testing.T) {
 		serveAll(t, h, "198.51.100.50", []int{200, 200, 429, 429}, rv.next)
 		rv.check(t, 8)
 		// The first zone gave back what the two refused requests took.
-		if got := stores[0].returnedAllowing.Load(); got != 2 {
+		if got := stores[0].gaveBack.Load(); got != 2 {
 			t.Fatalf("first zone gave back %d, want 2", got)
 		}
 		r, _ := newKeyRequest("198.51.100.50", nil)
@@ -121,7 +123,7 @@ func TestRemoteZonesDecidedTogether(t *testing.T) {
 		rv.check(t, 8)
 		// The second zone was asked ahead of its turn on the refused
 		// requests too, and gave both back: it reports nothing for them.
-		if got := stores[1].returnedAllowing.Load(); got != 2 {
+		if got := stores[1].gaveBack.Load(); got != 2 {
 			t.Fatalf("second zone gave back %d, want 2", got)
 		}
 		d, err := stores[1].Store.Take(context.Background(), "198.51.100.51", 1)

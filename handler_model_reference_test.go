@@ -243,7 +243,7 @@ func (m *hmModel) settle(f *hmFlight) {
 		case left:
 			// A request aborted before any response matched nothing: a
 			// count_response zone gives its units back; a leaky bucket
-			// keeps its place (evaluate.go holdRequest).
+			// keeps its place (respond.go holdRequest).
 			if a.z.counts {
 				a.counted, a.stored = 0, 0
 				m.left[a.state] = true

@@ -72,12 +72,12 @@ func formatPolicyItem(name string, p limiter.Policy, q int64, w time.Duration) s
 
 // policyItemOf is the RateLimit-Policy member of o's zone: made once, or
 // for a calendar zone, that of the window o was decided in.
-func (h *Handler) policyItemOf(o *outcome) string {
+func (h *Handler) policyItemOf(o *zoneRecord) string {
 	c := o.limit.calendar
 	if c == nil {
 		return o.limit.policyItem
 	}
-	t := o.d.At()
+	t := o.adm.At()
 	if t.IsZero() { // a refusal no store made: missing_key deny
 		t = h.now()
 	}
@@ -98,16 +98,18 @@ func appendSFString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// reported is the outcome the single-valued headers describe: the refusing
-// zone, or else the one with the least remaining.
-func (ev *evaluation) reported() *outcome {
-	if ev.denied >= 0 {
-		return &ev.outcomes[ev.denied]
+// reported is the record the single-valued headers describe: the refusing
+// zone's, or else the one with the least remaining. req reports at least
+// one record.
+func (req *request) reported() *zoneRecord {
+	if req.refusal >= 0 {
+		return &req.records[req.refusal]
 	}
-	best := &ev.outcomes[0]
-	for i := 1; i < len(ev.outcomes); i++ {
-		if ev.outcomes[i].d.Remaining < best.d.Remaining {
-			best = &ev.outcomes[i]
+	var best *zoneRecord
+	for i := range req.records {
+		rec := &req.records[i]
+		if rec.phase.reports() && (best == nil || rec.adm.Remaining < best.adm.Remaining) {
+			best = rec
 		}
 	}
 	return best
@@ -118,8 +120,8 @@ func (ev *evaluation) reported() *outcome {
 // zone's t) whatever the headers mode. All values are written into one
 // buffer and share one backing array, so the headers cost two allocations
 // whatever their number.
-func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
-	refused := ev.denied >= 0
+func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
+	refused := req.refusal >= 0
 	if h.headers == headersNone && !refused {
 		return
 	}
@@ -139,18 +141,18 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 		field(hdrRetryAfter, len(b))
 	}
 	if h.headers == headersBoth || h.headers == headersX {
-		o := ev.reported()
+		o := req.reported()
 		b = append(b, o.limit.quotaText...)
 		field(hdrLimit, len(b))
-		b = strconv.AppendInt(b, o.d.Remaining, 10)
+		b = strconv.AppendInt(b, o.adm.Remaining, 10)
 		field(hdrRemaining, len(b))
 		// Reset on the store's clock when it says when it decided, so a
 		// window's end is reported as the second it ends in.
-		base := o.d.At()
+		base := o.adm.At()
 		if base.IsZero() { // a refusal no store made: missing_key deny
 			base = h.now()
 		}
-		reset := base.Add(o.d.ResetAfter)
+		reset := base.Add(o.adm.ResetAfter)
 		epoch := reset.Unix()
 		if reset.Nanosecond() > 0 {
 			epoch++
@@ -158,24 +160,37 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 		b = strconv.AppendInt(b, epoch, 10)
 		field(hdrReset, len(b))
 	}
-	single := len(ev.outcomes) == 1
+	var first *zoneRecord // the one reported, when single
 	if h.headers == headersBoth || h.headers == headersIETF {
-		for i := range ev.outcomes {
-			if i > 0 {
+		n := 0
+		for i := range req.records {
+			rec := &req.records[i]
+			if !rec.phase.reports() {
+				continue
+			}
+			if n > 0 {
 				b = append(b, ", "...)
 			}
-			b = appendRateLimitItem(b, &ev.outcomes[i], retry, ev.denied == i)
+			first = rec
+			n++
+			b = appendRateLimitItem(b, rec, retry, req.refusal == i)
 		}
 		field(hdrRateLimit, len(b))
-		if single {
+		if n == 1 {
 			// A single zone's policy was made once; use it as is.
 			field(hdrPolicy, -1)
 		} else {
-			for i := range ev.outcomes {
-				if i > 0 {
+			n = 0
+			for i := range req.records {
+				rec := &req.records[i]
+				if !rec.phase.reports() {
+					continue
+				}
+				if n > 0 {
 					b = append(b, ", "...)
 				}
-				b = append(b, h.policyItemOf(&ev.outcomes[i])...)
+				n++
+				b = append(b, h.policyItemOf(rec)...)
 			}
 			field(hdrPolicy, len(b))
 		}
@@ -185,7 +200,7 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 	start := 0
 	for i := range n {
 		if ends[i] < 0 {
-			vals[i] = h.policyItemOf(&ev.outcomes[0])
+			vals[i] = h.policyItemOf(first)
 		} else {
 			vals[i], start = all[start:ends[i]], ends[i]
 		}
@@ -195,12 +210,12 @@ func (h *Handler) writeHeaders(hdr http.Header, ev *evaluation, retry int64) {
 
 // appendRateLimitItem writes a zone's member of RateLimit:
 // "<zone>";r=<remaining>;t=<seconds until reset, or Retry-After if it refused>.
-func appendRateLimitItem(b []byte, o *outcome, retry int64, refused bool) []byte {
+func appendRateLimitItem(b []byte, o *zoneRecord, retry int64, refused bool) []byte {
 	b = appendSFString(b, o.zone.name)
 	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, o.d.Remaining, 10)
+	b = strconv.AppendInt(b, o.adm.Remaining, 10)
 	b = append(b, ";t="...)
-	t := ceilSeconds(o.d.ResetAfter)
+	t := ceilSeconds(o.adm.ResetAfter)
 	if refused {
 		t = retry
 	}

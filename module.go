@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -484,88 +483,6 @@ func (h *Handler) releaseZones() {
 		z.release()
 	}
 	h.zones = nil
-}
-
-// ServeHTTP decides the request and, if it may pass, hands it to next.
-// The deciding happens in admit, whose frame is gone before next runs:
-// everything after this handler runs on top of ServeHTTP's frame, and a
-// deep enough chain makes every connection's goroutine grow its stack
-// again after each garbage collection shrinks it.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if f := h.inflight; f != nil {
-		f.enter()
-		defer f.leave()
-	}
-	ev, pass, err := h.admit(w, r)
-	if !pass {
-		return err
-	}
-	if ev == nil {
-		return next.ServeHTTP(w, r)
-	}
-	defer ev.done(r)
-	if ev.watches {
-		return ev.serveWatched(w, r, next)
-	}
-	return next.ServeHTTP(w, r)
-}
-
-// admit decides r. It reports whether r may pass to the next handler;
-// if not, r has been answered or err says how. A passing request that a
-// zone decided comes with its evaluation, which done must recycle.
-func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (ev *evaluation, pass bool, err error) {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	ev = getEvaluation()
-	if h.jwt != nil {
-		ev.claims = placeholdersFor(r, repl).useJWT(r, h.jwt)
-	}
-	if err := h.evaluate(r, repl, ev); err != nil {
-		ev.refund(r, false)
-		putEvaluation(ev)
-		return nil, false, err
-	}
-	if failed := ev.failed; failed != nil {
-		ev.refund(r, false)
-		putEvaluation(ev)
-		w.Header().Set(hdrRetryAfter, "1")
-		return nil, false, caddyhttp.Error(http.StatusServiceUnavailable, failed)
-	}
-	if len(ev.outcomes) == 0 {
-		if ev.watches {
-			// Only to remove response_cost fields of zones whose store
-			// failed open (evaluation.undecided).
-			return ev, true, nil
-		}
-		putEvaluation(ev)
-		return nil, true, nil
-	}
-	if ev.denied >= 0 {
-		ev.refund(r, false)
-		err := h.deny(w, r, repl, ev)
-		putEvaluation(ev)
-		return nil, false, err
-	}
-	h.writeHeaders(w.Header(), ev, 0)
-	placeholdersFor(r, repl).decide(ev, 0)
-	if ev.hold > 0 {
-		if err := holdRequest(r, ev.hold); err != nil {
-			// The client left while held: no response came, so the
-			// zones settle as for an aborted one (count_response
-			// gives its units back), then release what was held.
-			ev.abandon()
-			ev.done(r)
-			return nil, false, err
-		}
-	}
-	return ev, true, nil
-}
-
-// now is the time on the handler's clock.
-func (h *Handler) now() time.Time {
-	if h.clock == nil {
-		return time.Now()
-	}
-	return h.clock.Now()
 }
 
 // Interface guards

@@ -267,7 +267,7 @@ func (z *zone) overrideChanged(key string, logger *zap.Logger) {
 		ctx, cancel := context.WithTimeout(context.Background(), nearCloseTimeout)
 		defer cancel()
 		for _, n := range nears {
-			if err := n.GiveBack(ctx, key); err != nil && logger != nil {
+			if err := n.ReturnLease(ctx, key); err != nil && logger != nil {
 				logger.Warn("leases of a key whose override changed could not be given back to Redis; they return when its state expires",
 					zap.String("zone", z.name), zap.Error(err))
 			}
@@ -347,16 +347,16 @@ func viewOverride(key string, o limiter.Override, now time.Time) overrideView {
 // applyOverride makes c follow its key's override o, and reports whether
 // the zone still applies to the request: an exempt key is not limited,
 // and the zone writes none of its fields.
-func (h *Handler) applyOverride(z *zone, o limiter.Override, c *candidate) bool {
+func (h *Handler) applyOverride(z *zone, o limiter.Override, c *zoneRecord) bool {
 	z.metrics.override(o.Action)
 	switch o.Action {
 	case limiter.OverrideExempt:
 		z.metrics.count(true, z.dryRun, limiter.SourceStore)
-		c.undecided = true
+		c.phase = undecided
 		return false
 	case limiter.OverrideBlock:
 		c.limit = &z.ov.block
-		c.blocked = max(time.Millisecond, blockFor(o, h.now()))
+		c.phase, c.wait = blocked, max(time.Millisecond, blockFor(o, h.now()))
 		return true
 	}
 	l, err := z.overrideLimit(o)

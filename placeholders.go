@@ -75,10 +75,10 @@ func (p *requestPlaceholders) useJWT(r *http.Request, v *jwtauth.Verifier) *jwtC
 
 // decide records the decision later handlers and logs see: the refusing
 // zone's, or the one with the least remaining.
-func (p *requestPlaceholders) decide(ev *evaluation, retry int64) {
-	o := ev.reported()
-	p.zone, p.remaining, p.retryAfter = o.zone, o.d.Remaining, retry
-	if ev.denied >= 0 {
+func (p *requestPlaceholders) decide(req *request, retry int64) {
+	o := req.reported()
+	p.zone, p.remaining, p.retryAfter = o.zone, o.adm.Remaining, retry
+	if req.refusal >= 0 {
 		p.exceeded = o.zone
 	}
 }

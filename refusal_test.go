@@ -28,7 +28,7 @@ func TestRefusalMatchesCaddyError(t *testing.T) {
 	if ours.StatusCode != http.StatusTooManyRequests || !errors.Is(ours, cause) {
 		t.Errorf("refusal: status %d, error %v", ours.StatusCode, ours.Err)
 	}
-	if want := "caddy-ratelimit.(*Handler).deny (evaluate.go:"; !strings.HasPrefix(ours.Trace, want) {
+	if want := "caddy-ratelimit.(*Handler).deny (respond.go:"; !strings.HasPrefix(ours.Trace, want) {
 		t.Errorf("refusal's trace %q, want it to start %q", ours.Trace, want)
 	}
 

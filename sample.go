@@ -22,13 +22,13 @@ const (
 
 // sourceOf names where d was made: the zone's memory store, Redis, its
 // near cache (a lease or the denial cache), or its `fail local` fallback.
-func sourceOf(l *limit, store limiter.Store, d limiter.Decision) string {
+func sourceOf(l *limit, fallback bool, source limiter.Source) string {
 	switch {
-	case l.local != nil && store == l.local:
+	case fallback:
 		return sourceFallback
-	case d.Source == limiter.SourceLease:
+	case source == limiter.SourceLease:
 		return sourceLease
-	case d.Source == limiter.SourceDenyCache:
+	case source == limiter.SourceDenyCache:
 		return sourceDenyCache
 	case l.remote:
 		return sourceRedis

@@ -10,8 +10,6 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // responseWatch passes a response through to the client while noting what
@@ -21,7 +19,7 @@ import (
 // is served without it.
 type responseWatch struct {
 	caddyhttp.ResponseWriterWrapper
-	ev          *evaluation
+	req         *request
 	status      int
 	wroteHeader bool
 }
@@ -33,7 +31,7 @@ type responseWatch struct {
 func (w *responseWatch) WriteHeader(code int) {
 	if !w.wroteHeader && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.wroteHeader, w.status = true, code
-		w.ev.settleHeader(code, w.Header())
+		w.req.settleHeader(code, w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -85,38 +83,38 @@ func (w *responseWatch) finalStatus(err error) int {
 }
 
 // serveWatched hands r to next through a responseWatch, then settles what
-// the zones took by the response. The watch is the evaluation's own, so
-// it costs no allocation: the handlers after this one are done with it
-// when next returns (Caddy's own, a streaming or upgraded reverse_proxy
+// the zones took by the response. The watch is the request's own, so it
+// costs no allocation: the handlers after this one are done with it when
+// next returns (Caddy's own, a streaming or upgraded reverse_proxy
 // included, return only once their response is), and only then is the
-// evaluation recycled.
-func (ev *evaluation) serveWatched(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	rw := &ev.watch
-	*rw = responseWatch{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ev: ev}
-	defer ev.abandonOnPanic()
+// request recycled.
+func (req *request) serveWatched(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	rw := &req.watch
+	*rw = responseWatch{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, req: req}
+	defer req.abandonOnPanic()
 	err := next.ServeHTTP(rw, r)
-	ev.settle(rw.finalStatus(err), w.Header())
+	req.settle(rw.finalStatus(err), w.Header())
 	*rw = responseWatch{}
 	return err
 }
 
 // abandonOnPanic, deferred, settles what an aborted response leaves
-// unsettled (see outcome.abandon), then lets the panic go on.
-func (ev *evaluation) abandonOnPanic() {
+// unsettled (see zoneRecord.abandon), then lets the panic go on.
+func (req *request) abandonOnPanic() {
 	p := recover()
 	if p == nil {
 		return
 	}
-	ev.abandon()
-	ev.watch = responseWatch{}
+	req.abandon()
+	req.watch = responseWatch{}
 	panic(p)
 }
 
 // abandon settles every zone of a request that got no response: one
 // whose handler panicked, or whose client left while it was held.
-func (ev *evaluation) abandon() {
-	for i := range ev.outcomes {
-		ev.outcomes[i].abandon()
+func (req *request) abandon() {
+	for i := range req.records {
+		req.records[i].abandon()
 	}
 }
 
@@ -124,35 +122,37 @@ func (ev *evaluation) abandon() {
 // the header is written: count_response's match, and a response_cost in
 // the header; a cost that may yet come in a trailer waits for settle. It
 // then removes the response_cost fields unless kept, from the header and
-// from its Trailer announcement.
-func (ev *evaluation) settleHeader(status int, hdr http.Header) {
+// from its Trailer announcement: those of every zone that applied,
+// whether or not it decided (the upstream's field is never the client's).
+func (req *request) settleHeader(status int, hdr http.Header) {
 	strip := false
-	for i := range ev.outcomes {
-		o := &ev.outcomes[i]
-		if rc := o.zone.responseCost; rc != nil {
-			o.reported = firstValue(hdr, rc.field)
+	for i := range req.records {
+		rec := &req.records[i]
+		if !rec.phase.reports() && rec.phase != undecided {
+			continue
+		}
+		if rc := rec.zone.responseCost; rc != nil {
+			if rec.phase != undecided {
+				rec.reported = firstValue(hdr, rc.field)
+			}
 			strip = strip || !rc.Keep
 		}
-		o.settle(status, hdr, false)
+		rec.settle(status, hdr, false)
 	}
-	if !strip && len(ev.undecided) == 0 {
+	if !strip {
 		return
 	}
 	trailers := len(hdr["Trailer"]) > 0
-	for _, z := range ev.undecided {
-		delete(hdr, z.responseCost.field)
-		if trailers {
-			unannounceTrailer(hdr, z.responseCost.field)
+	for i := range req.records {
+		rec := &req.records[i]
+		if !rec.stripsResponseCost() || (!rec.phase.reports() && rec.phase != undecided) {
+			continue
 		}
-	}
-	for i := range ev.outcomes {
-		if rc := ev.outcomes[i].zone.responseCost; rc != nil && !rc.Keep {
-			if ev.outcomes[i].reported != "" {
-				delete(hdr, rc.field)
-			}
-			if trailers {
-				unannounceTrailer(hdr, rc.field)
-			}
+		if rec.reported != "" || rec.phase == undecided {
+			delete(hdr, rec.zone.responseCost.field)
+		}
+		if trailers {
+			unannounceTrailer(hdr, rec.zone.responseCost.field)
 		}
 	}
 }
@@ -193,49 +193,54 @@ func firstValue(hdr http.Header, key string) string {
 // status). It then removes the response_cost trailers the handlers set
 // after the body, unless kept: those of the zones whose cost came in a
 // trailer or not at all (a response that gave its cost in the header is
-// not searched for a second copy).
-func (ev *evaluation) settle(status int, hdr http.Header) {
-	for i := range ev.outcomes {
-		o := &ev.outcomes[i]
-		wasSettled := o.settled
-		o.settle(status, hdr, true)
-		if rc := o.zone.responseCost; rc != nil && !rc.Keep && !wasSettled {
-			delete(hdr, rc.field)
-			delete(hdr, rc.trailerField)
+// not searched for a second copy), and those of zones that decided
+// nothing.
+func (req *request) settle(status int, hdr http.Header) {
+	for i := range req.records {
+		rec := &req.records[i]
+		switch {
+		case rec.phase == undecided:
+			if rec.stripsResponseCost() {
+				delete(hdr, rec.zone.responseCost.field)
+				delete(hdr, rec.zone.responseCost.trailerField)
+			}
+		case rec.phase.reports():
+			wasSettled := rec.phase == settled
+			rec.settle(status, hdr, true)
+			if rec.stripsResponseCost() && !wasSettled {
+				delete(hdr, rec.zone.responseCost.field)
+				delete(hdr, rec.zone.responseCost.trailerField)
+			}
 		}
-	}
-	for _, z := range ev.undecided {
-		delete(hdr, z.responseCost.field)
-		delete(hdr, z.responseCost.trailerField)
 	}
 }
 
-// settle gives back, or takes more of, what o's zone took up front, by
+// settle gives back, or takes more of, what rec's zone took up front, by
 // the response: a count_response zone gives the units back when the
 // response does not match; a response_cost zone takes the difference to
 // the cost the response reports, or gives it back. With last unset (the
 // header is being written) a response_cost that may yet come in a
 // trailer is left for the last call.
-func (o *outcome) settle(status int, hdr http.Header, last bool) {
-	z := o.zone
-	if !z.watches || !o.d.Allowed || o.settled {
+func (rec *zoneRecord) settle(status int, hdr http.Header, last bool) {
+	z := rec.zone
+	if !z.watches || (rec.phase != admitted && rec.phase != counted) {
 		return
 	}
-	if z.countResponse != nil && !o.counted {
+	if z.countResponse != nil && rec.phase == admitted {
 		if !z.countResponse.Match(status, hdr) {
-			o.settled = true
-			o.giveBack(o.cost)
+			rec.phase = settled
+			rec.giveBack(rec.adm.Held())
 			return
 		}
-		o.counted = true
+		rec.phase = counted
 	}
 	if z.responseCost != nil {
-		if o.reported == "" && !last {
+		if rec.reported == "" && !last {
 			return
 		}
-		o.chargeResponse(settleContext, hdr)
+		rec.chargeResponse(settleContext, hdr)
 	}
-	o.settled = true
+	rec.phase = settled
 }
 
 // settleContext is what settling asks stores in: not the request's
@@ -243,12 +248,12 @@ func (o *outcome) settle(status int, hdr http.Header, last bool) {
 // settles must reach the store all the same.
 var settleContext = context.Background()
 
-// chargeResponse settles o by the cost its response reports, in the header
-// (read as it was written) or in a trailer: the difference to the cost
-// taken up front is taken, past the limit if need be, or given back.
-func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
-	rc, m := o.zone.responseCost, o.zone.metrics
-	v := o.reported
+// chargeResponse settles rec by the cost its response reports, in the
+// header (read as it was written) or in a trailer: the difference to the
+// cost taken up front is taken, past the limit if need be, or given back.
+func (rec *zoneRecord) chargeResponse(ctx context.Context, hdr http.Header) {
+	rc, m := rec.zone.responseCost, rec.zone.metrics
+	v := rec.reported
 	if v == "" {
 		if v = firstValue(hdr, rc.field); v == "" {
 			v = firstValue(hdr, rc.trailerField)
@@ -267,51 +272,48 @@ func (o *outcome) chargeResponse(ctx context.Context, hdr http.Header) {
 		m.responseCost(responseCostInvalid)
 		return
 	}
-	if most := o.limit.maxCost; final > most {
+	if most := rec.limit.maxCost; final > most {
 		final = most
 		m.responseCost(responseCostCapped)
 	} else {
 		m.responseCost(responseCostRead)
 	}
-	switch diff := final - o.cost; {
+	switch diff := final - rec.cost; {
 	case diff > 0:
-		c, ok := o.store.(limiter.Charger)
-		if !ok {
-			return // validate allows response_cost only where stores charge
-		}
-		if _, err := c.Charge(ctx, o.state, diff); err != nil {
+		if _, err := rec.adm.Charge(ctx, diff); err != nil {
 			m.failure()
 		}
 	case diff < 0:
-		o.giveBack(-diff)
+		rec.giveBack(-diff)
 	}
 }
 
-// giveBack refunds units of what o took up front, once.
-func (o *outcome) giveBack(units int64) {
-	if !o.taken {
+// giveBack gives back units of what rec took up front; a request of cost
+// 0, which holds nothing, has nothing to give back.
+func (rec *zoneRecord) giveBack(units int64) {
+	if units <= 0 || rec.adm.Held() == 0 {
 		return
 	}
-	o.taken = false
-	if _, err := o.store.Refund(settleContext, o.state, units, o.d); err != nil {
-		o.zone.metrics.failure()
+	if _, err := rec.adm.GiveBack(settleContext, min(units, rec.adm.Held())); err != nil {
+		rec.zone.metrics.failure()
 	}
 }
 
-// abandon settles o when its response was aborted (a handler panicked,
+// abandon settles rec when its response was aborted (a handler panicked,
 // as reverse_proxy does with http.ErrAbortHandler when a stream breaks
 // off): a count_response zone that had not matched a written header gives
 // its units back, as no response matched; a response_cost not yet read
 // counts as missing, and the up-front cost stands.
-func (o *outcome) abandon() {
-	z := o.zone
-	if !z.watches || !o.d.Allowed || o.settled {
+func (rec *zoneRecord) abandon() {
+	z := rec.zone
+	if !z.watches || (rec.phase != admitted && rec.phase != counted) {
 		return
 	}
-	o.settled = true
+	wasCounted := rec.phase == counted
+	rec.phase = settled
 	switch {
-	case z.countResponse != nil && !o.counted:
-		o.giveBack(o.cost)
+	case z.countResponse != nil && !wasCounted:
+		rec.giveBack(rec.adm.Held())
 	case z.responseCost != nil:
 		z.metrics.responseCost(responseCostMissing)
 	}

@@ -103,7 +103,7 @@ type algorithm struct {
 	redisArgs func(p *params) []any
 	// refundArg is the argument a refund sends after the policy's, to
 	// say which admission it gives back; nil sends none.
-	refundArg func(taken Decision) any
+	refundArg func(taken Receipt) any
 	// holdsSlots is set when every admission holds a slot id of its own
 	// (passed as the take's extra argument), which its refund names.
 	holdsSlots bool
@@ -193,7 +193,7 @@ var algorithmTable = []*algorithm{
 		scripts:    mustScripts("concurrency.lua"),
 		keySuffix:  "cc",
 		redisArgs:  windowArgs,
-		refundArg:  func(taken Decision) any { return taken.slot },
+		refundArg:  func(taken Receipt) any { return taken.Slot },
 		holdsSlots: true,
 	},
 }
@@ -233,7 +233,7 @@ func windowArgs(p *params) []any { return []any{p.l, p.w} }
 
 // refundAt names an admission by the time it was counted at, which tells
 // the window algorithms which window or log entry to give back to.
-func refundAt(taken Decision) any { return taken.admission() }
+func refundAt(taken Receipt) any { return taken.Name() }
 
 // reduced is L and W divided by their greatest common divisor: the bucket
 // algorithms compute in time scaled by L, and the reduction changes no

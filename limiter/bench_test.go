@@ -60,7 +60,7 @@ func benchStore(b *testing.B, p Policy, keys []string) *Memory {
 func decideOnce(ctx context.Context, m *Memory, k string, release bool) {
 	d, _ := m.Take(ctx, k, 1)
 	if release {
-		m.Refund(ctx, k, 1, d)
+		m.GiveBack(ctx, k, 1, d.Receipt)
 	}
 }
 

@@ -185,7 +185,7 @@ func TestCalendarLeaseEndsWithItsWindow(t *testing.T) {
 	midnight := time.Date(2026, 3, 30, 0, 0, 0, 0, mustLoad(t, "Europe/Berlin"))
 	clock := testutil.NewClock(midnight.Add(-LeaseLifetime / 2))
 	cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 0.2})
-	take := func() Decision { t.Helper(); return mustAdmit(t, cache, "k") }
+	take := func() Decision { t.Helper(); return mustAdmit(t, cache, "k").Decision }
 	for range 4 { // leases of 1 and 2 used up, then one of 4
 		take()
 	}

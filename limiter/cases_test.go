@@ -99,7 +99,7 @@ func runAlgorithmCases(t *testing.T, open caseStore) {
 		t.Run(c.Name, func(t *testing.T) {
 			store, setNow := open(t, c.policy(t))
 			ctx := context.Background()
-			var last Decision
+			var last Admission
 			for i, st := range c.Steps {
 				cost := st.Cost
 				if cost == 0 {
@@ -110,18 +110,22 @@ func runAlgorithmCases(t *testing.T, open caseStore) {
 				var err error
 				switch st.Op {
 				case "release":
-					d, err = store.Refund(ctx, "k", cost, last)
+					d, err = store.GiveBack(ctx, "k", cost, last.Receipt)
 				case "charge":
 					ch, ok := store.(Charger)
 					if !ok {
 						t.Fatalf("step %d: a %T cannot charge", i, store)
 					}
-					d, err = ch.Charge(ctx, "k", cost)
+					var a Admission
+					a, err = ch.Charge(ctx, "k", cost)
+					d = a.Decision
 				default:
-					d, err = store.Take(ctx, "k", cost)
-					if d.Allowed {
-						last = d
+					var a Admission
+					a, err = store.Take(ctx, "k", cost)
+					if a.Allowed {
+						last = a
 					}
+					d = a.Decision
 				}
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)

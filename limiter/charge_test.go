@@ -144,7 +144,7 @@ func TestChargeExactAtTheBounds(t *testing.T) {
 					Store
 					Charger
 				}{"memory": mem, "redis": red} {
-					var d Decision
+					var d Admission
 					var err error
 					if st.op == "charge" {
 						d, err = s.Charge(ctx, "k", st.cost)
@@ -199,7 +199,7 @@ func TestNearCacheChargePaysFromLease(t *testing.T) {
 	}
 	// 4 taken and 8 charged: the store's count is 12, so a refund of 3
 	// leaves it at 9, one unit free.
-	if sd, _ := store.Memory.Refund(ctx, "k", 3, d); sd.Remaining != 1 {
+	if sd, _ := store.Memory.GiveBack(ctx, "k", 3, d.Receipt); sd.Remaining != 1 {
 		t.Fatalf("the store has %d left after giving 3 of its 12 back, want 1", sd.Remaining)
 	}
 	clock.Advance(time.Minute)
@@ -248,7 +248,7 @@ func TestPartialRefundThroughNearCache(t *testing.T) {
 				if err != nil || !d.Allowed || d.Source != SourceLease {
 					t.Fatalf("take of 3 from the lease: %+v %v", d, err)
 				}
-				if _, err := cache.Refund(ctx, "k", 2, d); err != nil {
+				if _, err := cache.GiveBack(ctx, "k", 2, d.Receipt); err != nil {
 					t.Fatal(err)
 				}
 				if units, _, _ := cache.lease("k"); units != 2 {
@@ -260,7 +260,7 @@ func TestPartialRefundThroughNearCache(t *testing.T) {
 				clock.Advance(LeaseLifetime + LeaseLifetime/2)
 				cache.sweep(false)
 				cache.givingBack.Wait()
-				if _, err := cache.Refund(ctx, "k", 1, d); err != nil {
+				if _, err := cache.GiveBack(ctx, "k", 1, d.Receipt); err != nil {
 					t.Fatal(err)
 				}
 				got, err := shared.Peek(ctx, "k")
@@ -405,7 +405,7 @@ func TestNearCacheRenewalSeesDebt(t *testing.T) {
 		t.Fatalf("the renewal was granted while the key owes: %+v %v", d, err)
 	}
 	// The renewal gave the 2 back: 7 + 6 − 2 = 11, so 2 more back leave 1.
-	if sd, _ := shared.Refund(ctx, "k", 2, d); sd.Remaining != 1 {
+	if sd, _ := shared.GiveBack(ctx, "k", 2, d.Receipt); sd.Remaining != 1 {
 		t.Fatalf("the store has %d left after 2 of its 11 came back, want 1", sd.Remaining)
 	}
 }

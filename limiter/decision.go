@@ -4,7 +4,8 @@ import "time"
 
 // Decision is the answer to one request: whether it may pass and everything
 // a client needs to know about the limit, so response headers are a pure
-// function of it.
+// function of it. It is a report only: what a store needs to take the
+// units back is the Admission's Receipt.
 type Decision struct {
 	// Allowed is true when the request's units were taken.
 	Allowed bool
@@ -22,24 +23,11 @@ type Decision struct {
 	// it is how long the request must be held before it continues.
 	RetryAfter time.Duration
 
-	// at is the store time of the decision in microseconds, which the
-	// headers count the reset from.
-	at int64
-	// mark is the store's name for the admission whose units this
-	// decision took, when it is not at: the time a sliding log entry is
-	// logged at, or for a decision spent from a lease, the lease's grant.
-	// Refund names it (admission), so a give-back reaches the window or
-	// log entry its units were counted in, however long after.
-	mark int64
-	// slot names the concurrency slot a Redis decision took.
-	slot string
-	// leaseGen numbers the NearCache lease a decision was spent from, so
-	// a refund goes back into that lease; zero for any other decision.
-	leaseGen uint64
-	// granted is how many units an admission took: its cost, or for a
-	// lease (Leaser.TakeUpTo) what it was granted. Only the algorithms
-	// that lease set it.
-	granted int64
+	// Time is when the store decided, in µs on the store's own clock (the
+	// Redis server's for Redis): the headers count the reset from it, so
+	// it falls exactly on the store's window ends. Zero when no store
+	// decided.
+	Time int64
 }
 
 // Source is where a Decision was made.
@@ -70,24 +58,11 @@ func (s Source) String() string {
 // server's for Redis), so a reset time computed from it falls exactly on
 // the store's window ends. It is the zero Time for a Decision no store made.
 func (d Decision) At() time.Time {
-	if d.at == 0 {
+	if d.Time == 0 {
 		return time.Time{}
 	}
-	return time.UnixMicro(d.at)
+	return time.UnixMicro(d.Time)
 }
-
-// admission names the admission d's units were counted in, for Refund.
-func (d Decision) admission() int64 {
-	if d.mark != 0 {
-		return d.mark
-	}
-	return d.at
-}
-
-// Granted is how many units an admission took: its cost, or for a lease
-// what it was granted; zero for a refusal and for the algorithms that do
-// not lease.
-func (d Decision) Granted() int64 { return d.granted }
 
 // microseconds converts the algorithms' microsecond counts to a Duration.
 func microseconds(us int64) time.Duration {

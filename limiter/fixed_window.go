@@ -57,21 +57,21 @@ func (s *fixedWindowState) roll(p *params, now int64) (at, end int64) {
 
 // take: allow iff count + c <= L; remaining = L - count;
 // reset = retry_after = end of the window.
-func (s *fixedWindowState) take(p *params, now, cost int64) Decision {
+func (s *fixedWindowState) take(p *params, now, cost int64) Admission {
 	return s.takeUpTo(p, now, cost, cost)
 }
 
 // takeUpTo takes what the window has left, up to want, when it has at
 // least cost: a lease.
-func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Decision {
+func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Admission {
 	now, end := s.roll(p, now)
 	left := microseconds(end - now)
 	if s.count+cost > p.l {
-		return Decision{Remaining: max(0, p.l-s.count), ResetAfter: left, RetryAfter: left, at: now}
+		return Admission{Decision: Decision{Remaining: max(0, p.l-s.count), ResetAfter: left, RetryAfter: left, Time: now}}
 	}
 	granted := min(want, p.l-s.count)
 	s.count += granted
-	return Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: left, at: now, granted: granted}
+	return Admission{Decision: Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: left, Time: now}, Receipt: Receipt{Granted: granted}}
 }
 
 // charge takes cost units whether or not the window has them: the count
@@ -79,18 +79,18 @@ func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Decision {
 // of a charge beyond is forgiven), and requests are refused until the
 // window ends. A debt does not carry into the next window, which starts
 // from zero as it always does.
-func (s *fixedWindowState) charge(p *params, now, cost int64) Decision {
+func (s *fixedWindowState) charge(p *params, now, cost int64) Admission {
 	now, end := s.roll(p, now)
 	before := s.count
 	s.count = max(s.count, min(s.count+cost, 2*p.l))
 	d := s.status(p, now, end)
-	d.at, d.granted = now, s.count-before
-	return d
+	d.Time = now
+	return Admission{Decision: d, Receipt: Receipt{Granted: s.count - before}}
 }
 
-func (s *fixedWindowState) refund(p *params, now, cost int64, taken Decision) Decision {
+func (s *fixedWindowState) refund(p *params, now, cost int64, taken Receipt) Decision {
 	now, end := s.roll(p, now)
-	if s.holds(p, taken.admission(), end) {
+	if s.holds(p, taken.Name(), end) {
 		s.count = max(0, s.count-cost)
 	}
 	return s.status(p, now, end)

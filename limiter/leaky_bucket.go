@@ -10,27 +10,27 @@ type leakyBucketState struct{ bucketState }
 //
 // In time scaled by L (one unit costs W): wait = debt; allow iff
 // wait <= maxDelay; then debt += c×W.
-func (s *leakyBucketState) take(p *params, now, cost int64) Decision {
+func (s *leakyBucketState) take(p *params, now, cost int64) Admission {
 	wait := s.debt(p, now)
 	if wait > p.maxDelay {
-		return Decision{
+		return Admission{Decision: Decision{
 			ResetAfter: microseconds(ceilDiv(wait, p.l)),
 			RetryAfter: microseconds(ceilDiv(wait-p.maxDelay, p.l)),
-			at:         now,
-		}
+			Time:       now,
+		}}
 	}
 	debt := wait + cost*p.w
 	s.setDebt(p, now, debt)
-	return Decision{
+	return Admission{Decision: Decision{
 		Allowed:    true,
 		Remaining:  leakyRemaining(p, debt),
 		ResetAfter: microseconds(ceilDiv(debt, p.l)),
 		RetryAfter: microseconds(ceilDiv(wait, p.l)),
-		at:         now,
-	}
+		Time:       now,
+	}}
 }
 
-func (s *leakyBucketState) refund(p *params, now, cost int64, _ Decision) Decision {
+func (s *leakyBucketState) refund(p *params, now, cost int64, _ Receipt) Decision {
 	debt := s.bucketState.refund(p, now, cost)
 	return Decision{Allowed: true, Remaining: leakyRemaining(p, debt), ResetAfter: microseconds(ceilDiv(debt, p.l))}
 }

@@ -144,13 +144,13 @@ type slowReplies struct {
 	delay time.Duration
 }
 
-func (s slowReplies) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+func (s slowReplies) TakeUpTo(ctx context.Context, key string, cost, want int64) (Admission, error) {
 	d, err := s.Leaser.TakeUpTo(ctx, key, cost, want)
 	s.clock.Advance(s.delay)
 	return d, err
 }
 
-func (s slowReplies) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+func (s slowReplies) Renew(ctx context.Context, back Return, cost, want int64) (Admission, error) {
 	d, err := s.Leaser.Renew(ctx, back, cost, want)
 	s.clock.Advance(s.delay)
 	return d, err
@@ -193,7 +193,7 @@ func TestRefundAfterLeaseRenewed(t *testing.T) {
 				clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
 				store := backend(t, p, clock)
 				cache := edgeCaches(t, store, p, clock, 1, 1)[0]
-				take := func() Decision {
+				take := func() Admission {
 					t.Helper()
 					clock.Advance(10 * time.Millisecond)
 					return mustAdmit(t, cache, "k")
@@ -206,7 +206,7 @@ func TestRefundAfterLeaseRenewed(t *testing.T) {
 					t.Fatalf("source %v, want lease", spent.Source)
 				}
 				clock.Advance(10 * time.Millisecond)
-				if _, err := cache.Refund(ctx, "k", 1, spent); err != nil {
+				if _, err := cache.GiveBack(ctx, "k", 1, spent.Receipt); err != nil {
 					t.Fatal(err)
 				}
 				// Let the lease lapse and go back, then look at the store.
@@ -257,7 +257,7 @@ func TestRefundNeverLandsInALaterLease(t *testing.T) {
 				}
 				if i == 0 {
 					// Another zone refused the old request only now.
-					if _, err := cache.Refund(ctx, "k", 1, old); err != nil {
+					if _, err := cache.GiveBack(ctx, "k", 1, old.Receipt); err != nil {
 						t.Fatal(err)
 					}
 				}

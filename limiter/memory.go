@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync"
@@ -71,10 +70,10 @@ type Memory struct {
 
 // memoryTables is the algorithm-specific part of Memory.
 type memoryTables interface {
-	take(key uint64, p *params, clock *memoryClock, cost int64) Decision
-	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision
-	takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Decision, bool)
-	charge(key uint64, p *params, clock *memoryClock, cost int64) (Decision, bool)
+	take(key uint64, p *params, clock *memoryClock, cost int64) Admission
+	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Receipt) Decision
+	takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Admission, bool)
+	charge(key uint64, p *params, clock *memoryClock, cost int64) (Admission, bool)
 	forget(key uint64, p *params, clock *memoryClock) bool
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
@@ -149,73 +148,61 @@ func (mc *memoryClock) now() int64 {
 }
 
 // Take implements Store; it never fails.
-func (m *Memory) Take(_ context.Context, key string, cost int64) (Decision, error) {
-	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost), nil
+func (m *Memory) Take(_ context.Context, key string, cost int64) (Admission, error) {
+	a := m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost)
+	a.holding(m, key, cost)
+	return a, nil
 }
 
 // TakeUpTo implements Leaser for the algorithms whose Traits say Leases;
 // for the others it fails.
-func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Decision, error) {
+func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Admission, error) {
 	if want < cost {
-		return Decision{}, fmt.Errorf("memory store: lease of %d wanted for a cost of %d", want, cost)
+		return Admission{}, fmt.Errorf("memory store: lease of %d wanted for a cost of %d", want, cost)
 	}
-	d, ok := m.tables.takeUpTo(maphash.String(m.seed, key), &m.p, &m.clock, cost, want)
+	a, ok := m.tables.takeUpTo(maphash.String(m.seed, key), &m.p, &m.clock, cost, want)
 	if !ok {
-		return Decision{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
+		return Admission{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
 	}
-	return d, nil
+	a.holding(m, key, a.Receipt.Granted)
+	return a, nil
 }
 
 // Charge implements Charger for the algorithms whose Traits say Charges;
 // for the others, and for a cost outside 1..MaxCost, it fails.
-func (m *Memory) Charge(_ context.Context, key string, cost int64) (Decision, error) {
+func (m *Memory) Charge(_ context.Context, key string, cost int64) (Admission, error) {
 	if most := m.maxCost; cost < 1 || cost > most {
-		return Decision{}, fmt.Errorf("memory store: charge of %d outside 1..%d", cost, most)
+		return Admission{}, fmt.Errorf("memory store: charge of %d outside 1..%d", cost, most)
 	}
-	d, ok := m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost)
+	a, ok := m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost)
 	if !ok {
-		return Decision{}, fmt.Errorf("memory store: %s cannot charge past its limit", m.policy.Algorithm)
+		return Admission{}, fmt.Errorf("memory store: %s cannot charge past its limit", m.policy.Algorithm)
 	}
-	return d, nil
+	return a, nil
 }
 
-// Renew implements Leaser: the refund, then the lease. Each is atomic on
+// Renew implements Leaser: the return, then the lease. Each is atomic on
 // its own; a memory store is not shared between instances, so nothing else
 // needs the two together.
-func (m *Memory) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
-	return renewInTurn(ctx, m, back, cost, want)
-}
-
-// RefundMany implements Leaser; it never fails.
-func (m *Memory) RefundMany(ctx context.Context, refunds []Refund) error {
-	return refundInTurn(ctx, m, refunds)
-}
-
-// renewInTurn renews a lease of l by its Refund and then its TakeUpTo, for
-// a Leaser with no call that does both at once.
-func renewInTurn(ctx context.Context, l Leaser, back Refund, cost, want int64) (Decision, error) {
-	if _, err := l.Refund(ctx, back.Key, back.Cost, back.Taken); err != nil {
-		return Decision{}, err
+func (m *Memory) Renew(ctx context.Context, back Return, cost, want int64) (Admission, error) {
+	if _, err := m.GiveBack(ctx, back.Key, back.Units, back.Taken); err != nil {
+		return Admission{}, err
 	}
-	return l.TakeUpTo(ctx, back.Key, cost, want)
+	return m.TakeUpTo(ctx, back.Key, cost, want)
 }
 
-// refundInTurn does refunds one Refund at a time, for a Leaser with no
-// call that does several; it reports those that failed.
-func refundInTurn(ctx context.Context, l Leaser, refunds []Refund) error {
-	var errs []error
-	for _, r := range refunds {
-		if _, err := l.Refund(ctx, r.Key, r.Cost, r.Taken); err != nil {
-			errs = append(errs, err)
-		}
+// ReturnMany implements Leaser; it never fails.
+func (m *Memory) ReturnMany(ctx context.Context, returns []Return) error {
+	for _, r := range returns {
+		_, _ = m.GiveBack(ctx, r.Key, r.Units, r.Taken)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Peek implements Store; it never fails, and a key it does not hold is
 // reported as fresh without being added.
 func (m *Memory) Peek(_ context.Context, key string) (Decision, error) {
-	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, Decision{}), nil
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, Receipt{}), nil
 }
 
 // Reset implements Store; it never fails. A key held whose state is back
@@ -224,10 +211,10 @@ func (m *Memory) Reset(_ context.Context, key string) (bool, error) {
 	return m.tables.forget(maphash.String(m.seed, key), &m.p, &m.clock), nil
 }
 
-// Refund implements Store; it never fails. A key forgotten since the Take
-// has nothing to give back.
-func (m *Memory) Refund(_ context.Context, key string, cost int64, taken Decision) (Decision, error) {
-	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, cost, taken), nil
+// GiveBack implements Store; it never fails. A key forgotten since the
+// Take has nothing to give back.
+func (m *Memory) GiveBack(_ context.Context, key string, units int64, taken Receipt) (Decision, error) {
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, units, taken), nil
 }
 
 // Sweep forgets every key whose state is back to empty and reports how many
@@ -242,8 +229,8 @@ func (m *Memory) Len() int { return m.tables.len() }
 // keyState is the per-key state of one algorithm, as a pointer method set.
 type keyState[S any] interface {
 	*S
-	take(p *params, now, cost int64) Decision
-	refund(p *params, now, cost int64, taken Decision) Decision
+	take(p *params, now, cost int64) Admission
+	refund(p *params, now, cost int64, taken Receipt) Decision
 	idle(p *params, now int64) bool
 }
 
@@ -279,44 +266,49 @@ func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
 	}
 }
 
-func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost int64) Decision {
+func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost int64) Admission {
 	sh := set.lock(key)
-	d := PS(&sh.cells[sh.get(key)].st).take(p, clock.now(), cost)
+	a := PS(&sh.cells[sh.get(key)].st).take(p, clock.now(), cost)
 	sh.mu.Unlock()
-	return d
+	a.Receipt.At = a.Time
+	return a
 }
 
 // upToTaker is the per-key state of an algorithm that leases.
 type upToTaker interface {
-	takeUpTo(p *params, now, cost, want int64) Decision
+	takeUpTo(p *params, now, cost, want int64) Admission
 }
 
-func (set *shardSet[S, PS]) takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Decision, bool) {
+func (set *shardSet[S, PS]) takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Admission, bool) {
 	if _, ok := any(PS(new(S))).(upToTaker); !ok {
-		return Decision{}, false
+		return Admission{}, false
 	}
 	sh := set.lock(key)
 	defer sh.mu.Unlock()
 	st := any(PS(&sh.cells[sh.get(key)].st)).(upToTaker)
-	return st.takeUpTo(p, clock.now(), cost, want), true
+	a := st.takeUpTo(p, clock.now(), cost, want)
+	a.Receipt.At = a.Time
+	return a, true
 }
 
 // overdrawer is the per-key state of an algorithm that can owe.
 type overdrawer interface {
-	charge(p *params, now, cost int64) Decision
+	charge(p *params, now, cost int64) Admission
 }
 
-func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) (Decision, bool) {
+func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) (Admission, bool) {
 	if _, ok := any(PS(nil)).(overdrawer); !ok {
-		return Decision{}, false
+		return Admission{}, false
 	}
 	sh := set.lock(key)
 	defer sh.mu.Unlock()
 	st := any(PS(&sh.cells[sh.get(key)].st)).(overdrawer)
-	return st.charge(p, clock.now(), cost), true
+	a := st.charge(p, clock.now(), cost)
+	a.Receipt.At = a.Time
+	return a, true
 }
 
-func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost int64, taken Decision) Decision {
+func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost int64, taken Receipt) Decision {
 	sh := set.lock(key)
 	defer sh.mu.Unlock()
 	now := clock.now()

@@ -156,7 +156,7 @@ func TestMemorySweep(t *testing.T) {
 				if n := m.Sweep(); n != 0 {
 					t.Fatalf("Sweep forgot %d keys with a unit in flight", n)
 				}
-				m.Refund(ctx, "idle", 1, d)
+				m.GiveBack(ctx, "idle", 1, d.Receipt)
 			} else {
 				// One µs before idle is empty, nothing goes.
 				clock.Set(base.Add(c.idleFrom - us))
@@ -254,7 +254,7 @@ func TestMemoryReturnForgottenKey(t *testing.T) {
 			m, _ := newTestMemory(t, Policy{Algorithm: a, Events: 2, Window: time.Second}, MemoryOptions{MaxKeys: 1})
 			d, _ := m.Take(ctx, "gone", 1)
 			m.Take(ctx, "other", 1) // evicts gone
-			r, _ := m.Refund(ctx, "gone", 1, d)
+			r, _ := m.GiveBack(ctx, "gone", 1, d.Receipt)
 			if !r.Allowed || r.Remaining != 2 {
 				t.Fatalf("Return of a forgotten key: %+v, want a fresh state", r)
 			}
@@ -328,12 +328,12 @@ func TestMemoryConcurrent(t *testing.T) {
 								t.Errorf("%d in flight for %s, limit %d", n, key, l)
 							}
 							inFlight[k].Add(-1)
-							m.Refund(ctx, key, 1, d)
+							m.GiveBack(ctx, key, 1, d.Receipt)
 						case TokenBucket:
-							m.Refund(ctx, key, 1, d)
+							m.GiveBack(ctx, key, 1, d.Receipt)
 						default:
 							mu.Lock()
-							admitted = append(admitted, admission{k, d.at})
+							admitted = append(admitted, admission{k, d.Time})
 							mu.Unlock()
 						}
 					}
@@ -414,7 +414,7 @@ func TestMemorySharingCountsOneSetInFlight(t *testing.T) {
 	if d, _ := five.Take(ctx, "k", 1); !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("under 5 with two in flight: %+v, want allowed with 2 left", d)
 	}
-	if _, err := two.Refund(ctx, "k", 1, a); err != nil {
+	if _, err := two.GiveBack(ctx, "k", 1, a.Receipt); err != nil {
 		t.Fatal(err)
 	}
 	if d, _ := five.Peek(ctx, "k"); d.Remaining != 3 {

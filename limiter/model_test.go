@@ -315,7 +315,7 @@ type modelAdmission struct {
 	inst int
 	key  string
 	cost int64
-	d    Decision
+	d    Admission
 	// spend is when the admission counts (µs): for a decision of the
 	// store, the store's own time of decision (Decision.At; the clock
 	// when the store answered for the bucket scripts, which report none);
@@ -469,19 +469,19 @@ func (s *modelSlowLeaser) answered() {
 	}
 }
 
-func (s *modelSlowLeaser) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+func (s *modelSlowLeaser) Take(ctx context.Context, key string, cost int64) (Admission, error) {
 	d, err := s.Leaser.Take(ctx, key, cost)
 	s.answered()
 	return d, err
 }
 
-func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (Admission, error) {
 	d, err := s.Leaser.TakeUpTo(ctx, key, cost, want)
 	s.answered()
 	return d, err
 }
 
-func (s *modelSlowLeaser) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+func (s *modelSlowLeaser) Renew(ctx context.Context, back Return, cost, want int64) (Admission, error) {
 	d, err := s.Leaser.Renew(ctx, back, cost, want)
 	s.renewing = true
 	s.answered()
@@ -490,10 +490,10 @@ func (s *modelSlowLeaser) Renew(ctx context.Context, back Refund, cost, want int
 }
 
 // Charge makes the slow leaser a Charger, as the store it stands for is.
-func (s *modelSlowLeaser) Charge(ctx context.Context, key string, cost int64) (Decision, error) {
+func (s *modelSlowLeaser) Charge(ctx context.Context, key string, cost int64) (Admission, error) {
 	ch, ok := s.Leaser.(Charger)
 	if !ok {
-		return Decision{}, fmt.Errorf("a %T cannot charge", s.Leaser)
+		return Admission{}, fmt.Errorf("a %T cannot charge", s.Leaser)
 	}
 	d, err := ch.Charge(ctx, key, cost)
 	s.answered()
@@ -962,7 +962,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	}
 	epoch := g.keys[key].epoch
 	st.decided = 0
-	var d Decision
+	var d Admission
 	var err error
 	if g.caches == nil {
 		d, err = st.Take(m.ctx, key, cost)
@@ -1005,7 +1005,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		// when the reply arrived: a reply's latency is not the limiter's
 		// slack. The bucket scripts report no time but for a lease; the
 		// clock when the store answered is theirs.
-		a.spend = d.at
+		a.spend = d.Time
 		if a.spend == 0 {
 			a.spend = st.decided
 		}
@@ -1018,17 +1018,17 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 			a.spend = max(a.spend, prev)
 		}
 		a.store = a.spend
-		if d.leaseGen != 0 {
-			g.grants[modelGrant{inst, key, d.leaseGen}] = a.store
-			g.rawGrants[modelGrant{inst, key, d.leaseGen}] = a.raw
+		if d.Receipt.Lease != 0 {
+			g.grants[modelGrant{inst, key, d.Receipt.Lease}] = a.store
+			g.rawGrants[modelGrant{inst, key, d.Receipt.Lease}] = a.raw
 		}
 	case SourceLease:
-		at, ok := g.grants[modelGrant{inst, key, d.leaseGen}]
+		at, ok := g.grants[modelGrant{inst, key, d.Receipt.Lease}]
 		if !ok {
-			m.fail("gen %d instance %d: spent from lease %d of %s, which the model never saw granted", gi, inst, d.leaseGen, key)
+			m.fail("gen %d instance %d: spent from lease %d of %s, which the model never saw granted", gi, inst, d.Receipt.Lease, key)
 			return
 		}
-		lg := modelGrant{inst, key, d.leaseGen}
+		lg := modelGrant{inst, key, d.Receipt.Lease}
 		a.spend, a.store, a.raw, a.leased = max(m.clock.Now().UnixMicro(), at, prev, g.refunded[lg]), at, g.rawGrants[lg], true
 		if g.p.Algorithm == FixedWindow || g.p.Algorithm == SlidingWindowCounter {
 			// The store counted a window's lease in the window it was
@@ -1048,7 +1048,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	}
 	m.adm = append(m.adm, a)
 	m.logf("gen %d inst %d take %s %d%s: #%d allowed by %v (granted %d, lease %d), remaining %d, at %s (store %s)",
-		gi, inst, key, cost, slowNote, a.id, d.Source, d.granted, d.leaseGen, d.Remaining, m.rel(a.spend), m.rel(a.store))
+		gi, inst, key, cost, slowNote, a.id, d.Source, d.Receipt.Granted, d.Receipt.Lease, d.Remaining, m.rel(a.spend), m.rel(a.store))
 }
 
 // charge charges key on instance inst of generation gi up to the whole
@@ -1128,7 +1128,7 @@ func (m *modelRun) charge(gi, inst int, key string) {
 		a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: over, d: d, epoch: ks.epoch, charged: true, overdrawn: true}
 		m.nextID++
 		// As a take the store decided (modelRun.take).
-		a.spend = d.at
+		a.spend = d.Time
 		if a.spend == 0 {
 			a.spend = st.decided
 		}
@@ -1192,10 +1192,10 @@ func (m *modelRun) refund() {
 	toStore := true
 	prev := g.keys[a.key].hwm
 	if g.caches == nil {
-		d, err = g.stores[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
+		d, err = g.stores[a.inst].GiveBack(m.ctx, a.key, a.cost, a.d.Receipt)
 	} else {
-		toStore = !g.caches[a.inst].refundsIntoLease(a.key, a.d)
-		d, err = g.caches[a.inst].Refund(m.ctx, a.key, a.cost, a.d)
+		toStore = !g.caches[a.inst].refundsIntoLease(a.key, a.d.Receipt)
+		d, err = g.caches[a.inst].GiveBack(m.ctx, a.key, a.cost, a.d.Receipt)
 	}
 	if toStore {
 		m.touch(g, a.key)
@@ -1208,7 +1208,7 @@ func (m *modelRun) refund() {
 	m.adm = slices.Delete(m.adm, i, i+1)
 	credit := max(m.clock.Now().UnixMicro(), a.spend, prev)
 	if !toStore {
-		lg := modelGrant{a.inst, a.key, a.d.leaseGen}
+		lg := modelGrant{a.inst, a.key, a.d.Receipt.Lease}
 		g.refunded[lg] = max(g.refunded[lg], credit)
 	}
 	if g.p.Algorithm == TokenBucket {
@@ -1242,7 +1242,7 @@ func (m *modelRun) refund() {
 		if !toStore {
 			// Refunded into a lease granted before the reset: its units
 			// may pass until that lease is spent or given back.
-			ks.stale = append(ks.stale, modelStaleLease{a.inst, a.d.leaseGen})
+			ks.stale = append(ks.stale, modelStaleLease{a.inst, a.d.Receipt.Lease})
 			ks.extraUntil = math.MaxInt64
 		}
 	}
@@ -1352,8 +1352,8 @@ func (m *modelRun) sweepCache(g *modelGen, cache *NearCache) {
 }
 
 // refundsIntoLease reports whether a refund of taken would go back into
-// c's lease of key now rather than to the store (as Refund decides).
-func (c *NearCache) refundsIntoLease(key string, taken Decision) bool {
+// c's lease of key now rather than to the store (as GiveBack decides).
+func (c *NearCache) refundsIntoLease(key string, taken Receipt) bool {
 	now := c.clock.now()
 	sh := c.shard(key)
 	sh.mu.Lock()

@@ -58,7 +58,7 @@ type NearCacheOptions struct {
 //     past its window's end, a calendar window's included); then, and at
 //     Close, its unspent units are given back to the store: by the
 //     janitor, every quarter of a lifetime, many in one call
-//     (Leaser.RefundMany), or by the call that takes the key's next lease
+//     (Leaser.ReturnMany), or by the call that takes the key's next lease
 //     (Leaser.Renew) when a request comes first.
 //   - Denial cache: a refusal from the store is repeated from memory, its
 //     times counted down, until the smaller of its RetryAfter and DenyFor
@@ -111,7 +111,7 @@ type nearShard struct {
 	resets uint64
 	// backs orders give-backs against admin resets: held for reading by
 	// every call that returns units of the shard's keys to the store (the
-	// janitor's and Close's RefundMany, GiveBack's, a renewal), from the
+	// janitor's and Close's ReturnMany, GiveBack's, a renewal), from the
 	// check that their key was not reset since the units left its lease
 	// until the store has answered; for writing by Reset, around the
 	// store's reset. So units taken before a reset reach the store before
@@ -121,9 +121,9 @@ type nearShard struct {
 }
 
 // nearBack is units of a lease on their way back to the store: their
-// refund, the key they came from and its shard's index.
+// return, the key they came from and its shard's index.
 type nearBack struct {
-	Refund
+	Return
 	k     *nearKey
 	shard int
 }
@@ -140,7 +140,7 @@ type nearKey struct {
 	// so a refund finds the lease its units came from and no other: not
 	// the lease of a key forgotten and remembered since, nor one granted
 	// after a reset.
-	grant   Decision
+	grant   Admission
 	grantAt int64
 	gen     uint64
 	// size is the next lease's size, before the cost floor.
@@ -169,7 +169,7 @@ type nearKey struct {
 // nearRefill is a lease request under way.
 type nearRefill struct {
 	done chan struct{}
-	d    Decision
+	d    Admission
 	err  error
 	// again is set when a reset forgot the key before the request was
 	// sent: the requests waiting for it ask afresh.
@@ -242,7 +242,7 @@ func (c *NearCache) shardIndex(key string) int {
 
 // Take implements Store: from the key's lease or its cached refusal when
 // they answer, else from the store.
-func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Admission, error) {
 	if c.closed.Load() {
 		return c.store.Take(ctx, key, cost)
 	}
@@ -256,13 +256,14 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 			if now < k.deniedUntil {
 				d := k.cachedDenial(now)
 				sh.mu.Unlock()
-				return d, nil
+				return Admission{Decision: d}, nil
 			}
 			if k.units >= cost && now < k.expires {
 				k.units -= cost
-				d := c.leaseDecision(k, now)
+				a := c.leaseAdmission(k, now)
 				sh.mu.Unlock()
-				return d, nil
+				a.holding(c, key, cost)
+				return a, nil
 			}
 			if r := k.refill; r != nil {
 				// Another request is asking the store for this key: wait
@@ -271,13 +272,13 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 				select {
 				case <-r.done:
 				case <-ctx.Done():
-					return Decision{}, fmt.Errorf("near cache: waiting for a lease: %w", ctx.Err())
+					return Admission{}, fmt.Errorf("near cache: waiting for a lease: %w", ctx.Err())
 				}
 				if r.again {
 					continue
 				}
 				if r.err != nil {
-					return Decision{}, r.err
+					return Admission{}, r.err
 				}
 				if !r.d.Allowed {
 					return r.d, nil
@@ -296,8 +297,8 @@ func (c *NearCache) Take(ctx context.Context, key string, cost int64) (Decision,
 				return c.store.Take(ctx, key, cost)
 			}
 		}
-		if d, again, err := c.refill(ctx, sh, k, key, cost, now); !again {
-			return d, err
+		if a, again, err := c.refill(ctx, sh, k, key, cost, now); !again {
+			return a, err
 		}
 	}
 }
@@ -318,7 +319,7 @@ func (c *NearCache) remember(sh *nearShard, key string, now int64) *nearKey {
 // takeFromStore asks the store alone (no leases) and caches a refusal,
 // unless a key of sh was reset since resets (sh.resets when the request
 // was sent) was read: the refusal may be of the state the reset forgot.
-func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64, resets uint64) (Decision, error) {
+func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64, resets uint64) (Admission, error) {
 	d, err := c.store.Take(ctx, key, cost)
 	if err != nil || d.Allowed || c.denyFor == 0 {
 		return d, err
@@ -335,7 +336,7 @@ func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string
 	}
 	if k != nil {
 		k.used = now
-		k.cacheDenial(d, now, c.denyFor)
+		k.cacheDenial(d.Decision, now, c.denyFor)
 	}
 	sh.mu.Unlock()
 	return d, nil
@@ -350,7 +351,7 @@ func (c *NearCache) takeFromStore(ctx context.Context, sh *nearShard, key string
 // counters, within the grant's window. It reports again, having asked
 // nothing, when a reset forgot the key before the request could be sent:
 // the caller asks afresh.
-func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d Decision, again bool, err error) {
+func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d Admission, again bool, err error) {
 	// Size: doubled when the last lease was used up within a lifetime of
 	// its grant, restarted at the cost when the key was not leased
 	// recently, else kept.
@@ -387,9 +388,9 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 		if gone {
 			sh.backs.RUnlock()
 			close(r.done)
-			return Decision{}, true, nil
+			return Admission{}, true, nil
 		}
-		d, err = c.store.Renew(ctx, Refund{Key: key, Cost: leftover, Taken: grant}, cost, want)
+		d, err = c.store.Renew(ctx, Return{Key: key, Units: leftover, Taken: grant.Receipt}, cost, want)
 		sh.backs.RUnlock()
 		if err != nil && c.onGiveBackError != nil {
 			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
@@ -415,34 +416,36 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 		// since giving it back would credit the fresh state with units it
 		// never counted.
 		if d.Allowed {
-			d.granted = cost
+			d.holding(c.store, key, cost)
+			d.Receipt.Granted = cost
 			d.Source = SourceStore
 		}
 	case !d.Allowed:
 		if c.denyFor > 0 {
-			k.cacheDenial(d, now, c.denyFor)
+			k.cacheDenial(d.Decision, now, c.denyFor)
 		}
 	default:
 		k.gen = c.gens.Add(1)
 		// The decision's times count on from the answer (the store
 		// decided no later), its lifetime from the send.
 		k.grant, k.grantAt = d, now
-		k.units = d.granted - cost
+		k.units = d.Receipt.Granted - cost
 		k.expires = sent + life
-		if c.window > 0 && d.at > 0 {
-			k.expires = min(k.expires, sent+c.window-d.at%c.window)
+		if c.window > 0 && d.Time > 0 {
+			k.expires = min(k.expires, sent+c.window-d.Time%c.window)
 		}
-		if c.cal != nil && d.at > 0 {
-			_, end := c.cal.at(d.at)
-			k.expires = min(k.expires, sent+end-d.at)
+		if c.cal != nil && d.Time > 0 {
+			_, end := c.cal.at(d.Time)
+			k.expires = min(k.expires, sent+end-d.Time)
 		}
-		d = c.leaseDecision(k, now)
+		d = c.leaseAdmission(k, now)
+		d.holding(c, key, cost)
 		d.Source = SourceStore
 	}
 	if c.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
 		// request, as Close may have stopped waiting for give-backs.
-		back := nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, c.shardIndex(key)}
+		back := nearBack{Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, c.shardIndex(key)}
 		k.units, k.expires = 0, 0
 		k.pendingBacks++
 		defer c.giveBackNow([]nearBack{back})
@@ -450,30 +453,31 @@ func (c *NearCache) refill(ctx context.Context, sh *nearShard, k *nearKey, key s
 	sh.mu.Unlock()
 	close(r.done)
 	if err != nil {
-		return Decision{}, false, err
+		return Admission{}, false, err
 	}
 	return d, false, nil
 }
 
-// leaseDecision is the decision for a request spent from k's lease at
-// now: the store's remaining when it granted the lease plus what the
-// lease still holds (this instance's best knowledge, never above the
-// quota), and the store's reset counted down.
-func (c *NearCache) leaseDecision(k *nearKey, now int64) Decision {
+// leaseAdmission is the admission of a request spent from k's lease at
+// now, holding nothing yet: the store's remaining when it granted the
+// lease plus what the lease still holds (this instance's best knowledge,
+// never above the quota), and the store's reset counted down. Its receipt
+// names the lease and the grant, whose window or log entry its units
+// belong to.
+func (c *NearCache) leaseAdmission(k *nearKey, now int64) Admission {
 	elapsed := max(0, now-k.grantAt)
-	d := Decision{
+	a := Admission{Decision: Decision{
 		Allowed:    true,
 		Remaining:  min(c.quota, k.grant.Remaining+k.units),
 		ResetAfter: max(0, k.grant.ResetAfter-microseconds(elapsed)),
 		Source:     SourceLease,
-		at:         k.grant.at,
-		mark:       k.grant.admission(),
-		leaseGen:   k.gen,
+		Time:       k.grant.Time,
+	}, Receipt: Receipt{At: k.grant.Receipt.At, Mark: k.grant.Receipt.Name(), Lease: k.gen}}
+	if a.Time != 0 {
+		a.Time += elapsed
+		a.Receipt.At += elapsed
 	}
-	if d.at != 0 {
-		d.at += elapsed
-	}
-	return d
+	return a
 }
 
 // cacheDenial remembers the store's refusal d, made at now, for the
@@ -491,41 +495,41 @@ func (k *nearKey) cachedDenial(now int64) Decision {
 	d.ResetAfter = max(0, d.ResetAfter-microseconds(elapsed))
 	d.RetryAfter = max(time.Microsecond, d.RetryAfter-microseconds(elapsed))
 	d.Source = SourceDenyCache
-	if d.at != 0 {
-		d.at += elapsed
+	if d.Time != 0 {
+		d.Time += elapsed
 	}
 	return d
 }
 
-// Refund implements Store. Units spent from a lease go back into it while
-// it lasts, so a request another zone refused costs no round trip; else
-// they go back to the store. A sliding log's lease takes them back only if
-// the store logged it a lifetime ahead: a grant of the request's cost
-// alone is logged at its time, and a unit of it spent again up to a
+// GiveBack implements Store. Units spent from a lease go back into it
+// while it lasts, so a request another zone refused costs no round trip;
+// else they go back to the store. A sliding log's lease takes them back
+// only if the store logged it a lifetime ahead: a grant of the request's
+// cost alone is logged at its time, and a unit of it spent again up to a
 // lifetime later would leave the window that much early.
-func (c *NearCache) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
-	if taken.leaseGen != 0 && !c.closed.Load() {
+func (c *NearCache) GiveBack(ctx context.Context, key string, units int64, taken Receipt) (Decision, error) {
+	if taken.Lease != 0 && !c.closed.Load() {
 		now := c.clock.now()
 		sh := c.shard(key)
 		sh.mu.Lock()
 		if k := sh.keys[key]; c.takesBack(k, taken, now) {
-			k.units += cost
-			d := c.leaseDecision(k, now)
+			k.units += units
+			a := c.leaseAdmission(k, now)
 			sh.mu.Unlock()
-			return d, nil
+			return a.Decision, nil
 		}
 		sh.mu.Unlock()
 	}
-	return c.store.Refund(ctx, key, cost, taken)
+	return c.store.GiveBack(ctx, key, units, taken)
 }
 
-// takesBack reports whether a refund of taken goes back into k's lease at
-// now (see Refund); k's shard is locked.
-func (c *NearCache) takesBack(k *nearKey, taken Decision, now int64) bool {
-	if k == nil || taken.leaseGen == 0 || k.gen != taken.leaseGen || now >= k.expires {
+// takesBack reports whether a give-back of taken goes back into k's lease
+// at now (see GiveBack); k's shard is locked.
+func (c *NearCache) takesBack(k *nearKey, taken Receipt, now int64) bool {
+	if k == nil || taken.Lease == 0 || k.gen != taken.Lease || now >= k.expires {
 		return false
 	}
-	return !c.logsLeasesAhead || k.grant.admission()-k.grant.at >= LeaseLifetime.Microseconds()
+	return !c.logsLeasesAhead || k.grant.Receipt.Name()-k.grant.Receipt.At >= LeaseLifetime.Microseconds()
 }
 
 // Charge implements Charger. The units the key's lease here still holds
@@ -539,9 +543,9 @@ func (c *NearCache) takesBack(k *nearKey, taken Decision, now int64) bool {
 // theirs to spend: with the charge they are what the store admits in the
 // window. An error from the store means the lease's part was charged and
 // the rest was not.
-func (c *NearCache) Charge(ctx context.Context, key string, cost int64) (Decision, error) {
+func (c *NearCache) Charge(ctx context.Context, key string, cost int64) (Admission, error) {
 	if c.charger == nil {
-		return Decision{}, errors.New("near cache: the store cannot charge past its limit")
+		return Admission{}, errors.New("near cache: the store cannot charge past its limit")
 	}
 	var paid int64
 	if c.leasing && cost > 0 && !c.closed.Load() {
@@ -553,20 +557,20 @@ func (c *NearCache) Charge(ctx context.Context, key string, cost int64) (Decisio
 			paid = min(k.units, cost)
 			k.units -= paid
 			if paid == cost {
-				d := c.leaseDecision(k, now)
-				d.granted = paid
+				a := c.leaseAdmission(k, now)
+				a.Receipt.Granted = paid
 				sh.mu.Unlock()
-				return d, nil
+				return a, nil
 			}
 		}
 		sh.mu.Unlock()
 	}
-	d, err := c.charger.Charge(ctx, key, cost-paid)
+	a, err := c.charger.Charge(ctx, key, cost-paid)
 	if err != nil {
-		return Decision{}, fmt.Errorf("near cache: %w", err)
+		return Admission{}, fmt.Errorf("near cache: %w", err)
 	}
-	d.granted += paid
-	return d, nil
+	a.Receipt.Granted += paid
+	return a, nil
 }
 
 // Peek implements Store: the store's state plus what this instance's
@@ -670,7 +674,7 @@ func (c *NearCache) giveBackNow(backs []nearBack) {
 			}
 		}
 	}()
-	refunds := make([]Refund, 0, len(backs))
+	returns := make([]Return, 0, len(backs))
 	for _, b := range backs {
 		sh := &c.shards[b.shard]
 		sh.mu.Lock()
@@ -678,18 +682,18 @@ func (c *NearCache) giveBackNow(backs []nearBack) {
 		gone := b.k.forgotten
 		sh.mu.Unlock()
 		if !gone {
-			refunds = append(refunds, b.Refund)
+			returns = append(returns, b.Return)
 		}
 	}
-	if len(refunds) == 0 {
+	if len(returns) == 0 {
 		return
 	}
-	if err := c.store.RefundMany(context.Background(), refunds); err != nil && c.onGiveBackError != nil {
+	if err := c.store.ReturnMany(context.Background(), returns); err != nil && c.onGiveBackError != nil {
 		var units int64
-		for _, b := range refunds {
-			units += b.Cost
+		for _, b := range returns {
+			units += b.Units
 		}
-		c.onGiveBackError(fmt.Errorf("giving back %d unspent units of %d leases: %w", units, len(refunds), err))
+		c.onGiveBackError(fmt.Errorf("returning %d unspent units of %d leases: %w", units, len(returns), err))
 	}
 }
 
@@ -723,7 +727,7 @@ func (c *NearCache) sweep(all bool) {
 				if len(backs) == 0 {
 					c.givingBack.Add(1) // see giveBack
 				}
-				backs = append(backs, nearBack{Refund{Key: key, Cost: k.units, Taken: k.grant}, k, i})
+				backs = append(backs, nearBack{Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, i})
 				k.units, k.expires = 0, 0
 				k.pendingBacks++
 			}
@@ -770,22 +774,22 @@ var _ Store = (*NearCache)(nil)
 var _ Charger = (*NearCache)(nil)
 var _ Charger = (*Memory)(nil)
 
-// GiveBack returns the unspent units of key's lease to the store and
+// ReturnLease returns the unspent units of key's lease to the store and
 // forgets its cached refusal, because key's requests are now decided by
 // another limit (an override was set, changed or removed): units leased
 // under one limit are never spent under another. It waits for the
-// give-back until ctx is done.
-func (c *NearCache) GiveBack(ctx context.Context, key string) error {
+// return until ctx is done.
+func (c *NearCache) ReturnLease(ctx context.Context, key string) error {
 	sh := c.shard(key)
 	// Held from before the units leave the lease until the store has
 	// them, so no reset runs between (nearShard.backs).
 	sh.backs.RLock()
 	defer sh.backs.RUnlock()
-	var back []Refund
+	var back []Return
 	sh.mu.Lock()
 	if k := sh.keys[key]; k != nil {
 		if k.units > 0 {
-			back = []Refund{{Key: key, Cost: k.units, Taken: k.grant}}
+			back = []Return{{Key: key, Units: k.units, Taken: k.grant.Receipt}}
 		}
 		k.units, k.expires, k.deniedUntil = 0, 0, 0
 	}
@@ -793,8 +797,8 @@ func (c *NearCache) GiveBack(ctx context.Context, key string) error {
 	if len(back) == 0 {
 		return nil
 	}
-	if err := c.store.RefundMany(ctx, back); err != nil {
-		return fmt.Errorf("giving back %d unspent units of key's lease: %w", back[0].Cost, err)
+	if err := c.store.ReturnMany(ctx, back); err != nil {
+		return fmt.Errorf("returning %d unspent units of key's lease: %w", back[0].Units, err)
 	}
 	return nil
 }

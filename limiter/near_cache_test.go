@@ -3,6 +3,7 @@ package limiter
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -24,7 +25,7 @@ import (
 // a test plays; the caller closes them (closeClients).
 // mustAdmit takes one unit of key from s and fails the test unless it is
 // admitted.
-func mustAdmit(t testing.TB, s Store, key string) Decision {
+func mustAdmit(t testing.TB, s Store, key string) Admission {
 	t.Helper()
 	d, err := s.Take(context.Background(), key, 1)
 	if err != nil || !d.Allowed {
@@ -147,33 +148,42 @@ type countingLeaser struct {
 	refunded atomic.Int64
 }
 
-func (c *countingLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+func (c *countingLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (Admission, error) {
 	c.mu.Lock()
 	c.wants = append(c.wants, want)
 	c.mu.Unlock()
 	return c.Memory.TakeUpTo(ctx, key, cost, want)
 }
 
-func (c *countingLeaser) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+func (c *countingLeaser) Take(ctx context.Context, key string, cost int64) (Admission, error) {
 	c.takes.Add(1)
 	return c.Memory.Take(ctx, key, cost)
 }
 
-func (c *countingLeaser) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
+func (c *countingLeaser) GiveBack(ctx context.Context, key string, units int64, taken Receipt) (Decision, error) {
 	c.refunds.Add(1)
-	c.refunded.Add(cost)
-	return c.Memory.Refund(ctx, key, cost, taken)
+	c.refunded.Add(units)
+	return c.Memory.GiveBack(ctx, key, units, taken)
 }
 
 // Renew counts as the refund and the lease it is, and as a renewal.
-func (c *countingLeaser) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+func (c *countingLeaser) Renew(ctx context.Context, back Return, cost, want int64) (Admission, error) {
 	c.renews.Add(1)
-	return renewInTurn(ctx, c, back, cost, want)
+	if _, err := c.GiveBack(ctx, back.Key, back.Units, back.Taken); err != nil {
+		return Admission{}, err
+	}
+	return c.TakeUpTo(ctx, back.Key, cost, want)
 }
 
-// RefundMany counts as the refunds it is.
-func (c *countingLeaser) RefundMany(ctx context.Context, refunds []Refund) error {
-	return refundInTurn(ctx, c, refunds)
+// ReturnMany counts as the refunds it is.
+func (c *countingLeaser) ReturnMany(ctx context.Context, returns []Return) error {
+	var errs []error
+	for _, r := range returns {
+		if _, err := c.GiveBack(ctx, r.Key, r.Units, r.Taken); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (c *countingLeaser) leaseSizes() []int64 {
@@ -226,7 +236,7 @@ func TestLeaseExpiry(t *testing.T) {
 			// Half a second before a window boundary.
 			clock := testutil.NewClock(time.Unix(0, 0).Add(500 * time.Hour).Add(-LeaseLifetime / 2))
 			cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 0.2})
-			take := func() Decision { t.Helper(); return mustAdmit(t, cache, "k") }
+			take := func() Decision { t.Helper(); return mustAdmit(t, cache, "k").Decision }
 			for range 4 { // leases of 1 and 2 used up, then one of 4
 				take()
 			}
@@ -308,11 +318,11 @@ func TestLeaseRefund(t *testing.T) {
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 	p := Policy{Algorithm: SlidingWindowLog, Events: 10, Window: time.Minute}
 	cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 1})
-	var last Decision
+	var last Admission
 	for range 4 { // leases of 1, 2 and 4: 3 left in the last
 		last, _ = cache.Take(ctx, "k", 1)
 	}
-	d, err := cache.Refund(ctx, "k", 1, last)
+	d, err := cache.GiveBack(ctx, "k", 1, last.Receipt)
 	if err != nil || store.refunds.Load() != 0 {
 		t.Fatalf("refund into the lease: %v, %d calls to the store", err, store.refunds.Load())
 	}
@@ -322,7 +332,7 @@ func TestLeaseRefund(t *testing.T) {
 	clock.Advance(LeaseLifetime)
 	cache.sweep(false)
 	cache.givingBack.Wait()
-	if _, err := cache.Refund(ctx, "k", 1, last); err != nil {
+	if _, err := cache.GiveBack(ctx, "k", 1, last.Receipt); err != nil {
 		t.Fatal(err)
 	}
 	if got := store.refunded.Load(); got != 5 {
@@ -641,7 +651,7 @@ func BenchmarkNearCacheRedisZipf(b *testing.B) {
 				nRefused++
 				continue
 			}
-			mine[k|windowEnding(d)<<20]++
+			mine[k|windowEnding(d.Decision)<<20]++
 		}
 		mu.Lock()
 		defer mu.Unlock()

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// TestNearCacheGiveBackKey: GiveBack returns one key's unspent lease to
+// TestNearCacheGiveBackKey: ReturnLease returns one key's unspent lease to
 // the store at once, and the key's next request is decided afresh.
 func TestNearCacheGiveBackKey(t *testing.T) {
 	p := Policy{Algorithm: TokenBucket, Events: 100, Window: time.Hour}
@@ -29,10 +29,10 @@ func TestNearCacheGiveBackKey(t *testing.T) {
 	if taken := 100 - d.Remaining; taken <= 2 {
 		t.Fatalf("store counts %d taken after 2 requests: want a lease beyond them", taken)
 	}
-	if err := cache.GiveBack(ctx, "k"); err != nil {
+	if err := cache.ReturnLease(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
 	if d, _ := store.Peek(ctx, "k"); d.Remaining != 98 {
-		t.Fatalf("after GiveBack the store has %d remaining, want 98", d.Remaining)
+		t.Fatalf("after ReturnLease the store has %d remaining, want 98", d.Remaining)
 	}
 }

@@ -46,19 +46,19 @@ func (h *replyGate) hold() {
 	}
 }
 
-func (h *heldReply) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+func (h *heldReply) Take(ctx context.Context, key string, cost int64) (Admission, error) {
 	d, err := h.Leaser.Take(ctx, key, cost)
 	h.hold()
 	return d, err
 }
 
-func (h *heldReply) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+func (h *heldReply) TakeUpTo(ctx context.Context, key string, cost, want int64) (Admission, error) {
 	d, err := h.Leaser.TakeUpTo(ctx, key, cost, want)
 	h.hold()
 	return d, err
 }
 
-func (h *heldReply) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+func (h *heldReply) Renew(ctx context.Context, back Return, cost, want int64) (Admission, error) {
 	d, err := h.Leaser.Renew(ctx, back, cost, want)
 	h.hold()
 	return d, err
@@ -75,7 +75,7 @@ func resetDuringReply(t *testing.T, cache *NearCache, h *heldReply, key string) 
 	ctx := context.Background()
 	h.arm()
 	type result struct {
-		d   Decision
+		d   Admission
 		err error
 	}
 	done := make(chan result, 1)
@@ -106,7 +106,7 @@ func resetDuringReply(t *testing.T, cache *NearCache, h *heldReply, key string) 
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	return r.d
+	return r.d.Decision
 }
 
 // admitAll takes key one unit at a time through cache until it is refused
@@ -216,15 +216,15 @@ func TestNearCacheResetForgetsRefusalInFlight(t *testing.T) {
 }
 
 // heldGiveBack is a shared store that, once armed, holds its next
-// RefundMany before the store sees it: a give-back on the wire.
+// ReturnMany before the store sees it: a give-back on the wire.
 type heldGiveBack struct {
 	Leaser
 	replyGate
 }
 
-func (h *heldGiveBack) RefundMany(ctx context.Context, refunds []Refund) error {
+func (h *heldGiveBack) ReturnMany(ctx context.Context, returns []Return) error {
 	h.hold()
-	return h.Leaser.RefundMany(ctx, refunds)
+	return h.Leaser.ReturnMany(ctx, returns)
 }
 
 // TestNearCacheResetOrdersGiveBacks: a reset and the janitor's give-back

@@ -301,65 +301,67 @@ func (r *Redis) Key(key string) string {
 }
 
 // Take implements Store with one script run in Redis.
-func (r *Redis) Take(ctx context.Context, key string, cost int64) (Decision, error) {
+func (r *Redis) Take(ctx context.Context, key string, cost int64) (Admission, error) {
 	if err := r.checkCost(cost); err != nil {
-		return Decision{}, err
+		return Admission{}, err
 	}
 	var slot string
 	if r.p.alg.holdsSlots {
 		slot = r.slotID + strconv.FormatUint(r.slotSeq.Add(1), 36)
 	}
 	redisKey := r.Key(key)
-	d, err := r.runKey(ctx, redisKey, cost, slot)
+	a, err := r.runKey(ctx, redisKey, cost, slot)
 	if err != nil {
-		return Decision{}, fmt.Errorf("redis store for zone %q: take: %w", r.zone, err)
+		return Admission{}, fmt.Errorf("redis store for zone %q: take: %w", r.zone, err)
 	}
-	if d.Allowed {
-		d.slot = slot
+	if a.Allowed {
+		a.holding(r, key, cost)
+		a.Receipt.Slot = slot
 		if r.p.alg.Leases {
-			d.granted = cost
+			a.Receipt.Granted = cost
 		}
 		if slot != "" {
 			r.hold(slot, redisKey, cost)
 		}
 	}
-	return d, nil
+	return a, nil
 }
 
 // TakeUpTo implements Leaser with one script run, for the algorithms whose
 // Traits say Leases.
-func (r *Redis) TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error) {
+func (r *Redis) TakeUpTo(ctx context.Context, key string, cost, want int64) (Admission, error) {
 	if err := r.checkLease(cost, want); err != nil {
-		return Decision{}, err
+		return Admission{}, err
 	}
-	d, err := r.run(ctx, key, cost, want)
+	a, err := r.run(ctx, key, cost, want)
 	if err != nil {
-		return Decision{}, fmt.Errorf("redis store for zone %q: lease: %w", r.zone, err)
+		return Admission{}, fmt.Errorf("redis store for zone %q: lease: %w", r.zone, err)
 	}
-	return d, nil
+	a.holding(r, key, a.Receipt.Granted)
+	return a, nil
 }
 
 // Charge implements Charger with one script run, for the algorithms whose
 // Traits say Charges: the script's cost argument is "c" and the count (see
 // lua/prelude.lua), and Redis TIME is the clock, as for a take.
-func (r *Redis) Charge(ctx context.Context, key string, cost int64) (Decision, error) {
+func (r *Redis) Charge(ctx context.Context, key string, cost int64) (Admission, error) {
 	if !r.p.alg.Charges {
-		return Decision{}, fmt.Errorf("redis store for zone %q: %s cannot charge past its limit", r.zone, r.policy.Algorithm)
+		return Admission{}, fmt.Errorf("redis store for zone %q: %s cannot charge past its limit", r.zone, r.policy.Algorithm)
 	}
 	if err := r.checkCost(cost); err != nil {
-		return Decision{}, err
+		return Admission{}, err
 	}
 	ctx = r.deadlines.bound(ctx, r.timeout)
 	call := r.callOn(ctx, r.Key(key), cost, nil)
 	call.args[0] = "c" + strconv.FormatInt(cost, 10)
 	reply, err := r.runCall(call)
 	if err == nil {
-		var d Decision
-		if d, err = decodeReply(reply); err == nil {
-			return d, nil
+		var a Admission
+		if a, err = decodeReply(reply); err == nil {
+			return a, nil
 		}
 	}
-	return Decision{}, fmt.Errorf("redis store for zone %q: charge: %w", r.zone, err)
+	return Admission{}, fmt.Errorf("redis store for zone %q: charge: %w", r.zone, err)
 }
 
 // checkLease refuses a lease the policy cannot grant.
@@ -375,11 +377,11 @@ func (r *Redis) checkLease(cost, want int64) error {
 
 // Peek implements Store with one script run that gives back nothing.
 func (r *Redis) Peek(ctx context.Context, key string) (Decision, error) {
-	d, err := r.run(ctx, key, 0, r.refundArg(Decision{}))
+	a, err := r.run(ctx, key, 0, r.refundArg(Receipt{}))
 	if err != nil {
 		return Decision{}, fmt.Errorf("redis store for zone %q: peek: %w", r.zone, err)
 	}
-	return d, nil
+	return a.Decision, nil
 }
 
 // Reset implements Store: it deletes the key's state, under the store's
@@ -393,20 +395,20 @@ func (r *Redis) Reset(ctx context.Context, key string) (bool, error) {
 	return n > 0, nil
 }
 
-// Refund implements Store: it gives back what taken consumed, or releases
-// its concurrency slot, in one script run.
-func (r *Redis) Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error) {
-	if err := r.checkCost(cost); err != nil {
+// GiveBack implements Store: it gives back units of what taken consumed,
+// or releases its concurrency slot, in one script run.
+func (r *Redis) GiveBack(ctx context.Context, key string, units int64, taken Receipt) (Decision, error) {
+	if err := r.checkCost(units); err != nil {
 		return Decision{}, err
 	}
-	if taken.slot != "" {
-		r.release(taken.slot)
+	if taken.Slot != "" {
+		r.release(taken.Slot)
 	}
-	d, err := r.run(ctx, key, -cost, r.refundArg(taken))
+	a, err := r.run(ctx, key, -units, r.refundArg(taken))
 	if err != nil {
-		return Decision{}, fmt.Errorf("redis store for zone %q: refund: %w", r.zone, err)
+		return Decision{}, fmt.Errorf("redis store for zone %q: give-back: %w", r.zone, err)
 	}
-	return d, nil
+	return a.Decision, nil
 }
 
 // checkCost refuses a cost no request of the policy can have.
@@ -420,7 +422,7 @@ func (r *Redis) checkCost(cost int64) error {
 // refundArg is the argument a refund of taken passes after the policy's,
 // naming the admission it gives back; nil for the algorithms that need
 // none.
-func (r *Redis) refundArg(taken Decision) any {
+func (r *Redis) refundArg(taken Receipt) any {
 	if r.p.alg.refundArg == nil {
 		return nil
 	}
@@ -432,12 +434,12 @@ func (r *Redis) refundArg(taken Decision) any {
 // reads its reply; while Redis keeps failing it answers ErrStoreUnavailable
 // at once instead (see Breaker). A positive cost takes, a negative one
 // gives back.
-func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Decision, error) {
+func (r *Redis) run(ctx context.Context, key string, cost int64, extra any) (Admission, error) {
 	return r.runKey(ctx, r.Key(key), cost, extra)
 }
 
 // runKey is run for a client key already named in Redis (Key).
-func (r *Redis) runKey(ctx context.Context, redisKey string, cost int64, extra any) (Decision, error) {
+func (r *Redis) runKey(ctx context.Context, redisKey string, cost int64, extra any) (Admission, error) {
 	// A Done that closes at the deadline, not only socket deadlines:
 	// go-redis dials a new connection in the background and only Done stops
 	// the wait for it, so an unreachable host would otherwise hold the
@@ -445,13 +447,13 @@ func (r *Redis) runKey(ctx context.Context, redisKey string, cost int64, extra a
 	ctx = r.deadlines.bound(ctx, r.timeout)
 	reply, err := r.runCall(r.callOn(ctx, redisKey, cost, extra))
 	if err != nil {
-		return Decision{}, err
+		return Admission{}, err
 	}
 	return decodeReply(reply)
 }
 
 // runCall runs one script call, whose ctx the caller has bounded (calls
-// off the request path, RefundMany's on a Cluster or a renewal of
+// off the request path, ReturnMany's on a Cluster or a renewal of
 // concurrency slots, wait longer than a decision), in a round trip shared
 // with concurrent ones; while Redis keeps failing it answers
 // ErrStoreUnavailable at once.
@@ -545,27 +547,30 @@ func (r *Redis) callOn(ctx context.Context, redisKey string, cost int64, extra a
 // the bucket scripts leave out the decision time but for a lease, only a
 // lease's admission says what it granted (the sliding log's, every
 // admission's), and only the sliding log names the time its admission is
-// logged at, when that is not the decision's (see Decision.mark).
-func decodeReply(reply []int64) (Decision, error) {
+// logged at, when that is not the decision's (see Receipt.Mark). The
+// Admission it returns holds nothing yet: the caller says what it holds.
+func decodeReply(reply []int64) (Admission, error) {
 	if len(reply) < 4 || len(reply) > 7 {
-		return Decision{}, fmt.Errorf("script replied with %d values, want 4 to 7", len(reply))
+		return Admission{}, fmt.Errorf("script replied with %d values, want 4 to 7", len(reply))
 	}
-	d := Decision{
+	var a Admission
+	a.Decision = Decision{
 		Allowed:    reply[0] == 1,
 		Remaining:  reply[1],
 		ResetAfter: microseconds(reply[2]),
 		RetryAfter: microseconds(reply[3]),
 	}
 	if len(reply) >= 5 {
-		d.at = reply[4]
+		a.Time = reply[4]
+		a.Receipt.At = reply[4]
 	}
 	if len(reply) >= 6 {
-		d.granted = reply[5]
+		a.Receipt.Granted = reply[5]
 	}
-	if len(reply) == 7 && reply[6] != d.at {
-		d.mark = reply[6]
+	if len(reply) == 7 && reply[6] != a.Time {
+		a.Receipt.Mark = reply[6]
 	}
-	return d, nil
+	return a, nil
 }
 
 // isTimeout reports whether err means a deadline passed, whether go-redis

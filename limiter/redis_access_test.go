@@ -60,11 +60,12 @@ func exerciseRedisStore(ctx context.Context, client redis.UniversalClient) error
 			return step("peek", err)
 		}
 		if p.Algorithm != LeakyBucket { // a leaky bucket's admissions are not refunded
-			if d, err = r.Refund(ctx, "k", 1, d); step("refund", err) != nil {
+			var back Decision
+			if back, err = r.GiveBack(ctx, "k", 1, d.Receipt); step("refund", err) != nil {
 				return step("refund", err)
 			}
-			if d.Remaining != 4 {
-				return fmt.Errorf("%s refund: %+v, want 4 left", name, d)
+			if back.Remaining != 4 {
+				return fmt.Errorf("%s refund: %+v, want 4 left", name, back)
 			}
 		}
 		if p.Algorithm == Concurrency {
@@ -91,7 +92,7 @@ func exerciseRedisStore(ctx context.Context, client redis.UniversalClient) error
 	if err != nil {
 		return fmt.Errorf("lease: %w", err)
 	}
-	if _, err := r.Renew(ctx, Refund{Key: "renewed", Cost: 4, Taken: d}, 1, 10); err != nil {
+	if _, err := r.Renew(ctx, Return{Key: "renewed", Units: 4, Taken: d.Receipt}, 1, 10); err != nil {
 		return fmt.Errorf("lease renewal: %w", err)
 	}
 	var giveBack error

@@ -12,54 +12,59 @@ import (
 // thousand on a busy instance, and one script call per lease would cost
 // Redis as much as the decisions the leases saved. The batch script
 // (lua.Batch) runs any number of one algorithm's operations in one atomic
-// EVALSHA, in order, and replies with the last one's reply. RefundMany sends
-// up to redisMaxGiveBacks give-backs per call; Renew sends a lapsed lease's
+// EVALSHA, in order, and replies with the last one's reply. ReturnMany sends
+// up to redisMaxReturns returns per call; Renew sends a lapsed lease's
 // give-back and the next lease's take for one key together.
 //
 // On a Cluster every client key is in a hash slot of its own (its hash tag
 // is the key's digest), and a script may only touch keys of one slot, so
-// RefundMany sends there one script per give-back, pipelined as concurrent
+// ReturnMany sends there one script per give-back, pipelined as concurrent
 // decisions are. On shards a script runs on the shard of its first key, so
-// RefundMany sends each shard's give-backs in calls of their own (byShard).
+// ReturnMany sends each shard's returns in calls of their own (byShard).
 // Renew names one key and works everywhere.
 
-// redisGiveBackTimeout bounds one call of RefundMany's. Give-backs run off
+// redisReturnTimeout bounds one call of ReturnMany's. Give-backs run off
 // the request path, so they may wait far longer than a decision does; one
 // that fails leaves its units taken until the key's state expires.
-const redisGiveBackTimeout = time.Second
+const redisReturnTimeout = time.Second
 
-// redisMaxGiveBacks bounds the give-backs of one script call, so that it
+// redisMaxReturns bounds the returns of one script call, so that it
 // holds Redis, which runs one script at a time, about as long as a
 // pipeline of decisions does (see redisMaxPipeline).
-const redisMaxGiveBacks = redisMaxPipeline
+const redisMaxReturns = redisMaxPipeline
 
-// Renew implements Leaser with one call of the batch script: the refund,
+// Renew implements Leaser with one call of the batch script: the return,
 // then the lease.
-func (r *Redis) Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error) {
+func (r *Redis) Renew(ctx context.Context, back Return, cost, want int64) (Admission, error) {
 	if err := r.checkLease(cost, want); err != nil {
-		return Decision{}, err
+		return Admission{}, err
 	}
-	if err := r.checkCost(back.Cost); err != nil {
-		return Decision{}, err
+	if err := r.checkCost(back.Units); err != nil {
+		return Admission{}, err
 	}
 	ctx = r.deadlines.bound(ctx, r.timeout)
 	key := r.Key(back.Key) // the refund and the take name the same key
 	reply, err := r.runBatch(ctx, []*scriptCall{
-		r.callOn(ctx, key, -back.Cost, r.refundArg(back.Taken)),
+		r.callOn(ctx, key, -back.Units, r.refundArg(back.Taken)),
 		r.callOn(ctx, key, cost, want),
 	})
 	if err != nil {
-		return Decision{}, fmt.Errorf("redis store for zone %q: renewing a lease: %w", r.zone, err)
+		return Admission{}, fmt.Errorf("redis store for zone %q: renewing a lease: %w", r.zone, err)
 	}
-	return decodeReply(reply)
+	a, err := decodeReply(reply)
+	if err != nil {
+		return Admission{}, err
+	}
+	a.holding(r, back.Key, a.Receipt.Granted)
+	return a, nil
 }
 
-// RefundMany implements Leaser: up to redisMaxGiveBacks refunds per script
+// ReturnMany implements Leaser: up to redisMaxReturns returns per script
 // call, or on a Cluster one per refund, each call bounded by
-// redisGiveBackTimeout.
-func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
-	for _, rf := range refunds {
-		if err := r.checkCost(rf.Cost); err != nil {
+// redisReturnTimeout.
+func (r *Redis) ReturnMany(ctx context.Context, returns []Return) error {
+	for _, rf := range returns {
+		if err := r.checkCost(rf.Units); err != nil {
 			return err
 		}
 	}
@@ -74,11 +79,11 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 	if r.reloadHashSlots != nil {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for _, rf := range refunds {
+		for _, rf := range returns {
 			wg.Go(func() {
-				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
 				defer cancel()
-				if _, err := r.runCall(r.newCall(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken))); err != nil {
+				if _, err := r.runCall(r.newCall(cctx, rf.Key, -rf.Units, r.refundArg(rf.Taken))); err != nil {
 					mu.Lock()
 					fail(1, err)
 					mu.Unlock()
@@ -87,17 +92,17 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 		}
 		wg.Wait()
 	} else {
-		// On shards, each shard's give-backs go to it in calls of their
+		// On shards, each shard's returns go to it in calls of their
 		// own, all shards at once.
 		var mu sync.Mutex
-		groups := byShard(r, refunds, func(rf Refund) string { return r.Key(rf.Key) })
-		eachGroup(groups, func(refunds []Refund) {
-			calls := make([]*scriptCall, 0, min(len(refunds), redisMaxGiveBacks))
-			for start := 0; start < len(refunds); start += redisMaxGiveBacks {
+		groups := byShard(r, returns, func(rf Return) string { return r.Key(rf.Key) })
+		eachGroup(groups, func(returns []Return) {
+			calls := make([]*scriptCall, 0, min(len(returns), redisMaxReturns))
+			for start := 0; start < len(returns); start += redisMaxReturns {
 				calls = calls[:0]
-				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
-				for _, rf := range refunds[start:min(len(refunds), start+redisMaxGiveBacks)] {
-					calls = append(calls, r.newCall(cctx, rf.Key, -rf.Cost, r.refundArg(rf.Taken)))
+				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
+				for _, rf := range returns[start:min(len(returns), start+redisMaxReturns)] {
+					calls = append(calls, r.newCall(cctx, rf.Key, -rf.Units, r.refundArg(rf.Taken)))
 				}
 				if _, err := r.runBatch(cctx, calls); err != nil {
 					mu.Lock()
@@ -109,7 +114,7 @@ func (r *Redis) RefundMany(ctx context.Context, refunds []Refund) error {
 		})
 	}
 	if failed > 0 {
-		return fmt.Errorf("redis store for zone %q: %d of %d give-backs failed: %w", r.zone, failed, len(refunds), errors.Join(errs...))
+		return fmt.Errorf("redis store for zone %q: %d of %d returns failed: %w", r.zone, failed, len(returns), errors.Join(errs...))
 	}
 	return nil
 }

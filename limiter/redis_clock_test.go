@@ -47,7 +47,7 @@ func TestPreloadFindsServerWithoutTime(t *testing.T) {
 		if !r.InstanceClock() {
 			t.Fatalf("%s: after Preload on a server without TIME the store is not on the instance's clock", alg)
 		}
-		var last Decision
+		var last Admission
 		for i := range 3 {
 			d, err := r.Take(ctx, "k", 1)
 			if err != nil || !d.Allowed || d.Remaining != int64(2-i) {
@@ -60,7 +60,7 @@ func TestPreloadFindsServerWithoutTime(t *testing.T) {
 		if d, err := r.Take(ctx, "k", 1); err != nil || d.Allowed || (d.RetryAfter <= 0) != (alg == Concurrency) {
 			t.Fatalf("%s: take 4: %+v %v, want refused with a wait", alg, d, err)
 		}
-		if _, err := r.Refund(ctx, "k", 1, last); err != nil {
+		if _, err := r.GiveBack(ctx, "k", 1, last.Receipt); err != nil {
 			t.Fatalf("%s: refund: %v", alg, err)
 		}
 		if d, err := r.Peek(ctx, "k"); err != nil || d.Remaining != 1 {
@@ -96,7 +96,7 @@ func TestServerClockFollowsTheServer(t *testing.T) {
 		if err != nil || !d.Allowed || d.Remaining != wantRemaining {
 			t.Fatalf("take %s: %+v %v, want allowed with %d remaining", when, d, err, wantRemaining)
 		}
-		return d
+		return d.Decision
 	}
 	server := func(cmd ...any) {
 		t.Helper()
@@ -128,14 +128,14 @@ func TestServerClockFollowsTheServer(t *testing.T) {
 	if err != nil || !lease.Allowed || lease.Remaining != 5 {
 		t.Fatalf("lease: %+v %v, want 3 granted, 5 remaining", lease, err)
 	}
-	d, err := other.Renew(ctx, Refund{Key: "k", Cost: 3, Taken: lease}, 1, 2)
+	d, err := other.Renew(ctx, Return{Key: "k", Units: 3, Taken: lease.Receipt}, 1, 2)
 	if err != nil || !d.Allowed || d.Remaining != 6 {
 		t.Fatalf("renew through a store that had not met the refusal: %+v %v, want 2 granted, 6 remaining", d, err)
 	}
 	if !other.InstanceClock() {
 		t.Fatal("the batch script succeeded without TIME but its store is not on the instance's clock")
 	}
-	if err := other.RefundMany(ctx, []Refund{{Key: "k", Cost: 2, Taken: d}}); err != nil {
+	if err := other.ReturnMany(ctx, []Return{{Key: "k", Units: 2, Taken: d.Receipt}}); err != nil {
 		t.Fatal(err)
 	}
 

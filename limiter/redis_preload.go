@@ -9,7 +9,7 @@ import (
 
 // Preload connects to the store's Redis and loads its scripts there (on
 // every master of a Cluster, every shard): the one that decides and the batch script
-// that gives leases back and renews them (see RefundMany), so that the first decision is an ordinary
+// that gives leases back and renews them (see ReturnMany), so that the first decision is an ordinary
 // one: without it, the first decision after a start or a reload pays a
 // dial and a NOSCRIPT round trip, which can run past a tight timeout and
 // leave the decision to the zone's fail mode. ctx bounds the whole load.

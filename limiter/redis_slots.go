@@ -20,7 +20,7 @@ import (
 // lapses as before.
 
 // redisMaxRenewals bounds the slots one renewal call names, and
-// redisMaxGiveBacks its keys, so that a call holds Redis, which runs one
+// redisMaxReturns its keys, so that a call holds Redis, which runs one
 // script at a time, about as long as a pipeline of decisions does (10,000
 // slots on as many keys in calls of 1000 held Redis 12ms a call, past the
 // default decision timeout).
@@ -106,7 +106,7 @@ func (r *Redis) renewLoop(stop <-chan struct{}) {
 
 // renewSlots pushes the lapse of every slot this store holds to now + W,
 // in as few calls as the client allows, each bounded by
-// redisGiveBackTimeout. A slot that already lapsed or was released is not
+// redisReturnTimeout. A slot that already lapsed or was released is not
 // added back.
 func (r *Redis) renewSlots(ctx context.Context) error {
 	byKey := make(map[string][]any)
@@ -135,7 +135,7 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 		var wg sync.WaitGroup
 		for key, slots := range byKey {
 			wg.Go(func() {
-				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
 				defer cancel()
 				if _, err := r.runCall(r.renewCall(cctx, key, slots)); err != nil {
 					fail(err)
@@ -154,7 +154,7 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 			var calls []*scriptCall
 			named := 0
 			flush := func() {
-				cctx, cancel := context.WithTimeout(ctx, redisGiveBackTimeout)
+				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
 				defer cancel()
 				if _, err := r.runBatch(cctx, calls); err != nil {
 					fail(err)
@@ -168,7 +168,7 @@ func (r *Redis) renewSlots(ctx context.Context) error {
 					calls = append(calls, r.renewCall(ctx, key, slots[:n]))
 					named += n / 2
 					slots = slots[n:]
-					if named == redisMaxRenewals || len(calls) == redisMaxGiveBacks {
+					if named == redisMaxRenewals || len(calls) == redisMaxReturns {
 						flush()
 					}
 				}

@@ -27,7 +27,7 @@ func TestRedisConcurrencySlotsRenewed(t *testing.T) {
 	clock := testutil.NewClock(time.Unix(1_700_000_000, 0))
 	a := newTestRedis(t, client, p, RedisOptions{Zone: "slots", Timeout: 5 * time.Second, Clock: clock})
 	b := newTestRedis(t, client, p, RedisOptions{Zone: "slots", Timeout: 5 * time.Second, Clock: clock})
-	take := func(r *Redis, want bool) Decision {
+	take := func(r *Redis, want bool) Admission {
 		t.Helper()
 		d, err := r.Take(ctx, "k", 1)
 		if err != nil || d.Allowed != want {
@@ -37,7 +37,7 @@ func TestRedisConcurrencySlotsRenewed(t *testing.T) {
 	}
 	long := take(a, true)
 	dead := take(b, true) // b will stop renewing it, as if b had died
-	b.release(dead.slot)
+	b.release(dead.Receipt.Slot)
 	// Ten windows pass; a renews every third of one, b does not.
 	for range 30 {
 		clock.Advance(p.Window / 3)
@@ -48,7 +48,7 @@ func TestRedisConcurrencySlotsRenewed(t *testing.T) {
 	// b's slot has lapsed: one free, a's long request still holds its own.
 	take(b, true)
 	take(a, false)
-	if _, err := a.Refund(ctx, "k", 1, long); err != nil {
+	if _, err := a.GiveBack(ctx, "k", 1, long.Receipt); err != nil {
 		t.Fatal(err)
 	}
 	if a.HeldSlots() != 0 {
@@ -70,7 +70,7 @@ func TestRedisConcurrencySlotsRenewedInRealTime(t *testing.T) {
 			ctx := context.Background()
 			p := Policy{Algorithm: Concurrency, Events: 1, Window: 400 * time.Millisecond}
 			r := newTestRedis(t, client, p, RedisOptions{Zone: "slots-rt", Timeout: 5 * time.Second})
-			held := make([]Decision, 0, 20)
+			held := make([]Admission, 0, 20)
 			for i := range 20 { // slots on many keys, so a Cluster spreads them
 				d, err := r.Take(ctx, string(rune('a'+i)), 1)
 				if err != nil || !d.Allowed {
@@ -85,7 +85,7 @@ func TestRedisConcurrencySlotsRenewedInRealTime(t *testing.T) {
 				}
 			}
 			for i, d := range held {
-				if _, err := r.Refund(ctx, string(rune('a'+i)), 1, d); err != nil {
+				if _, err := r.GiveBack(ctx, string(rune('a'+i)), 1, d.Receipt); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -121,7 +121,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 		r := newTestRedis(t, client, p, RedisOptions{Zone: "ttl", Timeout: time.Second})
 		for i := range 20 {
 			key := fmt.Sprintf("client-%d", i)
-			var last Decision
+			var last Admission
 			for j := 0; j < 3+i%5; j++ {
 				d, err := r.Take(ctx, key, 1)
 				if err != nil {
@@ -132,7 +132,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 				}
 			}
 			if i%3 == 0 {
-				if _, err := r.Refund(ctx, key, 1, last); err != nil {
+				if _, err := r.GiveBack(ctx, key, 1, last.Receipt); err != nil {
 					t.Fatalf("%s: return: %v", alg, err)
 				}
 			}
@@ -142,7 +142,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 		if err != nil || !d.Allowed {
 			t.Fatalf("%s: take: %v %+v", alg, err, d)
 		}
-		if _, err := r.Refund(ctx, "refunded", 1, d); err != nil {
+		if _, err := r.GiveBack(ctx, "refunded", 1, d.Receipt); err != nil {
 			t.Fatalf("%s: return: %v", alg, err)
 		}
 		if n, _ := client.Exists(ctx, r.Key("refunded")).Result(); n != 0 {
@@ -451,8 +451,8 @@ func TestRedisConcurrencySlots(t *testing.T) {
 	if err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("take 2: %+v %v", d, err)
 	}
-	if d, err = r.Refund(ctx, "released", 2, d); err != nil || d.Remaining != 2 {
-		t.Fatalf("return: %+v %v", d, err)
+	if back, err := r.GiveBack(ctx, "released", 2, d.Receipt); err != nil || back.Remaining != 2 {
+		t.Fatalf("return: %+v %v", back, err)
 	}
 
 	// Slots never released nor renewed (a crashed instance) lapse after
@@ -463,7 +463,7 @@ func TestRedisConcurrencySlots(t *testing.T) {
 		if err != nil || !d.Allowed {
 			t.Fatalf("take: %+v %v", d, err)
 		}
-		r.release(d.slot) // the instance dies: nobody renews the slot
+		r.release(d.Receipt.Slot) // the instance dies: nobody renews the slot
 	}
 	if d, err := r.Take(ctx, "crashed", 1); err != nil || d.Allowed {
 		t.Fatalf("third take while two are in flight: %+v %v", d, err)
@@ -618,7 +618,7 @@ func redisAccuracy(t *testing.T, s *redistest.Server, instanceClock bool) {
 				}
 				time.Sleep(time.Millisecond)
 				inFlight.Add(-1)
-				if _, err := st.Refund(ctx, "hot", 1, d); err != nil {
+				if _, err := st.GiveBack(ctx, "hot", 1, d.Receipt); err != nil {
 					failed.Add(1)
 				}
 			})
@@ -634,7 +634,7 @@ func redisAccuracy(t *testing.T, s *redistest.Server, instanceClock bool) {
 		if err != nil || d.Remaining != limit-1 {
 			t.Fatalf("after all returned: %+v %v", d, err)
 		}
-		if _, err := stores[0].Refund(ctx, "hot", 1, d); err != nil {
+		if _, err := stores[0].GiveBack(ctx, "hot", 1, d.Receipt); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -685,7 +685,7 @@ func BenchmarkRedisTake(b *testing.B) {
 						continue
 					}
 					if alg == Concurrency && d.Allowed {
-						if _, err := r.Refund(ctx, string(key), 1, d); err != nil {
+						if _, err := r.GiveBack(ctx, string(key), 1, d.Receipt); err != nil {
 							failed.Add(1)
 						}
 					}
@@ -731,7 +731,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			red := newTestRedis(t, client, p, RedisOptions{Zone: fmt.Sprintf("diff%d", i), Timeout: 5 * time.Second, Clock: clock})
-			var memTaken, redTaken []Decision
+			var memTaken, redTaken []Admission
 			var costs []int64
 			// Half the steps keep the time, the others advance it by about
 			// the time one unit takes to come back, so quotas run out and
@@ -753,7 +753,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 					now += rng.Int64N(span)
 				}
 				clock.SetMicro(now)
-				var dm, dr Decision
+				var dm, dr Admission
 				var errm, errr error
 				// forget removes admission j from those that may be given back.
 				forget := func(j int) {
@@ -768,17 +768,17 @@ func TestRedisMatchesMemory(t *testing.T) {
 					case len(memTaken) > 1 && rng.IntN(3) == 0:
 						// Several admissions given back in one call; the
 						// state afterwards is compared through a peek.
-						var mb, rb []Refund
+						var mb, rb []Return
 						for range 2 + rng.IntN(min(3, len(memTaken)-1)) {
 							j := rng.IntN(len(memTaken))
-							mb = append(mb, Refund{Key: "k", Cost: costs[j], Taken: memTaken[j]})
-							rb = append(rb, Refund{Key: "k", Cost: costs[j], Taken: redTaken[j]})
+							mb = append(mb, Return{Key: "k", Units: costs[j], Taken: memTaken[j].Receipt})
+							rb = append(rb, Return{Key: "k", Units: costs[j], Taken: redTaken[j].Receipt})
 							forget(j)
 						}
-						errm, errr = mem.RefundMany(ctx, mb), red.RefundMany(ctx, rb)
+						errm, errr = mem.ReturnMany(ctx, mb), red.ReturnMany(ctx, rb)
 						if errm == nil && errr == nil {
-							dm, errm = mem.Peek(ctx, "k")
-							dr, errr = red.Peek(ctx, "k")
+							dm.Decision, errm = mem.Peek(ctx, "k")
+							dr.Decision, errr = red.Peek(ctx, "k")
 						}
 						many++
 					case leasing && rng.IntN(2) == 0:
@@ -787,8 +787,8 @@ func TestRedisMatchesMemory(t *testing.T) {
 						back := 1 + rng.Int64N(costs[j])
 						cost := 1 + rng.Int64N(maxCost)
 						want := cost + rng.Int64N(3*maxCost)
-						dm, errm = mem.Renew(ctx, Refund{Key: "k", Cost: back, Taken: memTaken[j]}, cost, want)
-						dr, errr = red.Renew(ctx, Refund{Key: "k", Cost: back, Taken: redTaken[j]}, cost, want)
+						dm, errm = mem.Renew(ctx, Return{Key: "k", Units: back, Taken: memTaken[j].Receipt}, cost, want)
+						dr, errr = red.Renew(ctx, Return{Key: "k", Units: back, Taken: redTaken[j].Receipt}, cost, want)
 						if dm.Granted() != dr.Granted() {
 							t.Fatalf("step %d: renewal of %d for %d: memory granted %d, redis %d", step, want, cost, dm.Granted(), dr.Granted())
 						}
@@ -802,13 +802,13 @@ func TestRedisMatchesMemory(t *testing.T) {
 						// costs less than was taken for it; the rest may be
 						// given back later.
 						back := 1 + rng.Int64N(costs[j]-1)
-						dm, errm = mem.Refund(ctx, "k", back, memTaken[j])
-						dr, errr = red.Refund(ctx, "k", back, redTaken[j])
+						dm.Decision, errm = mem.GiveBack(ctx, "k", back, memTaken[j].Receipt)
+						dr.Decision, errr = red.GiveBack(ctx, "k", back, redTaken[j].Receipt)
 						costs[j] -= back
 						partial++
 					default:
-						dm, errm = mem.Refund(ctx, "k", costs[j], memTaken[j])
-						dr, errr = red.Refund(ctx, "k", costs[j], redTaken[j])
+						dm.Decision, errm = mem.GiveBack(ctx, "k", costs[j], memTaken[j].Receipt)
+						dr.Decision, errr = red.GiveBack(ctx, "k", costs[j], redTaken[j].Receipt)
 						forget(j)
 					}
 				} else if p.Algorithm.Traits().Charges && rng.IntN(8) == 0 {
@@ -912,14 +912,14 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 				t.Fatal(err)
 			}
 			const keys = 150
-			backs := make([]Refund, keys)
+			backs := make([]Return, keys)
 			for i := range backs {
 				key := fmt.Sprint("k", i)
 				d, err := r.TakeUpTo(ctx, key, 1, 10)
 				if err != nil || d.Granted() != 10 {
 					t.Fatalf("lease of %s: %+v, %v", key, d, err)
 				}
-				backs[i] = Refund{Key: key, Cost: 7, Taken: d}
+				backs[i] = Return{Key: key, Units: 7, Taken: d.Receipt}
 			}
 			// The servers whose script calls are counted: the standalone
 			// one, or each shard with the keys it holds.
@@ -941,7 +941,7 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := r.RefundMany(ctx, backs); err != nil {
+			if err := r.ReturnMany(ctx, backs); err != nil {
 				t.Fatal(err)
 			}
 			for c, n := range servers {
@@ -949,7 +949,7 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if want := (n + redisMaxGiveBacks - 1) / redisMaxGiveBacks; calls != want {
+				if want := (n + redisMaxReturns - 1) / redisMaxReturns; calls != want {
 					t.Errorf("%s: %d give-backs took %d script calls, want %d", c.Options().Addr, n, calls, want)
 				}
 			}
@@ -964,7 +964,7 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 			if err != nil || d.Remaining != 87 {
 				t.Fatalf("lease: %+v, %v", d, err)
 			}
-			d, err = r.Renew(ctx, Refund{Key: "k0", Cost: 4, Taken: d}, 1, 91)
+			d, err = r.Renew(ctx, Return{Key: "k0", Units: 4, Taken: d.Receipt}, 1, 91)
 			if err != nil || !d.Allowed || d.Granted() != 91 || d.Remaining != 0 {
 				t.Fatalf("renewal: %+v, %v; want 91 granted, 87+4 being all that was left", d, err)
 			}
@@ -977,11 +977,11 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 func TestRedisRefundManyRefuses(t *testing.T) {
 	s := redistest.Start(t)
 	r := newTestRedis(t, s.Client(t), Policy{Algorithm: FixedWindow, Events: 10, Window: time.Hour}, RedisOptions{Zone: "refuse"})
-	err := r.RefundMany(context.Background(), []Refund{{Key: "a", Cost: 1}, {Key: "b", Cost: 11}})
+	err := r.ReturnMany(context.Background(), []Return{{Key: "a", Units: 1}, {Key: "b", Units: 11}})
 	if err == nil {
 		t.Fatal("a refund of 11 units under a limit of 10 was accepted")
 	}
-	if _, err := r.Renew(context.Background(), Refund{Key: "a", Cost: 0}, 1, 2); err == nil {
+	if _, err := r.Renew(context.Background(), Return{Key: "a", Units: 0}, 1, 2); err == nil {
 		t.Fatal("a renewal giving back 0 units was accepted")
 	}
 }

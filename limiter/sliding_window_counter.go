@@ -29,27 +29,27 @@ func (s *slidingCounterState) roll(p *params, now int64) int64 {
 // take: est = prev×(W - e)/W + cur where e is how far now is into its
 // window; allow iff est + c <= L, decided exactly as
 // prev×(W - e) + (cur + c)×W <= L×W.
-func (s *slidingCounterState) take(p *params, now, cost int64) Decision {
+func (s *slidingCounterState) take(p *params, now, cost int64) Admission {
 	return s.takeUpTo(p, now, cost, cost)
 }
 
 // takeUpTo takes the most units that fit, up to want, when cost fits: a
 // lease. The most g with prev×(W - e) + (cur + g)×W <= L×W.
-func (s *slidingCounterState) takeUpTo(p *params, now, cost, want int64) Decision {
+func (s *slidingCounterState) takeUpTo(p *params, now, cost, want int64) Admission {
 	now = s.roll(p, now)
 	e := now - s.win*p.w
 	if s.prev*(p.w-e)+(s.cur+cost)*p.w > p.l*p.w {
 		d := s.status(p, now)
 		d.Allowed = false
 		d.RetryAfter = microseconds(s.retryAfter(p, e, cost))
-		d.at = now
-		return d
+		d.Time = now
+		return Admission{Decision: d}
 	}
 	granted := min(want, (p.l*p.w-s.prev*(p.w-e))/p.w-s.cur)
 	s.cur += granted
 	d := s.status(p, now)
-	d.at, d.granted = now, granted
-	return d
+	d.Time = now
+	return Admission{Decision: d, Receipt: Receipt{Granted: granted}}
 }
 
 // retryAfter is the least x with est(now + x) + c <= L, nothing else
@@ -79,18 +79,18 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 // every product the script forms within 4×L×W). Requests are refused
 // until est has decayed: through this window's end, and in the next as
 // the charged window's weight falls.
-func (s *slidingCounterState) charge(p *params, now, cost int64) Decision {
+func (s *slidingCounterState) charge(p *params, now, cost int64) Admission {
 	now = s.roll(p, now)
 	before := s.cur
 	s.cur = max(s.cur, min(s.cur+cost, 2*p.l))
 	d := s.status(p, now)
-	d.at, d.granted = now, s.cur-before
-	return d
+	d.Time = now
+	return Admission{Decision: d, Receipt: Receipt{Granted: s.cur - before}}
 }
 
-func (s *slidingCounterState) refund(p *params, now, cost int64, taken Decision) Decision {
+func (s *slidingCounterState) refund(p *params, now, cost int64, taken Receipt) Decision {
 	now = s.roll(p, now)
-	switch windowIndex(p, taken.admission()) {
+	switch windowIndex(p, taken.Name()) {
 	case s.win:
 		s.cur = max(0, s.cur-cost)
 	case s.win - 1:

@@ -42,7 +42,7 @@ func (s *slidingLogState) push(at, units int64) {
 
 // take: allow iff count + c <= L, then append (now, c); remaining = L - count;
 // reset = newest + W - now; retry_after = when enough of the oldest leave.
-func (s *slidingLogState) take(p *params, now, cost int64) Decision {
+func (s *slidingLogState) take(p *params, now, cost int64) Admission {
 	return s.takeUpTo(p, now, cost, cost)
 }
 
@@ -56,15 +56,15 @@ func (s *slidingLogState) take(p *params, now, cost int64) Decision {
 // from its grant until W after its spend, so the log's own check bounds
 // every span of spend times by L; the price is that leased units block
 // their key up to a lifetime longer.
-func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
+func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Admission {
 	now = max(now, 0)
 	s.expire(p, now)
 	if s.total+cost > p.l {
 		d := s.status(p, now)
 		d.Allowed = false
 		d.RetryAfter = microseconds(s.retryAfter(p, now, s.total+cost-p.l))
-		d.at = now
-		return d
+		d.Time = now
+		return Admission{Decision: d}
 	}
 	granted := min(want, p.l-s.total)
 	at := now
@@ -77,15 +77,15 @@ func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Decision {
 // record logs units at time at, or at the newest entry's time if that is
 // later, so entries stay in time order even if the clock stepped back (or
 // a lease was logged ahead), and reports the state at now.
-func (s *slidingLogState) record(p *params, now, at, units int64) Decision {
+func (s *slidingLogState) record(p *params, now, at, units int64) Admission {
 	if n := len(s.ents); n > s.head {
 		at = max(at, logAt(s.ents[n-1]))
 	}
 	s.push(at, units)
 	s.total += units
 	d := s.status(p, now)
-	d.at, d.mark, d.granted = now, at, units
-	return d
+	d.Time = now
+	return Admission{Decision: d, Receipt: Receipt{Mark: at, Granted: units}}
 }
 
 // charge logs cost units at now whether or not the window has them: the
@@ -94,7 +94,7 @@ func (s *slidingLogState) record(p *params, now, at, units int64) Decision {
 // refused until enough of the oldest entries have left the window. Like
 // an admission, the entry is stamped max(now, newest entry), so the log
 // stays ordered (after a lease logged ahead, or a clock stepped back).
-func (s *slidingLogState) charge(p *params, now, cost int64) Decision {
+func (s *slidingLogState) charge(p *params, now, cost int64) Admission {
 	now = max(now, 0)
 	s.expire(p, now)
 	return s.record(p, now, now, max(0, min(cost, 2*p.l-s.total)))
@@ -112,9 +112,9 @@ func (s *slidingLogState) retryAfter(p *params, now, need int64) int64 {
 	return p.w
 }
 
-func (s *slidingLogState) refund(p *params, now, cost int64, taken Decision) Decision {
+func (s *slidingLogState) refund(p *params, now, cost int64, taken Receipt) Decision {
 	s.expire(p, now)
-	at := taken.admission()
+	at := taken.Name()
 	for i := len(s.ents) - 1; i >= s.head && cost > 0; i-- {
 		e := s.ents[i]
 		if logAt(e) != at {

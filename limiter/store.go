@@ -9,16 +9,15 @@ import (
 // Implementations are safe for concurrent use.
 type Store interface {
 	// Take decides whether cost units for key may pass now and, if so,
-	// consumes them. An error means no decision was made; the caller's
-	// fail mode applies.
-	Take(ctx context.Context, key string, cost int64) (Decision, error)
-	// Refund gives back the units an allowed Take consumed: when another
-	// zone denied the same request, or, for an algorithm whose Traits say
-	// ReleasesOnFinish, when the response is finished. It returns the
-	// key's state afterwards. Every give-back, whatever its cause, is a
-	// Refund.
-	Refund(ctx context.Context, key string, cost int64, taken Decision) (Decision, error)
-	// Peek reports key's state as a refund of nothing would: Remaining
+	// consumes them: the Admission reports the decision and is the only
+	// way the units come back. An error means no decision was made; the
+	// caller's fail mode applies.
+	Take(ctx context.Context, key string, cost int64) (Admission, error)
+	// GiveBack returns units of an admission of key, named by its
+	// receipt, and returns the key's state afterwards. Admission calls
+	// it, which checks that no unit comes back twice; nothing else does.
+	GiveBack(ctx context.Context, key string, units int64, taken Receipt) (Decision, error)
+	// Peek reports key's state as a give-back of nothing would: Remaining
 	// and ResetAfter as they stand, consuming nothing, so an operator
 	// can see why a client is refused.
 	Peek(ctx context.Context, key string) (Decision, error)
@@ -35,22 +34,21 @@ type Store interface {
 type Leaser interface {
 	Store
 	// TakeUpTo decides like Take, but an admission takes as many units
-	// as the limit has left, up to want (>= cost), and Granted reports
-	// how many. Refund gives back any part of them, naming the
-	// admission's Decision.
-	TakeUpTo(ctx context.Context, key string, cost, want int64) (Decision, error)
-	// Renew gives back unspent units of an earlier admission of back.Key,
-	// then takes up to want as TakeUpTo does, in one atomic call: a lease
+	// as the limit has left, up to want (>= cost): a lease, whose Granted
+	// says how many and which holds them all.
+	TakeUpTo(ctx context.Context, key string, cost, want int64) (Admission, error)
+	// Renew returns unspent units of an earlier lease of back.Key, then
+	// takes up to want as TakeUpTo does, in one atomic call: a lease
 	// that lapsed with units left is returned by the call that replaces
-	// it, so the next lease can use them and the give-back costs no round
+	// it, so the next lease can use them and the return costs no round
 	// trip of its own. An error means neither happened, or both: the
-	// caller cannot tell, and must not give the units back again.
-	Renew(ctx context.Context, back Refund, cost, want int64) (Decision, error)
-	// RefundMany does each refund as Refund would, in as few calls to the
-	// shared store as it allows, since lapsed leases are given back many
-	// at a time. It reports the refunds that failed, which may or may not
-	// have been done.
-	RefundMany(ctx context.Context, refunds []Refund) error
+	// caller cannot tell, and must not return the units again.
+	Renew(ctx context.Context, back Return, cost, want int64) (Admission, error)
+	// ReturnMany does each return as GiveBack would, in as few calls to
+	// the shared store as it allows, since lapsed leases are returned
+	// many at a time. It reports the returns that failed, which may or
+	// may not have been done.
+	ReturnMany(ctx context.Context, returns []Return) error
 }
 
 // Charger is a store that can take units past its limit. A request whose
@@ -62,22 +60,23 @@ type Leaser interface {
 type Charger interface {
 	// Charge takes cost more units of key now, whether or not the limit
 	// has them: the key then owes, and its requests are refused until
-	// time repays the debt. It returns the key's state afterwards
-	// (Remaining 0 while in debt; Granted, the units charged). A key owes
-	// at most one quota (Policy.MaxCost) beyond its limit, so the debt
-	// stays bounded and its arithmetic exact: the part of a charge beyond
-	// that is forgiven, and Granted is less than cost. cost is from 1 to
-	// MaxCost. An error means nothing was charged, except through a
-	// NearCache, where the part its lease paid was.
-	Charge(ctx context.Context, key string, cost int64) (Decision, error)
+	// time repays the debt. It reports the key's state afterwards
+	// (Remaining 0 while in debt; Granted, the units charged), and holds
+	// nothing: charged units never come back. A key owes at most one
+	// quota (Policy.MaxCost) beyond its limit, so the debt stays bounded
+	// and its arithmetic exact: the part of a charge beyond that is
+	// forgiven, and Granted is less than cost. cost is from 1 to MaxCost.
+	// An error means nothing was charged, except through a NearCache,
+	// where the part its lease paid was.
+	Charge(ctx context.Context, key string, cost int64) (Admission, error)
 }
 
-// Refund is one give-back of RefundMany or Renew: Cost units of Key that the
-// admission Taken consumed.
-type Refund struct {
+// Return is one return of unspent lease units, for ReturnMany or Renew:
+// Units of Key that the lease named by Taken holds.
+type Return struct {
 	Key   string
-	Cost  int64
-	Taken Decision
+	Units int64
+	Taken Receipt
 }
 
 // Clock tells the time. It is the one way time is injected in this module:

@@ -1,0 +1,235 @@
+package ratelimit
+
+import (
+	"context"
+	"hash/maphash"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// decide has the stores decide req's records in name order, stopping at
+// the first that refuses the request or fails closed. It is the only
+// place the request path asks a store. The records of remote stores are
+// asked all at once when there are two or more, so a request waits for
+// one round trip rather than one per zone; what those after a refusal
+// took is then given back, so the outcome is the same as deciding them in
+// turn.
+func (h *Handler) decide(r *http.Request, req *request) {
+	ctx := r.Context()
+	req.askAhead(ctx)
+	for i := range req.records {
+		rec := &req.records[i]
+		if rec.phase == undecided {
+			req.watches = true // its response_cost field is removed
+			continue
+		}
+		if h.decideRecord(r, req, rec) {
+			if rec.phase == refused {
+				req.refusal = i
+			}
+			req.withdrawAfter(i + 1)
+			return
+		}
+	}
+}
+
+// askAhead asks the stores of req's remote records at once, when there
+// are two or more: each on a goroutine of its own but the last, which is
+// asked on this one.
+func (req *request) askAhead(ctx context.Context) {
+	n := 0
+	for i := range req.records {
+		if req.records[i].asksRemote() {
+			n++
+		}
+	}
+	if n < 2 {
+		return // one is asked in its turn, as fast
+	}
+	var (
+		wg   sync.WaitGroup
+		last *zoneRecord
+	)
+	for i := range req.records {
+		rec := &req.records[i]
+		if !rec.asksRemote() {
+			continue
+		}
+		rec.phase = askedAhead
+		if last != nil {
+			wg.Add(1)
+			go func(rec *zoneRecord) {
+				defer wg.Done()
+				rec.take(ctx)
+			}(last)
+		}
+		last = rec
+	}
+	last.take(ctx)
+	wg.Wait()
+}
+
+// asksRemote reports whether rec is to be decided by a remote store.
+func (rec *zoneRecord) asksRemote() bool { return rec.phase == pending && rec.limit.remote }
+
+// withdrawAfter gives back what the records from index from on took when
+// asked ahead: the request stopped before their turn, and they report
+// nothing.
+func (req *request) withdrawAfter(from int) {
+	for i := from; i < len(req.records); i++ {
+		rec := &req.records[i]
+		if rec.phase != askedAhead {
+			continue
+		}
+		if rec.adm.Held() > 0 {
+			_, _ = rec.adm.Release(settleContext)
+		}
+		rec.phase = pending
+	}
+}
+
+// take asks rec's store for its decision, timing it when the zone's
+// decisions are measured (metrics or samples).
+func (rec *zoneRecord) take(ctx context.Context) {
+	if !rec.zone.timed {
+		rec.adm, rec.err = takeCost(ctx, rec.limit.store, rec.state, rec.cost)
+		return
+	}
+	start := sinceStart()
+	rec.adm, rec.err = takeCost(ctx, rec.limit.store, rec.state, rec.cost)
+	rec.took = sinceStart() - start
+}
+
+// takeCost asks s to take cost units of key. A request of cost 0 (a
+// per-request cost may be 0) takes nothing, yet passes only while the key
+// has a unit left, so a key that is spent or owes is refused whatever
+// cost its requests claim: it takes a unit and gives it back at once.
+func takeCost(ctx context.Context, s limiter.Store, key string, cost int64) (limiter.Admission, error) {
+	if cost > 0 {
+		return s.Take(ctx, key, cost)
+	}
+	a, err := s.Take(ctx, key, 1)
+	if err != nil || !a.Allowed {
+		return a, err
+	}
+	if st, err := a.GiveBack(context.WithoutCancel(ctx), 1); err == nil {
+		a.Remaining, a.ResetAfter = st.Remaining, st.ResetAfter
+	}
+	return a, nil
+}
+
+// processStart anchors sinceStart.
+var processStart = time.Now()
+
+// sinceStart is the monotonic time since the process started: what timing
+// a decision needs, at about half the cost of time.Now, which also reads the
+// wall clock.
+func sinceStart() time.Duration { return time.Since(processStart) }
+
+// decideRecord decides rec, and reports whether it ends the decisions: a
+// refusal, or a failure of a `fail closed` zone.
+func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (stop bool) {
+	z, l := rec.zone, rec.limit
+	if rec.phase == blocked {
+		return h.refuseUnasked(r, rec)
+	}
+	if rec.phase == pending {
+		rec.take(r.Context())
+	}
+	if z.timed && l.remote {
+		z.metrics.observe(rec.took)
+	}
+	if err := rec.err; err != nil {
+		z.metrics.failure()
+		h.logStoreFailure(z, err)
+		switch {
+		case z.fail == failClosed && z.dryRun:
+			// dry_run never refuses: the 503 the zone would have
+			// answered is logged (logStoreFailure) and counted in
+			// store_failures_total, and the zone lets the request
+			// through as `fail open` does.
+			rec.phase = undecided
+			req.watches = req.watches || rec.stripsResponseCost()
+			return false
+		case z.fail == failClosed:
+			rec.phase = failed
+			req.failure = err
+			return true
+		case z.fail == failLocal && l.local != nil:
+			rec.fallback = true
+			if rec.adm, rec.err = takeCost(r.Context(), l.local, rec.state, rec.cost); rec.err != nil {
+				rec.phase = undecided
+				return false
+			}
+		default: // open: this zone does not limit, nor report
+			rec.phase = undecided
+			req.watches = req.watches || rec.stripsResponseCost()
+			return false
+		}
+	}
+	d := rec.decision()
+	if !d.Allowed && !rec.until.IsZero() {
+		// Past the override's expiry the key is decided afresh by its
+		// tier or zone: a refusal under it waits no longer.
+		left := max(time.Millisecond, rec.until.Sub(h.now()))
+		d.RetryAfter, d.ResetAfter = min(d.RetryAfter, left), min(d.ResetAfter, left)
+	}
+	rec.phase = admitted
+	if !d.Allowed {
+		rec.phase = refused
+	}
+	if d.Allowed && z.watches {
+		req.watches = true
+	}
+	z.metrics.count(d.Allowed, z.dryRun, d.Source)
+	z.hot.Add(maphash.String(hotSeed, rec.key), rec.key, !d.Allowed)
+	if z.timed {
+		h.sample(z, rec.key, *d, rec.source(), rec.took)
+	}
+	switch {
+	case !d.Allowed && z.dryRun:
+		h.logDenial(r, z, rec.key, *d, true)
+	case !d.Allowed:
+		return true
+	case l.traits.HoldsRequests && d.RetryAfter > req.hold && !z.dryRun:
+		// A dry run shapes nothing: it reports the hold in its headers
+		// but does not make the request wait.
+		req.hold = d.RetryAfter
+	}
+	return false
+}
+
+// refuseUnasked decides a blocked record: refused without asking its
+// store, for as long as its wait, or its zone's window for a missing key.
+func (h *Handler) refuseUnasked(r *http.Request, rec *zoneRecord) (stop bool) {
+	z := rec.zone
+	d, source := limiter.Decision{RetryAfter: rec.limit.window}, sourceMissingKey
+	if rec.wait > 0 {
+		d = limiter.Decision{RetryAfter: rec.wait, ResetAfter: rec.wait}
+		source = sourceOverride
+	}
+	rec.adm = limiter.Admission{Decision: d}
+	rec.phase = refused
+	z.metrics.count(false, z.dryRun, limiter.SourceStore)
+	h.sample(z, rec.key, limiter.Decision{}, source, 0)
+	if z.dryRun {
+		h.logDenial(r, z, rec.key, d, true)
+		return false
+	}
+	return true
+}
+
+// source names where rec was decided, for samples.
+func (rec *zoneRecord) source() string {
+	return sourceOf(rec.limit, rec.fallback, rec.decision().Source)
+}
+
+// stripsResponseCost reports whether the response's response_cost field
+// of rec's zone is removed before the client sees it.
+func (rec *zoneRecord) stripsResponseCost() bool {
+	rc := rec.zone.responseCost
+	return rc != nil && !rc.Keep
+}

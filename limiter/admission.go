@@ -1,0 +1,131 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Admission is what a store answers to Take: the Decision (a report), and
+// when the request was admitted, what it holds of the store and the
+// store's receipt for it. Units come back only through it: a refund when
+// another zone refused the request or its response did not count, a
+// release when a concurrency request finishes, a charge when the response
+// reports a higher cost. Like x/time/rate's Reservation it knows the store
+// and the state name that took the units, so they go back to that state
+// whatever has changed since (an override, a reload, a fail-local
+// fallback), and it refuses to give back more than it holds, or twice.
+//
+// An Admission is a value: the caller keeps it in one place (a request's
+// record) and calls its methods through a pointer, which is not safe for
+// concurrent use.
+type Admission struct {
+	Decision
+	// Receipt is the store's name for what the admission took; only the
+	// store that made it reads it.
+	Receipt Receipt
+	store   Store
+	// key is the state name the units were taken from.
+	key string
+	// held is how many of the units taken may still be given back.
+	held int64
+}
+
+// Receipt is a store's record of one admission: what it needs to give its
+// units back into the window, log entry, lease or slot that counted them,
+// however long after.
+type Receipt struct {
+	// At is the store's time of the admission, µs.
+	At int64
+	// Mark names the admission in the store when At does not: the time a
+	// sliding log entry is logged at, for units spent from a lease the
+	// lease's grant, for a memory concurrency slot the state's epoch.
+	Mark int64
+	// Slot names the concurrency slot a Redis admission holds.
+	Slot string
+	// Lease numbers the NearCache lease the units were spent from; zero
+	// for any other admission.
+	Lease uint64
+	// Granted is how many units the admission took: its cost, for a lease
+	// (Leaser.TakeUpTo) what it was granted, for a charge what was
+	// charged. Only the algorithms that lease or charge set it.
+	Granted int64
+}
+
+// Name is the admission's name in the store: Mark, else At.
+func (r Receipt) Name() int64 {
+	if r.Mark != 0 {
+		return r.Mark
+	}
+	return r.At
+}
+
+// NewAdmission is how a store outside this package answers an admission:
+// s took held units of key, and gives them back by receipt r.
+func NewAdmission(s Store, key string, held int64, d Decision, r Receipt) Admission {
+	return Admission{Decision: d, Receipt: r, store: s, key: key, held: held}
+}
+
+// holding makes a an admission of held units of key by s, when it
+// admitted; a refusal holds nothing.
+func (a *Admission) holding(s Store, key string, held int64) {
+	if a.Allowed {
+		a.store, a.key, a.held = s, key, held
+	}
+}
+
+// Errors of giving back.
+var (
+	// ErrNothingHeld: the admission holds no units (it was a refusal, or
+	// its units came back already).
+	ErrNothingHeld = errors.New("the admission holds no units")
+	// ErrMoreThanHeld: more units than the admission still holds.
+	ErrMoreThanHeld = errors.New("more units than the admission holds")
+)
+
+// Held is how many units may still be given back.
+func (a *Admission) Held() int64 { return a.held }
+
+// Granted is Receipt.Granted: the units a lease or charge took.
+func (a *Admission) Granted() int64 { return a.Receipt.Granted }
+
+// GiveBack returns units of the admission to the state that took them and
+// reports that state afterwards. It refuses more than the admission still
+// holds, so no unit comes back twice.
+func (a *Admission) GiveBack(ctx context.Context, units int64) (Decision, error) {
+	switch {
+	case units <= 0:
+		return Decision{}, fmt.Errorf("giving back %d units", units)
+	case a.held == 0:
+		return Decision{}, ErrNothingHeld
+	case units > a.held:
+		return Decision{}, fmt.Errorf("giving back %d units of %d: %w", units, a.held, ErrMoreThanHeld)
+	}
+	a.held -= units
+	return a.store.GiveBack(ctx, a.key, units, a.Receipt)
+}
+
+// Release gives back every unit still held: a concurrency slot when its
+// request finishes, or all a request took when another zone refused it.
+// An admission that holds nothing is left as it is.
+func (a *Admission) Release(ctx context.Context) (Decision, error) {
+	if a.held == 0 {
+		return Decision{}, ErrNothingHeld
+	}
+	return a.GiveBack(ctx, a.held)
+}
+
+// Charge takes units more of the state that admitted, past its limit if
+// need be (see Charger): a cost the response reports above what was taken
+// up front. The units are spent, not held: they never come back.
+func (a *Admission) Charge(ctx context.Context, units int64) (Decision, error) {
+	if a.store == nil {
+		return Decision{}, errors.New("charging a refused request")
+	}
+	c, ok := a.store.(Charger)
+	if !ok {
+		return Decision{}, errors.New("the store cannot charge past its limit")
+	}
+	ch, err := c.Charge(ctx, a.key, units)
+	return ch.Decision, err
+}

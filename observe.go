@@ -1,0 +1,54 @@
+package ratelimit
+
+import (
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// failLogInterval is how often a zone logs that its store is failing.
+const failLogInterval = 10 * time.Second
+
+// logStoreFailure logs that a zone's store failed and which fail mode
+// applies, at most once per failLogInterval per zone.
+func (h *Handler) logStoreFailure(z *zone, err error) {
+	now := h.now().UnixNano()
+	last := z.failLogged.Load()
+	if now-last < int64(failLogInterval) || !z.failLogged.CompareAndSwap(last, now) {
+		return
+	}
+	if z.dryRun && z.fail == failClosed {
+		h.logger.Warn("rate limit store failed; dry_run lets requests through that fail closed would refuse",
+			zap.String("zone", z.name), zap.String("fail", z.fail), zap.Bool("dry_run", true),
+			zap.Int("would_refuse", http.StatusServiceUnavailable), zap.Error(err))
+		return
+	}
+	h.logger.Warn("rate limit store failed; applying fail mode",
+		zap.String("zone", z.name), zap.String("fail", z.fail), zap.Error(err))
+}
+
+// logDenial logs a refusal at debug level: under a flood, one line per
+// refused request would cost more than the refusal itself. The access log
+// records every 429.
+func (h *Handler) logDenial(r *http.Request, z *zone, key string, d limiter.Decision, dryRun bool) {
+	if !h.debugDenials {
+		return
+	}
+	ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded")
+	if ce == nil {
+		return
+	}
+	fields := []zap.Field{
+		zap.String("zone", z.name),
+		zap.Duration("wait", d.RetryAfter),
+		zap.String("remote_ip", z.key.clientIP(r)),
+		zap.Bool("dry_run", dryRun),
+	}
+	if h.LogKey {
+		fields = append(fields, zap.String("key", key))
+	}
+	ce.Write(fields...)
+}
