@@ -7,28 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
-
-// adaptRedisBlock adapts a site whose one zone keeps its state in Redis,
-// with body as its redis block's lines, and parses the same directive:
-// the adapted JSON and the handler.
-func adaptRedisBlock(t *testing.T, body string) ([]byte, *Handler) {
-	t.Helper()
-	directive := "rate_limit {\n\tzone shared {\n\t\trate 10/s\n\t\tstore redis\n\t}\n\tredis {\n\t\t" +
-		strings.ReplaceAll(body, "\n", "\n\t\t") + "\n\t}\n}\n"
-	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
-	out, warnings, err := adapter.Adapt([]byte(":8080 {\n"+directive+"respond \"ok\"\n}\n"), nil)
-	if err != nil {
-		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
-	}
-	h, err := parseDirective(t, directive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out, h
-}
 
 // TestCaddyfileRedisTimings: dial_timeout, breaker_after and
 // breaker_open_for parse from the redis block, adapt to their JSON names,

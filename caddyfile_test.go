@@ -10,13 +10,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
 
-func parseDirective(t testing.TB, input string) (*Handler, error) {
-	t.Helper()
-	d := caddyfile.NewTestDispenser(input)
-	h := new(Handler)
-	return h, h.UnmarshalCaddyfile(d)
-}
-
 func TestCaddyfileZoneOptions(t *testing.T) {
 	h, err := parseDirective(t, `rate_limit {
 		zone api {
@@ -181,29 +174,6 @@ func TestCaddyfileNearCacheErrors(t *testing.T) {
 		if _, err := parseDirective(t, ok); err != nil {
 			t.Errorf("refused %q: %v", ok, err)
 		}
-	}
-}
-
-// parseErrorCase is a rate_limit directive the parser must refuse, and
-// what its error must say (zone name, option, ":<line>").
-type parseErrorCase struct {
-	name, input string
-	want        []string
-}
-
-func runParseErrorCases(t *testing.T, cases []parseErrorCase) {
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseDirective(t, tc.input)
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-		})
 	}
 }
 

@@ -7,48 +7,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
-
-// heldRequest is one request a test keeps in flight: its next handler
-// waits on release, so a concurrency slot stays taken until then.
-type heldRequest struct {
-	admitted chan int
-	release  chan struct{}
-	done     chan struct{}
-}
-
-// holdKey sends a request of ip through h on a goroutine, with headers; its
-// admitted channel says 200 once next runs, or the refusal's status.
-func holdKey(h *Handler, ip string, headers map[string]string) heldRequest {
-	hd := heldRequest{admitted: make(chan int, 1), release: make(chan struct{}), done: make(chan struct{})}
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		hd.admitted <- 200
-		<-hd.release
-		w.WriteHeader(200)
-		return nil
-	})
-	go func() {
-		defer close(hd.done)
-		r, _ := newKeyRequest(ip, headers)
-		if _, code := serve(h, r, next); code != 200 {
-			hd.admitted <- code
-		}
-	}()
-	return hd
-}
-
-// finish lets every held request end and waits for it.
-func finish(hs ...heldRequest) {
-	for _, hd := range hs {
-		close(hd.release)
-	}
-	for _, hd := range hs {
-		<-hd.done
-	}
-}
 
 // concurrencyConfig returns the config of a concurrency zone name, keyed
 // by client IP, in store (a redis zone on a server of its own, started

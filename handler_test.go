@@ -2,10 +2,8 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,56 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
-
-// provisionHandler parses a rate_limit directive and provisions it as Caddy
-// would, releasing it when the test ends.
-func provisionHandler(t testing.TB, input string) *Handler {
-	t.Helper()
-	return provisionHandlerAt(t, input, nil)
-}
-
-// provisionHandlerAt is provisionHandler with the handler's (and its
-// stores') clock set; nil is the system clock.
-func provisionHandlerAt(t testing.TB, input string, clock limiter.Clock) *Handler {
-	t.Helper()
-	h := new(Handler)
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
-		t.Fatal(err)
-	}
-	h.clock = clock
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = h.Cleanup()
-		cancel()
-	})
-	return h
-}
-
-var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-	w.WriteHeader(http.StatusOK)
-	return nil
-})
-
-// serve runs one request through h and returns the recorder and the
-// status: the handler's error status for refusals, else the written one.
-func serve(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, int) {
-	w := httptest.NewRecorder()
-	err := h.ServeHTTP(w, r, next)
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) {
-		return w, he.StatusCode
-	}
-	if err != nil {
-		return w, -1
-	}
-	return w, w.Code
-}
 
 func TestHandlerMultipleZonesRefund(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
@@ -296,24 +245,6 @@ func TestHandlerLeakyHoldCancelled(t *testing.T) {
 	_, code := serve(h, r.WithContext(ctx), okHandler)
 	if code != statusClientClosedRequest || time.Since(start) > time.Second {
 		t.Fatalf("cancelled hold: status %d after %v", code, time.Since(start))
-	}
-}
-
-// serveAll sends len(want) requests from ip through h, calling after (if
-// not nil) after each, and fails unless they are answered with want.
-func serveAll(t *testing.T, h *Handler, ip string, want []int, after func()) {
-	t.Helper()
-	var codes []int
-	for range want {
-		r, _ := newKeyRequest(ip, nil)
-		_, code := serve(h, r, okHandler)
-		codes = append(codes, code)
-		if after != nil {
-			after()
-		}
-	}
-	if !slices.Equal(codes, want) {
-		t.Fatalf("codes %v, want %v", codes, want)
 	}
 }
 

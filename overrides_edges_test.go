@@ -1,37 +1,11 @@
 package ratelimit
 
 import (
-	"errors"
 	"net/http"
-	"net/http/httptest"
-	"net/url"
-	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
-
-// adminOverride sends one request to the admin API's overrides route of
-// zone name and returns its status and body (an adminError's status when
-// the route refused it).
-func adminOverride(t *testing.T, method, name, key, body string) (int, string) {
-	t.Helper()
-	target := adminPrefix + "zones/" + url.PathEscape(name) + "/overrides"
-	if key != "" {
-		target += "?key=" + url.QueryEscape(key)
-	}
-	r := httptest.NewRequest(method, target, strings.NewReader(body))
-	w := httptest.NewRecorder()
-	if err := serveAdmin(w, r); err != nil {
-		var ae caddy.APIError
-		if errors.As(err, &ae) {
-			return ae.HTTPStatus, ae.Message
-		}
-		t.Fatalf("%s %s: %v", method, target, err)
-	}
-	return w.Code, w.Body.String()
-}
 
 // TestOverrideConcurrencyKeepsSlotsInFlight: a concurrency zone's key
 // under override L1 (1 in flight) holds a slot while the operator changes

@@ -6,13 +6,6 @@ import (
 	"testing"
 )
 
-// serveIP sends one request of client ip through h and returns its status.
-func serveIP(h *Handler, ip string) int {
-	r, _ := newKeyRequest(ip, nil)
-	_, code := serve(h, r, okHandler)
-	return code
-}
-
 // genZone provisions a memory zone name of 10/1h by fixed window, keyed
 // by IP, and removes ip's override when the test ends.
 func genZone(t *testing.T, name, ip string) *Handler {

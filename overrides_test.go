@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"testing"
@@ -10,46 +9,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
-
-// setOverride sets key's override in h's zone name, as the admin API does
-// (the zone's set, then the give-back of leases).
-func setOverride(t testing.TB, h *Handler, name, key string, o limiter.Override) {
-	t.Helper()
-	z := handlerZone(t, h, name)
-	if err := z.checkOverride(o); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, time.Now())); err != nil {
-		t.Fatal(err)
-	}
-	z.overrideChanged(key, nil)
-	// The set outlives the handler (a memory zone's overrides are the
-	// process's): leave none behind for the next test of this name.
-	t.Cleanup(func() { z.ov.set.table().Remove(key) })
-}
-
-func handlerZone(t testing.TB, h *Handler, name string) *zone {
-	t.Helper()
-	for _, z := range h.zones {
-		if z.name == name {
-			return z
-		}
-	}
-	t.Fatalf("no zone %q", name)
-	return nil
-}
-
-// serveKey sends one request from ip with header X-Plan: plan (if not
-// "") and returns its status and rate-limit fields.
-func serveKey(h *Handler, ip, plan string) (int, http.Header) {
-	hdr := map[string]string{}
-	if plan != "" {
-		hdr["X-Plan"] = plan
-	}
-	r, _ := newKeyRequest(ip, hdr)
-	w, code := serve(h, r, okHandler)
-	return code, w.Header()
-}
 
 // TestOverridePrecedence: a key's override decides it before its tier,
 // and its tier before the zone; each limit's state is its own, so a key

@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
@@ -119,16 +117,6 @@ func TestCountResponseAbortedNotCounted(t *testing.T) {
 	if got := remainingIn(t, w.Header(), "rv_abort"); got != "1" {
 		t.Fatalf("remaining %s, want 1 (only this request's up-front unit)", got)
 	}
-}
-
-// counterValue reads a Prometheus counter of a zone's metrics.
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // TestResponseCostAbortCountedMissing: a streamed response aborted before

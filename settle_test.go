@@ -17,33 +17,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// answer is a next handler that writes status, with the given header
-// fields, and a body.
-func answer(status int, fields ...string) caddyhttp.Handler {
-	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		for i := 0; i+1 < len(fields); i += 2 {
-			w.Header().Set(fields[i], fields[i+1])
-		}
-		w.WriteHeader(status)
-		_, _ = w.Write([]byte("body"))
-		return nil
-	})
-}
-
-// remaining is the zone's remaining count in r's RateLimit field.
-func remainingIn(t *testing.T, hdr http.Header, zone string) string {
-	t.Helper()
-	for _, item := range strings.Split(hdr.Get("RateLimit"), ",") {
-		item = strings.TrimSpace(item)
-		if rest, ok := strings.CutPrefix(item, `"`+zone+`";r=`); ok {
-			r, _, _ := strings.Cut(rest, ";")
-			return r
-		}
-	}
-	t.Fatalf("no %s in RateLimit %q", zone, hdr.Get("RateLimit"))
-	return ""
-}
-
 // TestCountResponseCountsOnlyMatches: any number of successes pass; the
 // N+1th failure in the window is refused, whatever came between.
 func TestCountResponseCountsOnlyMatches(t *testing.T) {
