@@ -1,5 +1,8 @@
 package ratelimit
 
+// Tests of overrides on concurrency zones, whose state is the requests in
+// flight: a changed or lapsed override keeps the slots they hold.
+
 import (
 	"net/http"
 	"testing"
@@ -85,5 +88,64 @@ func TestOverrideConcurrencyExpiryKeepsSlotsInFlight(t *testing.T) {
 				t.Fatal("a third request admitted while two run, under the zone's limit of 1 once the override lapsed: the slots taken under the override were forgotten")
 			}
 		})
+	}
+}
+
+// TestOverrideConcurrencyKeepsSlotsInFlight: a concurrency zone's key
+// under override L1 (1 in flight) holds a slot while the operator changes
+// the override to L2 and back to L1. A concurrency limit's state is the
+// requests in flight, so L1 is not started afresh: a second request is
+// refused while the first runs, and once it finishes exactly one more
+// runs at a time. (Starting it afresh let the old slot be given back into
+// the fresh state, and two requests ran under a limit of 1.)
+func TestOverrideConcurrencyKeepsSlotsInFlight(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone rv_conc {
+			key ip
+			algorithm concurrency
+			events 5
+		}
+	}`)
+	const ip = "198.51.100.90"
+	t.Cleanup(func() { adminOverride(t, http.MethodDelete, "rv_conc", ip, "") })
+	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {
+		t.Fatalf("PUT L1: %d %s", code, body)
+	}
+
+	hold := func() heldRequest { return holdKey(h, ip, nil) }
+
+	a := hold()
+	if code := <-a.admitted; code != 200 {
+		t.Fatalf("A under L1: %d", code)
+	}
+	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 2}`); code != 200 {
+		t.Fatalf("PUT L2: %d %s", code, body)
+	}
+	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {
+		t.Fatalf("PUT L1 again: %d %s", code, body)
+	}
+	// A concurrency limit's state is the requests in flight: setting L1
+	// again keeps A's slot, so B is refused while A runs.
+	refused := hold()
+	if code := <-refused.admitted; code != 429 {
+		t.Fatalf("B while A is in flight under L1 again: %d, want 429", code)
+	}
+	close(refused.release)
+	<-refused.done
+	close(a.release)
+	<-a.done
+	b := hold()
+	if code := <-b.admitted; code != 200 {
+		t.Fatalf("B once A finished: %d", code)
+	}
+	// B is in flight under L1 (1 in flight): C must be refused.
+	c := hold()
+	code := <-c.admitted
+	close(b.release)
+	close(c.release)
+	<-b.done
+	<-c.done
+	if code == 200 {
+		t.Fatal("C admitted while B is in flight under an override of 1 concurrent request: A's slot, taken before L1 started afresh, was given back into the fresh state")
 	}
 }

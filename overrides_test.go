@@ -1,8 +1,13 @@
 package ratelimit
 
+// Tests of how an override decides its key: precedence over tiers and the
+// zone, block, exempt and limit actions, their expiry, and what a zone's
+// algorithm refuses.
+
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -189,5 +194,91 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestOverrideRetryAfterCappedAtExpiry: a key under an override limit of
+// 1/1h (the zone's is 100/1h) that expires in 10 s is refused with a
+// Retry-After of at most those 10 s, and admitted by the zone once the
+// override has lapsed. (Before its fix the refusal said Retry-After: 3600;
+// only a block's wait was capped at its expiry.)
+func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
+	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
+	clock := testutil.NewClock(start)
+	h := provisionHandlerAt(t, `rate_limit {
+		zone ov_acc_lim_exp {
+			key ip
+			algorithm fixed_window
+			rate 100/1h
+		}
+	}`, clock)
+	const ip = "198.51.100.161"
+	setOverride(t, h, "ov_acc_lim_exp", ip, limiter.Override{Action: limiter.OverrideLimit, Events: 1, Expires: start.Add(10 * time.Second)})
+	if code, _ := serveKey(h, ip, ""); code != 200 {
+		t.Fatalf("first request under 1/1h: %d", code)
+	}
+	code, hdr := serveKey(h, ip, "")
+	if code != 429 {
+		t.Fatalf("second request under 1/1h: %d, want 429", code)
+	}
+	retry := hdr.Get("Retry-After")
+	clock.Set(start.Add(10 * time.Second))
+	after, _ := serveKey(h, ip, "")
+	if n, _ := strconv.Atoi(retry); n > 10 {
+		t.Fatalf("refused 10s before its override lapses with Retry-After %s (X-RateLimit-Reset %s, start %d); at the expiry the key is answered %d: Retry-After is not capped at the override's expiry",
+			retry, hdr.Get("X-RateLimit-Reset"), start.Unix(), after)
+	}
+	if after != 200 {
+		t.Fatalf("at the override's expiry: %d, want 200 from the zone's own limit", after)
+	}
+}
+
+// TestOverrideExemptStripsResponseCost: a response_cost zone without
+// `keep` removes the upstream's cost field from the client's response for
+// an exempt key too: the exemption changes what the zone limits, not what
+// it strips. (Before its fix the exempt key's response kept X-Tokens.)
+func TestOverrideExemptStripsResponseCost(t *testing.T) {
+	const name = "ov_acc_exempt_cost"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			algorithm fixed_window
+			rate 100/1h
+			response_cost X-Tokens
+		}
+	}`)
+	const plain, exempt = "198.51.100.171", "198.51.100.172"
+	r, _ := newKeyRequest(plain, nil)
+	if w, _ := serve(h, r, answer(200, "X-Tokens", "42")); w.Header().Get("X-Tokens") != "" {
+		t.Fatalf("control: X-Tokens reached a key without override")
+	}
+	setOverride(t, h, name, exempt, limiter.Override{Action: limiter.OverrideExempt})
+	r, _ = newKeyRequest(exempt, nil)
+	w, code := serve(h, r, answer(200, "X-Tokens", "42"))
+	if got := w.Header().Get("X-Tokens"); got != "" {
+		t.Fatalf("exempt key: status %d, X-Tokens %q reached the client of a response_cost zone without keep", code, got)
+	}
+}
+
+// TestOverrideBlockWithRequestCost: in a zone whose cost is a placeholder
+// (`cost {http.request.header.X-Cost}`), a blocked key's request is
+// refused with 429 and an honest Retry-After whatever its cost. (Before
+// its fix it got 400: the block's limit has no maxCost, and the cost was
+// refused as one the limit could never admit.)
+func TestOverrideBlockWithRequestCost(t *testing.T) {
+	const name, ip = "ov_acc_block_cost", "198.51.100.191"
+	h := provisionHandler(t, `rate_limit {
+		zone `+name+` {
+			key ip
+			algorithm fixed_window
+			rate 100/1h
+			cost {http.request.header.X-Cost}
+		}
+	}`)
+	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideBlock})
+	r, _ := newKeyRequest(ip, map[string]string{"X-Cost": "3"})
+	w, code := serve(h, r, okHandler)
+	if code != 429 || w.Header().Get("Retry-After") != "3600" {
+		t.Fatalf("blocked key with X-Cost: 3: status %d, Retry-After %q, want 429 and 3600", code, w.Header().Get("Retry-After"))
 	}
 }
