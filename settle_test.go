@@ -1,5 +1,9 @@
 package ratelimit
 
+// Tests of count_response (only the responses that match are counted; the
+// others' units are given back), of a per-request cost, and of the JSON
+// and refusals of these shapes.
+
 import (
 	"context"
 	"encoding/json"
@@ -213,123 +217,6 @@ func TestRequestCostAgainstTier(t *testing.T) {
 	}
 }
 
-// TestResponseCostSettles: the response's header is the final cost: the
-// difference is taken or given back, and the header is removed unless
-// kept; a missing or invalid value leaves the up-front cost.
-func TestResponseCostSettles(t *testing.T) {
-	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
-		t.Run(alg, func(t *testing.T) {
-			h := provisionHandler(t, fmt.Sprintf(`rate_limit {
-				zone tokens {
-					algorithm %s
-					rate 100/1h
-					cost 10
-					response_cost X-Tokens
-				}
-			}`, alg))
-			ip := "198.51.100.46"
-			peek := func() string {
-				r, _ := newKeyRequest(ip, nil)
-				w, code := serve(h, r, answer(200, "X-Tokens", "10"))
-				if code != 200 {
-					t.Fatalf("peek: status %d", code)
-				}
-				return remainingIn(t, w.Header(), "tokens") // after taking 10
-			}
-			r, _ := newKeyRequest(ip, nil)
-			w, _ := serve(h, r, answer(200, "X-Tokens", "25"))
-			if w.Header().Get("X-Tokens") != "" {
-				t.Fatalf("X-Tokens reached the client")
-			}
-			// 25 spent; the next request shows 100-25-10.
-			if got := peek(); got != "65" {
-				t.Fatalf("remaining %s after a response of 25, want 65", got)
-			}
-			r, _ = newKeyRequest(ip, nil)
-			serve(h, r, answer(200, "X-Tokens", "4")) // takes 10, gives 6 back
-			if got := peek(); got != "51" {
-				t.Fatalf("remaining %s after a response of 4, want 51 (75-4-10-10)", got)
-			}
-			for _, v := range []string{"", "many", "-3"} {
-				r, _ = newKeyRequest(ip, nil)
-				serve(h, r, answer(200, "X-Tokens", v)) // the up-front 10 stands
-			}
-			if got := peek(); got != "11" {
-				t.Fatalf("remaining %s after three unread costs, want 11 (61-30-10-10)", got)
-			}
-		})
-	}
-}
-
-// TestResponseCostDebt: a cost beyond what is left is taken all the same;
-// the key owes and is refused until time repays it.
-func TestResponseCostDebt(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone tokens {
-			algorithm fixed_window
-			rate 100/1h
-			response_cost X-Tokens keep
-		}
-	}`)
-	ip := "198.51.100.47"
-	r, _ := newKeyRequest(ip, nil)
-	w, _ := serve(h, r, answer(200, "X-Tokens", "90"))
-	if w.Header().Get("X-Tokens") != "90" {
-		t.Fatalf("keep: X-Tokens %q", w.Header().Get("X-Tokens"))
-	}
-	r, _ = newKeyRequest(ip, nil)
-	serve(h, r, answer(200, "X-Tokens", "100")) // 10 left, takes 100: owes 90
-	r, _ = newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != 429 {
-		t.Fatalf("a key that owes: status %d, want 429", code)
-	}
-}
-
-// TestResponseCostTrailer: a cost sent as a trailer after a streamed body
-// settles as a header does, and is removed from the trailers and their
-// announcement unless kept.
-func TestResponseCostTrailer(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone tokens {
-			algorithm token_bucket
-			rate 100/1h
-			response_cost X-Tokens
-		}
-	}`)
-	streams := func(announce bool) caddyhttp.Handler {
-		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			if announce {
-				w.Header().Set("Trailer", "X-Tokens, X-Other")
-			}
-			w.WriteHeader(200)
-			_, _ = w.Write([]byte("chunk"))
-			_ = http.NewResponseController(w).Flush()
-			if announce {
-				w.Header().Set("X-Tokens", "30")
-			} else {
-				w.Header().Set(http.TrailerPrefix+"X-Tokens", "30")
-			}
-			return nil
-		})
-	}
-	ip := "198.51.100.48"
-	for i, announce := range []bool{true, false} {
-		r, _ := newKeyRequest(ip, nil)
-		w, _ := serve(h, r, streams(announce))
-		if got := w.Header().Get("Trailer"); announce && got != "X-Other" {
-			t.Errorf("Trailer %q, want X-Other alone", got)
-		}
-		if w.Header().Get("X-Tokens") != "" || w.Header().Get(http.TrailerPrefix+"X-Tokens") != "" {
-			t.Errorf("the X-Tokens trailer reached the client: %v", w.Header())
-		}
-		r, _ = newKeyRequest(ip, nil)
-		w, _ = serve(h, r, answer(200, "X-Tokens", "0"))
-		if got, want := remainingIn(t, w.Header(), "tokens"), fmt.Sprint(100-30*(i+1)-1); got != want {
-			t.Fatalf("remaining %s after a trailer of 30, want %s", got, want)
-		}
-	}
-}
-
 // TestResponseShapedRefusedWhereUnsettled: concurrency and leaky_bucket
 // cannot give units back by the response, nor owe; both are refused.
 func TestResponseShapedRefusedWhereUnsettled(t *testing.T) {
@@ -503,5 +390,111 @@ func TestCountResponseHeldClientLeavesGivesBack(t *testing.T) {
 	}
 	if d.Remaining != 2 {
 		t.Fatalf("count_response zone after a 401 and a request whose client left while held: %d left, want 2", d.Remaining)
+	}
+}
+
+// TestDryRunBadCostNeverRefuses: a dry_run zone whose cost placeholder is
+// missing or invalid lets the request through (dry_run never refuses,
+// whatever else the zone says), counting it as dry_run_denied.
+func TestDryRunBadCostNeverRefuses(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone rv_dry_cost {
+			algorithm fixed_window
+			rate 10/1h
+			cost {http.request.header.X-Batch-Size}
+			dry_run
+		}
+	}`)
+	for _, v := range []string{"<none>", "abc", "11"} {
+		hdr := map[string]string{}
+		if v != "<none>" {
+			hdr["X-Batch-Size"] = v
+		}
+		r, _ := newKeyRequest("198.51.100.202", hdr)
+		if _, code := serve(h, r, okHandler); code != http.StatusOK {
+			t.Errorf("dry_run zone, cost %q: status %d, want 200 (dry_run never refuses)", v, code)
+		}
+	}
+}
+
+// TestCountResponseAbortedNotCounted: a request whose handler aborts before
+// writing a response (a panic, which net/http turns into a closed
+// connection; reverse_proxy panics with http.ErrAbortHandler) matched no
+// status, so its unit is given back.
+func TestCountResponseAbortedNotCounted(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone rv_abort {
+			algorithm fixed_window
+			rate 2/1h
+			count_response {
+				status 401
+			}
+		}
+	}`)
+	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		panic(http.ErrAbortHandler)
+	})
+	ip := "198.51.100.204"
+	for range 2 {
+		func() {
+			defer func() { _ = recover() }()
+			r, _ := newKeyRequest(ip, nil)
+			serve(h, r, aborts)
+		}()
+	}
+	r, _ := newKeyRequest(ip, nil)
+	w, code := serve(h, r, answer(200))
+	if code != http.StatusOK {
+		t.Fatalf("after two aborted requests (no 401 answered): status %d, want 200", code)
+	}
+	if got := remainingIn(t, w.Header(), "rv_abort"); got != "1" {
+		t.Fatalf("remaining %s, want 1 (only this request's up-front unit)", got)
+	}
+}
+
+// TestCountResponseSettlesAcrossReload: a request admitted by a config
+// that a reload replaces while it runs settles into the state the new
+// config shares (same zone, same limit): its unit comes back once its
+// response does not match, though its handler was cleaned up meanwhile.
+func TestCountResponseSettlesAcrossReload(t *testing.T) {
+	const cfg = `rate_limit {
+		zone reload_logins {
+			algorithm fixed_window
+			rate 3/1h
+			count_response {
+				status 401
+			}
+		}
+	}`
+	old := provisionHandler(t, cfg)
+	ip := "198.51.100.206"
+	arrived, release, done := make(chan struct{}), make(chan struct{}), make(chan int)
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(arrived)
+		<-release
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	go func() {
+		r, _ := newKeyRequest(ip, nil)
+		_, code := serve(old, r, held)
+		done <- code
+	}()
+	<-arrived
+	newer := provisionHandler(t, cfg)
+	r, _ := newKeyRequest(ip, nil)
+	w, _ := serve(newer, r, answer(200))
+	if got := remainingIn(t, w.Header(), "reload_logins"); got != "1" {
+		t.Fatalf("remaining %s while the old config's request holds its unit, want 1", got)
+	}
+	_ = old.Cleanup()
+	close(release)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("the held request: status %d", code)
+	}
+	r, _ = newKeyRequest(ip, nil)
+	w, _ = serve(newer, r, answer(200))
+	if got := remainingIn(t, w.Header(), "reload_logins"); got != "2" {
+		t.Fatalf("remaining %s after the held request's 200 settled, want 2 (its unit given back)", got)
 	}
 }
