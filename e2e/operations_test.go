@@ -17,52 +17,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
-// operationsSite has a memory zone, a redis zone, a tiered zone, a zone
-// with log_key, one zone name in two handlers and a zone whose name holds
-// a '/', each on its own path.
-func operationsSite(redisAddr string) string {
-	limit := func(path, zone, opts string) string {
-		return fmt.Sprintf(`	handle %s {
-		rate_limit {
-			zone %s {
-				key {header.X-Client}
-				algorithm fixed_window
-				rate 3/1h
-%s			}
-			redis {
-				url redis://%s
-				timeout 2s
-			}
-		}
-		respond "ok"
-	}
-`, path, zone, opts, redisAddr)
-	}
-	return globalsWith("") + "\nhttp://{{http}} {\n" +
-		limit("/mem", "mem", "") +
-		limit("/red", "red", "\t\t\t\tstore redis\n") +
-		limit("/tiered", "tiered", "\t\t\t\ttier {header.X-Plan} {\n\t\t\t\t\tgold 5/1h\n\t\t\t\t}\n") +
-		limit("/shared1", "shared", "") +
-		limit("/shared2", "shared", "") +
-		strings.Replace(limit("/logged", "logged", ""), "\t\t\tredis {", "\t\t\tlog_key\n\t\t\tredis {", 1) +
-		limit("/slashed", "api/v1", "") +
-		"}\n"
-}
-
-// startOperations runs redis-server and a Caddy serving operationsSite on
-// it, whose log the test shows if it fails.
-func startOperations(t *testing.T) (*caddyproc.Instance, *http.Client) {
-	t.Helper()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("caddy log:\n%s", inst.Log())
-		}
-	})
-	return inst, newClient(t)
-}
-
 // TestAdminAPI: every route, against memory, redis and tiered zones: list
 // the zones; inspect a key (with / and : in it) without consuming, reset
 // it so its next request passes, and no other key or zone changes; the

@@ -13,17 +13,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
-// startShardServers starts n standalone servers for a redis block's
-// shards.
-func startShardServers(t *testing.T, n int) []*redistest.Server {
-	t.Helper()
-	servers := make([]*redistest.Server, n)
-	for i := range servers {
-		servers[i] = redistest.Start(t)
-	}
-	return servers
-}
-
 // shardsBlock is a redis block naming servers as shards, listed from the
 // one at first on, so instances can list the same shards in different
 // orders.
