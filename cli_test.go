@@ -161,12 +161,7 @@ func TestCLITableEscapesKeys(t *testing.T) {
 // key's requests see.)
 func TestCLIInspectShowsOverride(t *testing.T) {
 	const name, ip = "ov_acc_cli_ex", "198.51.100.201"
-	h := provisionHandler(t, `rate_limit {
-		zone `+name+` {
-			key ip
-			rate 10/1m
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "rate 10/1m")))
 	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideExempt})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := serveAdmin(w, r); err != nil {

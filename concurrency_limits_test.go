@@ -109,14 +109,7 @@ func TestConcurrencyOverrideCountsRequestsInFlight(t *testing.T) {
 // cost of 0 took a unit and gave it back at once: 21 requests ran at once
 // under a limit of 1.)
 func TestConcurrencyCostZeroHoldsASlot(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone conc_cost0 {
-			key ip
-			algorithm concurrency
-			events 1
-			cost {http.request.header.X-Cost}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("conc_cost0", "key ip", "algorithm concurrency", "events 1", "cost {http.request.header.X-Cost}")))
 	const ip = "198.51.100.92"
 	zero := map[string]string{"X-Cost": "0"}
 	a := holdKey(h, ip, zero)

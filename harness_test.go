@@ -76,6 +76,28 @@ func adaptRedisBlock(t *testing.T, body string) ([]byte, *Handler) {
 	return out, h
 }
 
+// rateLimitConfig is a rate_limit directive of the given blocks, one after
+// another: zones (zoneConfig), a redis block (redisConfig), or any other
+// block or line of the directive.
+func rateLimitConfig(blocks ...string) string { return configBlock("rate_limit", blocks...) }
+
+// zoneConfig is the block of zone name with the given options, one a
+// line; a nested block (tier, count_response) is given line by line, its
+// "{" and "}" included.
+func zoneConfig(name string, opts ...string) string { return configBlock("zone "+name, opts...) }
+
+// redisConfig is a redis block whose server is addr, with any further
+// options.
+func redisConfig(addr string, opts ...string) string {
+	return configBlock("redis", append([]string{"url redis://" + addr}, opts...)...)
+}
+
+// configBlock is a Caddyfile block: head, then lines, one a line, in
+// braces.
+func configBlock(head string, lines ...string) string {
+	return head + " {\n" + strings.Join(lines, "\n") + "\n}"
+}
+
 // provisionHandler parses a rate_limit directive and provisions it as Caddy
 // would, releasing it when the test ends.
 func provisionHandler(t testing.TB, input string) *Handler {

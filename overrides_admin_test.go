@@ -20,13 +20,7 @@ import (
 // silently decided by the zone's own limit.)
 func TestOverrideDistinctLimitsBoundAtPut(t *testing.T) {
 	const name = "ov_acc_distinct"
-	h := provisionHandler(t, `rate_limit {
-		zone `+name+` {
-			key ip
-			algorithm fixed_window
-			rate 5/1h
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 5/1h")))
 	z := handlerZone(t, h, name)
 	t.Cleanup(func() { z.ov.set.table().Replace(map[string]limiter.Override{}) })
 	const n = 1001
@@ -60,12 +54,7 @@ func TestOverrideDistinctLimitsBoundAtPut(t *testing.T) {
 // and applied.)
 func TestOverridePutBodyTrailingDataRefused(t *testing.T) {
 	const name, ip = "ov_acc_trailing", "198.51.100.181"
-	h := provisionHandler(t, `rate_limit {
-		zone `+name+` {
-			key ip
-			rate 10/1m
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "rate 10/1m")))
 	z := handlerZone(t, h, name)
 	t.Cleanup(func() { z.ov.set.table().Replace(map[string]limiter.Override{}) })
 	code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 5} {"action": "block"}`)

@@ -33,15 +33,7 @@ func TestOverrideConcurrencyExpiryKeepsSlotsInFlight(t *testing.T) {
 				redisBlock = "redis {\n\t\t\turl redis://" + redistest.Start(t).Addr() + "\n\t\t\ttimeout 5s\n\t\t}"
 			}
 			clock := testutil.NewClock(time.Now().Add(time.Minute).Truncate(time.Millisecond))
-			h := provisionHandlerAt(t, `rate_limit {
-				zone `+name+` {
-					key ip
-					algorithm concurrency
-					events 1
-					store `+store+`
-				}
-				`+redisBlock+`
-			}`, clock)
+			h := provisionHandlerAt(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm concurrency", "events 1", "store "+store), redisBlock), clock)
 			const ip = "198.51.100.91"
 			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
 			expires := clock.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
@@ -99,13 +91,7 @@ func TestOverrideConcurrencyExpiryKeepsSlotsInFlight(t *testing.T) {
 // runs at a time. (Starting it afresh let the old slot be given back into
 // the fresh state, and two requests ran under a limit of 1.)
 func TestOverrideConcurrencyKeepsSlotsInFlight(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone rv_conc {
-			key ip
-			algorithm concurrency
-			events 5
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_conc", "key ip", "algorithm concurrency", "events 5")))
 	const ip = "198.51.100.90"
 	t.Cleanup(func() { adminOverride(t, http.MethodDelete, "rv_conc", ip, "") })
 	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {

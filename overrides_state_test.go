@@ -16,13 +16,7 @@ import (
 // by IP, and removes ip's override when the test ends.
 func genZone(t *testing.T, name, ip string) *Handler {
 	t.Helper()
-	h := provisionHandler(t, `rate_limit {
-		zone `+name+` {
-			key ip
-			algorithm fixed_window
-			rate 10/1h
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 10/1h")))
 	t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
 	return h
 }
@@ -127,16 +121,7 @@ func TestOverrideRefundAfterFreshState(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket"} {
 		t.Run(alg, func(t *testing.T) {
 			name := "rv_fresh_" + alg
-			h := provisionHandler(t, `rate_limit {
-				zone `+name+` {
-					key ip
-					algorithm `+alg+`
-					rate 10/1h
-					count_response {
-						status 5xx
-					}
-				}
-			}`)
+			h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm "+alg, "rate 10/1h", "count_response {", "status 5xx", "}")))
 			const ip = "198.51.100.91"
 			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
 			put := func(body string) {

@@ -20,15 +20,7 @@ import (
 // that spent its tier's limit gets the override's whole limit, and a
 // changed override limit starts afresh.
 func TestOverridePrecedence(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone ov_precedence {
-			key ip
-			rate 2/1m
-			tier {http.request.header.X-Plan} {
-				pro 4/1m
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("ov_precedence", "key ip", "rate 2/1m", "tier {http.request.header.X-Plan} {", "pro 4/1m", "}")))
 	const ip = "198.51.100.70"
 	for i := range 4 {
 		if code, hdr := serveKey(h, ip, "pro"); code != 200 || hdr.Get("X-RateLimit-Limit") != "4" {
@@ -66,12 +58,7 @@ func TestOverridePrecedence(t *testing.T) {
 func TestOverrideBlockAndExpiry(t *testing.T) {
 	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
 	clock := testutil.NewClock(start)
-	h := provisionHandlerAt(t, `rate_limit {
-		zone ov_block {
-			key ip
-			rate 5/1m
-		}
-	}`, clock)
+	h := provisionHandlerAt(t, rateLimitConfig(zoneConfig("ov_block", "key ip", "rate 5/1m")), clock)
 	const ip, other = "198.51.100.71", "198.51.100.72"
 	setOverride(t, h, "ov_block", ip, limiter.Override{Action: limiter.OverrideBlock, Expires: start.Add(90 * time.Second)})
 	setOverride(t, h, "ov_block", other, limiter.Override{Action: limiter.OverrideBlock})
@@ -97,16 +84,7 @@ func TestOverrideBlockAndExpiry(t *testing.T) {
 // from that zone; another zone still writes its own, and the decision
 // counts in the metrics.
 func TestOverrideExempt(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone ov_exempt {
-			key ip
-			rate 1/1m
-		}
-		zone ov_exempt_other {
-			key ip
-			rate 100/1m
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("ov_exempt", "key ip", "rate 1/1m"), zoneConfig("ov_exempt_other", "key ip", "rate 100/1m")))
 	const ip = "198.51.100.73"
 	setOverride(t, h, "ov_exempt", ip, limiter.Override{Action: limiter.OverrideExempt})
 	for i := range 5 {
@@ -120,23 +98,7 @@ func TestOverrideExempt(t *testing.T) {
 // TestOverrideRefusals: what a zone's algorithm cannot take is refused
 // when the override is set, not when a request needs it.
 func TestOverrideRefusals(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone ov_refuse_log {
-			key ip
-			rate 10/1m
-		}
-		zone ov_refuse_cal {
-			key ip
-			events 10
-			calendar day
-		}
-		zone ov_refuse_cost {
-			key ip
-			algorithm token_bucket
-			rate 10/1m
-			cost 5
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("ov_refuse_log", "key ip", "rate 10/1m"), zoneConfig("ov_refuse_cal", "key ip", "events 10", "calendar day"), zoneConfig("ov_refuse_cost", "key ip", "algorithm token_bucket", "rate 10/1m", "cost 5")))
 	for _, c := range []struct {
 		zone string
 		o    limiter.Override
@@ -205,13 +167,7 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
 	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
 	clock := testutil.NewClock(start)
-	h := provisionHandlerAt(t, `rate_limit {
-		zone ov_acc_lim_exp {
-			key ip
-			algorithm fixed_window
-			rate 100/1h
-		}
-	}`, clock)
+	h := provisionHandlerAt(t, rateLimitConfig(zoneConfig("ov_acc_lim_exp", "key ip", "algorithm fixed_window", "rate 100/1h")), clock)
 	const ip = "198.51.100.161"
 	setOverride(t, h, "ov_acc_lim_exp", ip, limiter.Override{Action: limiter.OverrideLimit, Events: 1, Expires: start.Add(10 * time.Second)})
 	if code, _ := serveKey(h, ip, ""); code != 200 {
@@ -239,14 +195,7 @@ func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
 // it strips. (Before its fix the exempt key's response kept X-Tokens.)
 func TestOverrideExemptStripsResponseCost(t *testing.T) {
 	const name = "ov_acc_exempt_cost"
-	h := provisionHandler(t, `rate_limit {
-		zone `+name+` {
-			key ip
-			algorithm fixed_window
-			rate 100/1h
-			response_cost X-Tokens
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens")))
 	const plain, exempt = "198.51.100.171", "198.51.100.172"
 	r, _ := newKeyRequest(plain, nil)
 	if w, _ := serve(h, r, answer(200, "X-Tokens", "42")); w.Header().Get("X-Tokens") != "" {
@@ -267,14 +216,7 @@ func TestOverrideExemptStripsResponseCost(t *testing.T) {
 // refused as one the limit could never admit.)
 func TestOverrideBlockWithRequestCost(t *testing.T) {
 	const name, ip = "ov_acc_block_cost", "198.51.100.191"
-	h := provisionHandler(t, `rate_limit {
-		zone `+name+` {
-			key ip
-			algorithm fixed_window
-			rate 100/1h
-			cost {http.request.header.X-Cost}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 100/1h", "cost {http.request.header.X-Cost}")))
 	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideBlock})
 	r, _ := newKeyRequest(ip, map[string]string{"X-Cost": "3"})
 	w, code := serve(h, r, okHandler)

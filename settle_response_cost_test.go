@@ -18,13 +18,7 @@ import (
 // TestResponseCostHugeValueCountsAsQuota: a reported cost too large for an
 // int64 is above the quota, so it counts as the quota, not as invalid.
 func TestResponseCostHugeValueCountsAsQuota(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone rv_huge {
-			algorithm fixed_window
-			rate 100/1h
-			response_cost X-Tokens
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_huge", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens")))
 	ip := "198.51.100.201"
 	r, _ := newKeyRequest(ip, nil)
 	serve(h, r, answer(200, "X-Tokens", "99999999999999999999"))
@@ -39,19 +33,7 @@ func TestResponseCostHugeValueCountsAsQuota(t *testing.T) {
 // zone decided nothing.
 func TestResponseCostHeaderStrippedWhenStoreFailsOpen(t *testing.T) {
 	addr := testutil.ClosedAddr(t)
-	h := provisionHandler(t, `rate_limit {
-		zone rv_open_tokens {
-			algorithm fixed_window
-			rate 100/1h
-			store redis
-			fail open
-			response_cost X-Tokens
-		}
-		redis {
-			addresses `+addr+`
-			timeout 200ms
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_open_tokens", "algorithm fixed_window", "rate 100/1h", "store redis", "fail open", "response_cost X-Tokens"), configBlock("redis", "addresses "+addr, "timeout 200ms")))
 	r, _ := newKeyRequest("198.51.100.203", nil)
 	w, code := serve(h, r, answer(200, "X-Tokens", "42"))
 	if code != http.StatusOK {
@@ -66,13 +48,7 @@ func TestResponseCostHeaderStrippedWhenStoreFailsOpen(t *testing.T) {
 // its cost trailer (reverse_proxy panics with http.ErrAbortHandler when
 // the upstream or the client breaks off a stream) counts as missing.
 func TestResponseCostAbortCountedMissing(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone rv_abort_tokens {
-			algorithm token_bucket
-			rate 100/1h
-			response_cost X-Tokens
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_abort_tokens", "algorithm token_bucket", "rate 100/1h", "response_cost X-Tokens")))
 	missing := h.zones[0].metrics.responseCosts[responseCostMissing]
 	before := counterValue(t, missing)
 	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -142,13 +118,7 @@ func TestResponseCostSettles(t *testing.T) {
 // TestResponseCostDebt: a cost beyond what is left is taken all the same;
 // the key owes and is refused until time repays it.
 func TestResponseCostDebt(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone tokens {
-			algorithm fixed_window
-			rate 100/1h
-			response_cost X-Tokens keep
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("tokens", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens keep")))
 	ip := "198.51.100.47"
 	r, _ := newKeyRequest(ip, nil)
 	w, _ := serve(h, r, answer(200, "X-Tokens", "90"))
@@ -167,13 +137,7 @@ func TestResponseCostDebt(t *testing.T) {
 // settles as a header does, and is removed from the trailers and their
 // announcement unless kept.
 func TestResponseCostTrailer(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone tokens {
-			algorithm token_bucket
-			rate 100/1h
-			response_cost X-Tokens
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("tokens", "algorithm token_bucket", "rate 100/1h", "response_cost X-Tokens")))
 	streams := func(announce bool) caddyhttp.Handler {
 		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 			if announce {

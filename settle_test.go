@@ -73,16 +73,7 @@ func TestCountResponseCountsOnlyMatches(t *testing.T) {
 // TestCountResponseHeadersAndErrors: a header match counts, and a handler
 // error counts by the status Caddy will answer with.
 func TestCountResponseHeadersAndErrors(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone z {
-			algorithm fixed_window
-			rate 2/1h
-			count_response {
-				status 5xx
-				header X-Login-Failed
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("z", "algorithm fixed_window", "rate 2/1h", "count_response {", "status 5xx", "header X-Login-Failed", "}")))
 	fails := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("upstream down"))
 	})
@@ -102,15 +93,7 @@ func TestCountResponseHeadersAndErrors(t *testing.T) {
 		t.Fatalf("remaining %s: neither response matched, want 1", got)
 	}
 
-	h = provisionHandler(t, `rate_limit {
-		zone e {
-			algorithm fixed_window
-			rate 1/1h
-			count_response {
-				status 502
-			}
-		}
-	}`)
+	h = provisionHandler(t, rateLimitConfig(zoneConfig("e", "algorithm fixed_window", "rate 1/1h", "count_response {", "status 502", "}")))
 	for i, want := range []int{502, 429} {
 		r, _ := newKeyRequest("198.51.100.42", nil)
 		if _, code := serve(h, r, fails); code != want {
@@ -122,15 +105,7 @@ func TestCountResponseHeadersAndErrors(t *testing.T) {
 // TestCountResponseParallelNeverOvershoots: failures that run at once take
 // their units up front, so no more than the limit of them pass.
 func TestCountResponseParallelNeverOvershoots(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone logins {
-			algorithm sliding_window_log
-			rate 5/1h
-			count_response {
-				status 401
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("logins", "algorithm sliding_window_log", "rate 5/1h", "count_response {", "status 401", "}")))
 	var passed atomic.Int64
 	slow401 := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		passed.Add(1)
@@ -157,13 +132,7 @@ func TestCountResponseParallelNeverOvershoots(t *testing.T) {
 // gives; a value that is not an integer from 0 to the quota is refused
 // with 400 and takes nothing; 0 passes while a unit is left.
 func TestRequestCostPlaceholder(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone batch {
-			algorithm fixed_window
-			rate 10/1h
-			cost {http.request.header.X-Batch-Size}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("batch", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}")))
 	send := func(size string) (http.Header, int) {
 		hdr := map[string]string{}
 		if size != "<none>" {
@@ -197,16 +166,7 @@ func TestRequestCostPlaceholder(t *testing.T) {
 // TestRequestCostAgainstTier: the bound on a per-request cost is the
 // quota of the limit that applies, a tier's included.
 func TestRequestCostAgainstTier(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone batch {
-			algorithm fixed_window
-			rate 10/1h
-			cost {http.request.header.X-Batch-Size}
-			tier {http.request.header.X-Plan} {
-				big 100/1h
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("batch", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}", "tier {http.request.header.X-Plan} {", "big 100/1h", "}")))
 	r, _ := newKeyRequest("198.51.100.45", map[string]string{"X-Batch-Size": "50"})
 	if _, code := serve(h, r, okHandler); code != 400 {
 		t.Fatalf("cost 50 on the zone's limit of 10: status %d, want 400", code)
@@ -357,22 +317,7 @@ func TestShapesJSON(t *testing.T) {
 // what releases on finish: the login zone kept the unit, 1 of 3 left
 // instead of 2, locking out clients whose requests never reached the app.)
 func TestCountResponseHeldClientLeavesGivesBack(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone held_leave_a {
-			key ip
-			algorithm leaky_bucket
-			rate 1/1m
-			max_delay 1h
-		}
-		zone held_leave_b {
-			key ip
-			algorithm fixed_window
-			rate 3/1h
-			count_response {
-				status 401
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("held_leave_a", "key ip", "algorithm leaky_bucket", "rate 1/1m", "max_delay 1h"), zoneConfig("held_leave_b", "key ip", "algorithm fixed_window", "rate 3/1h", "count_response {", "status 401", "}")))
 	const ip = "198.51.100.93"
 	r, _ := newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(401)); code != 401 {
@@ -397,14 +342,7 @@ func TestCountResponseHeldClientLeavesGivesBack(t *testing.T) {
 // missing or invalid lets the request through (dry_run never refuses,
 // whatever else the zone says), counting it as dry_run_denied.
 func TestDryRunBadCostNeverRefuses(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone rv_dry_cost {
-			algorithm fixed_window
-			rate 10/1h
-			cost {http.request.header.X-Batch-Size}
-			dry_run
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_dry_cost", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}", "dry_run")))
 	for _, v := range []string{"<none>", "abc", "11"} {
 		hdr := map[string]string{}
 		if v != "<none>" {
@@ -422,15 +360,7 @@ func TestDryRunBadCostNeverRefuses(t *testing.T) {
 // connection; reverse_proxy panics with http.ErrAbortHandler) matched no
 // status, so its unit is given back.
 func TestCountResponseAbortedNotCounted(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone rv_abort {
-			algorithm fixed_window
-			rate 2/1h
-			count_response {
-				status 401
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_abort", "algorithm fixed_window", "rate 2/1h", "count_response {", "status 401", "}")))
 	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		panic(http.ErrAbortHandler)
 	})
