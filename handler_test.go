@@ -168,12 +168,10 @@ func TestHandlerConcurrencyReleases(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r, _ := newKeyRequest("198.51.100.6", nil)
 			serve(h, r, slow)
-		}()
+		})
 	}
 	<-started
 	<-started

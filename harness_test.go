@@ -347,11 +347,11 @@ func benchRequests(reqs []*http.Request, bases []*http.Request) {
 	}
 }
 
-// benchServe runs one request through h, clearing the headers the
-// previous one left, as BenchmarkHandlerIPKey does.
-func benchServe(b *testing.B, h *Handler, w *httptest.ResponseRecorder, r *http.Request) {
+// benchServe runs one request through h to next, clearing the headers
+// the previous one left, as BenchmarkHandlerIPKey does.
+func benchServe(b *testing.B, h *Handler, w *httptest.ResponseRecorder, r *http.Request, next caddyhttp.Handler) {
 	clear(w.Header())
-	if err := h.ServeHTTP(w, r, okHandler); err != nil {
+	if err := h.ServeHTTP(w, r, next); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -360,6 +360,11 @@ func benchServe(b *testing.B, h *Handler, w *httptest.ResponseRecorder, r *http.
 // fresh replacer as Caddy gives every request, prepared benchPrepared at
 // a time with the timer stopped.
 func benchServeFresh(b *testing.B, h *Handler, bases []*http.Request) {
+	benchServeFreshTo(b, h, bases, okHandler)
+}
+
+// benchServeFreshTo is benchServeFresh with next as the handler behind h.
+func benchServeFreshTo(b *testing.B, h *Handler, bases []*http.Request, next caddyhttp.Handler) {
 	reqs := make([]*http.Request, benchPrepared)
 	benchRequests(reqs, bases)
 	w := httptest.NewRecorder()
@@ -371,6 +376,14 @@ func benchServeFresh(b *testing.B, h *Handler, bases []*http.Request) {
 			benchRequests(reqs, bases)
 			b.StartTimer()
 		}
-		benchServe(b, h, w, reqs[i%benchPrepared])
+		benchServe(b, h, w, reqs[i%benchPrepared], next)
+	}
+}
+
+// eachStore runs f as a subtest named after each store a zone can keep
+// its state in, memory and redis.
+func eachStore(t *testing.T, f func(t *testing.T, store string)) {
+	for _, store := range []string{storeMemory, storeRedis} {
+		t.Run(store, func(t *testing.T) { f(t, store) })
 	}
 }

@@ -107,7 +107,7 @@ func BenchmarkHandlerJWTFirstSight(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-				benchServe(b, h, w, reqs[i%benchPrepared])
+				benchServe(b, h, w, reqs[i%benchPrepared], okHandler)
 			}
 			b.StopTimer()
 			if misses := verified + h.jwt.Verifications(); misses < int64(b.N) {

@@ -22,65 +22,63 @@ import (
 // in force as a PUT does, and must not forget the slots taken under the
 // override, in a memory zone or a redis zone.
 func TestOverrideConcurrencyExpiryKeepsSlotsInFlight(t *testing.T) {
-	for _, store := range []string{storeMemory, storeRedis} {
-		t.Run(store, func(t *testing.T) {
-			name := "ov_conc_expiry_" + store
-			redisBlock := ""
-			if store == storeRedis {
-				if !redistest.Available() {
-					t.Skip("no redis-server")
-				}
-				redisBlock = "redis {\n\t\t\turl redis://" + redistest.Start(t).Addr() + "\n\t\t\ttimeout 5s\n\t\t}"
+	eachStore(t, func(t *testing.T, store string) {
+		name := "ov_conc_expiry_" + store
+		redisBlock := ""
+		if store == storeRedis {
+			if !redistest.Available() {
+				t.Skip("no redis-server")
 			}
-			clock := testutil.NewClock(time.Now().Add(time.Minute).Truncate(time.Millisecond))
-			h := provisionHandlerAt(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm concurrency", "events 1", "store "+store), redisBlock), clock)
-			const ip = "198.51.100.91"
-			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
-			expires := clock.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
-			if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 2, "expires": "`+expires+`"}`); code != 200 {
-				t.Fatalf("PUT: %d %s", code, body)
-			}
+			redisBlock = "redis {\n\t\t\turl redis://" + redistest.Start(t).Addr() + "\n\t\t\ttimeout 5s\n\t\t}"
+		}
+		clock := testutil.NewClock(time.Now().Add(time.Minute).Truncate(time.Millisecond))
+		h := provisionHandlerAt(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm concurrency", "events 1", "store "+store), redisBlock), clock)
+		const ip = "198.51.100.91"
+		t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
+		expires := clock.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+		if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 2, "expires": "`+expires+`"}`); code != 200 {
+			t.Fatalf("PUT: %d %s", code, body)
+		}
 
-			// hold runs one request until release is closed; admitted
-			// says whether it passed (true once next runs).
-			type held struct {
-				admitted chan bool
-				release  chan struct{}
-				done     chan struct{}
-			}
-			hold := func() held {
-				hd := held{admitted: make(chan bool, 1), release: make(chan struct{}), done: make(chan struct{})}
-				next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-					hd.admitted <- true
-					<-hd.release
-					w.WriteHeader(200)
-					return nil
-				})
-				go func() {
-					defer close(hd.done)
-					r, _ := newKeyRequest(ip, nil)
-					if _, code := serve(h, r, next); code != 200 {
-						hd.admitted <- false
-					}
-				}()
-				return hd
-			}
-			a, b := hold(), hold()
-			if !<-a.admitted || !<-b.admitted {
-				t.Fatal("two requests under an override of 2 in flight: one refused")
-			}
-			clock.Advance(2 * time.Second) // the override lapses
-			c := hold()
-			admitted := <-c.admitted
-			for _, hd := range []held{a, b, c} {
-				close(hd.release)
-				<-hd.done
-			}
-			if admitted {
-				t.Fatal("a third request admitted while two run, under the zone's limit of 1 once the override lapsed: the slots taken under the override were forgotten")
-			}
-		})
-	}
+		// hold runs one request until release is closed; admitted
+		// says whether it passed (true once next runs).
+		type held struct {
+			admitted chan bool
+			release  chan struct{}
+			done     chan struct{}
+		}
+		hold := func() held {
+			hd := held{admitted: make(chan bool, 1), release: make(chan struct{}), done: make(chan struct{})}
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				hd.admitted <- true
+				<-hd.release
+				w.WriteHeader(200)
+				return nil
+			})
+			go func() {
+				defer close(hd.done)
+				r, _ := newKeyRequest(ip, nil)
+				if _, code := serve(h, r, next); code != 200 {
+					hd.admitted <- false
+				}
+			}()
+			return hd
+		}
+		a, b := hold(), hold()
+		if !<-a.admitted || !<-b.admitted {
+			t.Fatal("two requests under an override of 2 in flight: one refused")
+		}
+		clock.Advance(2 * time.Second) // the override lapses
+		c := hold()
+		admitted := <-c.admitted
+		for _, hd := range []held{a, b, c} {
+			close(hd.release)
+			<-hd.done
+		}
+		if admitted {
+			t.Fatal("a third request admitted while two run, under the zone's limit of 1 once the override lapsed: the slots taken under the override were forgotten")
+		}
+	})
 }
 
 // TestOverrideConcurrencyKeepsSlotsInFlight: a concurrency zone's key

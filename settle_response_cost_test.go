@@ -73,14 +73,7 @@ func TestResponseCostAbortCountedMissing(t *testing.T) {
 func TestResponseCostSettles(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
 		t.Run(alg, func(t *testing.T) {
-			h := provisionHandler(t, fmt.Sprintf(`rate_limit {
-				zone tokens {
-					algorithm %s
-					rate 100/1h
-					cost 10
-					response_cost X-Tokens
-				}
-			}`, alg))
+			h := provisionHandler(t, rateLimitConfig(zoneConfig("tokens", "algorithm "+alg, "rate 100/1h", "cost 10", "response_cost X-Tokens")))
 			ip := "198.51.100.46"
 			peek := func() string {
 				r, _ := newKeyRequest(ip, nil)

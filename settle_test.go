@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,15 +25,7 @@ import (
 func TestCountResponseCountsOnlyMatches(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
 		t.Run(alg, func(t *testing.T) {
-			h := provisionHandler(t, fmt.Sprintf(`rate_limit {
-				zone logins {
-					algorithm %s
-					rate 3/1h
-					count_response {
-						status 401 403
-					}
-				}
-			}`, alg))
+			h := provisionHandler(t, rateLimitConfig(zoneConfig("logins", "algorithm "+alg, "rate 3/1h", "count_response {", "status 401 403", "}")))
 			ip := "198.51.100.40"
 			send := func(next caddyhttp.Handler) int {
 				r, _ := newKeyRequest(ip, nil)
@@ -115,12 +106,10 @@ func TestCountResponseParallelNeverOvershoots(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	for range 50 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r, _ := newKeyRequest("198.51.100.43", nil)
 			serve(h, r, slow401)
-		}()
+		})
 	}
 	wg.Wait()
 	if n := passed.Load(); n != 5 {
@@ -221,22 +210,7 @@ func BenchmarkHandlerShapes(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			h := provisionHandler(b, fmt.Sprintf(zone, tc.options))
 			base, _ := newKeyRequest("198.51.100.9", map[string]string{"X-Cost": "1"})
-			reqs := make([]*http.Request, benchPrepared)
-			benchRequests(reqs, []*http.Request{base})
-			w := httptest.NewRecorder()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				if i%benchPrepared == 0 && i > 0 {
-					b.StopTimer()
-					benchRequests(reqs, []*http.Request{base})
-					b.StartTimer()
-				}
-				clear(w.Header())
-				if err := h.ServeHTTP(w, reqs[i%benchPrepared], next); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchServeFreshTo(b, h, []*http.Request{base}, next)
 		})
 	}
 }
