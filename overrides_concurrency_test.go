@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
@@ -29,7 +27,7 @@ func TestOverrideConcurrencyExpiryKeepsSlotsInFlight(t *testing.T) {
 			if !redistest.Available() {
 				t.Skip("no redis-server")
 			}
-			redisBlock = "redis {\n\t\t\turl redis://" + redistest.Start(t).Addr() + "\n\t\t\ttimeout 5s\n\t\t}"
+			redisBlock = redisConfig(redistest.Start(t).Addr(), "timeout 5s")
 		}
 		clock := testutil.NewClock(time.Now().Add(time.Minute).Truncate(time.Millisecond))
 		h := provisionHandlerAt(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm concurrency", "events 1", "store "+store), redisBlock), clock)
@@ -40,41 +38,14 @@ func TestOverrideConcurrencyExpiryKeepsSlotsInFlight(t *testing.T) {
 			t.Fatalf("PUT: %d %s", code, body)
 		}
 
-		// hold runs one request until release is closed; admitted
-		// says whether it passed (true once next runs).
-		type held struct {
-			admitted chan bool
-			release  chan struct{}
-			done     chan struct{}
-		}
-		hold := func() held {
-			hd := held{admitted: make(chan bool, 1), release: make(chan struct{}), done: make(chan struct{})}
-			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-				hd.admitted <- true
-				<-hd.release
-				w.WriteHeader(200)
-				return nil
-			})
-			go func() {
-				defer close(hd.done)
-				r, _ := newKeyRequest(ip, nil)
-				if _, code := serve(h, r, next); code != 200 {
-					hd.admitted <- false
-				}
-			}()
-			return hd
-		}
-		a, b := hold(), hold()
-		if !<-a.admitted || !<-b.admitted {
+		a, b := holdKey(h, ip, nil), holdKey(h, ip, nil)
+		if <-a.admitted != 200 || <-b.admitted != 200 {
 			t.Fatal("two requests under an override of 2 in flight: one refused")
 		}
 		clock.Advance(2 * time.Second) // the override lapses
-		c := hold()
-		admitted := <-c.admitted
-		for _, hd := range []held{a, b, c} {
-			close(hd.release)
-			<-hd.done
-		}
+		c := holdKey(h, ip, nil)
+		admitted := <-c.admitted == 200
+		finish(a, b, c)
 		if admitted {
 			t.Fatal("a third request admitted while two run, under the zone's limit of 1 once the override lapsed: the slots taken under the override were forgotten")
 		}

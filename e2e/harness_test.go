@@ -508,6 +508,18 @@ func rateLimitSeries(t *testing.T, c *http.Client, inst *caddyproc.Instance) map
 	return out
 }
 
+// wantSeries fails the test unless each rate-limit series named in want
+// has its value in the instance's /metrics.
+func wantSeries(t *testing.T, c *http.Client, inst *caddyproc.Instance, want map[string]string) {
+	t.Helper()
+	series := rateLimitSeries(t, c, inst)
+	for name, v := range want {
+		if series[name] != v {
+			t.Errorf("%s = %q, want %s", name, series[name], v)
+		}
+	}
+}
+
 // adminCall sends method to the instance's admin API at path and decodes
 // the JSON answer into out (when not nil); it returns the status.
 func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out any) int {

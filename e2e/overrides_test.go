@@ -303,17 +303,12 @@ func TestOverrideBlock(t *testing.T) {
 		t.Errorf("rate_limit_status of a key blocked for good: %+v, want limit 0, reset 3600", z)
 	}
 
-	series := rateLimitSeries(t, c, inst)
-	for name, want := range map[string]string{
+	wantSeries(t, c, inst, map[string]string{
 		`caddy_http_rate_limit_override_decisions_total{action="block",zone="plan"}`: "4",
 		`caddy_http_rate_limit_decisions_total{result="denied",zone="plan"}`:         "4",
 		`caddy_http_rate_limit_decisions_total{result="allowed",zone="plan"}`:        "3",
 		`caddy_http_rate_limit_overrides{zone="plan"}`:                               "2",
-	} {
-		if series[name] != want {
-			t.Errorf("%s = %q, want %s", name, series[name], want)
-		}
-	}
+	})
 }
 
 // TestOverrideExempt: an exempt key is never limited and gets no fields
@@ -358,16 +353,11 @@ func TestOverrideExempt(t *testing.T) {
 	}
 	wantStatus(t, "side for e", got, "side", 10, 5, 3600)
 
-	series := rateLimitSeries(t, c, inst)
-	for name, want := range map[string]string{
+	wantSeries(t, c, inst, map[string]string{
 		`caddy_http_rate_limit_override_decisions_total{action="exempt",zone="ex"}`:   "5",
 		`caddy_http_rate_limit_override_decisions_total{action="exempt",zone="plan"}`: "5",
 		`caddy_http_rate_limit_decisions_total{result="allowed",zone="ex"}`:           "7",
-	} {
-		if series[name] != want {
-			t.Errorf("%s = %q, want %s", name, series[name], want)
-		}
-	}
+	})
 }
 
 // TestOverrideExpiresExactly: an override decides its key until the
@@ -471,17 +461,12 @@ func TestOverrideReflected(t *testing.T) {
 	rs = sequence(t, c, 1, url, "X-Client", "other")
 	checkPolicy(t, rs, "plan", `"plan";q=4;w=3600`)
 
-	series := rateLimitSeries(t, c, inst)
-	for name, want := range map[string]string{
+	wantSeries(t, c, inst, map[string]string{
 		`caddy_http_rate_limit_override_decisions_total{action="limit",zone="plan"}`: "3",
 		`caddy_http_rate_limit_override_decisions_total{action="block",zone="plan"}`: "0",
 		`caddy_http_rate_limit_overrides{zone="plan"}`:                               "2",
 		`caddy_http_rate_limit_overrides{zone="ex"}`:                                 "0",
-	} {
-		if series[name] != want {
-			t.Errorf("%s = %q, want %s", name, series[name], want)
-		}
-	}
+	})
 }
 
 // TestOverrideAdminErrors: every refusal of the /overrides routes is a
