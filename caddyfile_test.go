@@ -199,44 +199,27 @@ func TestCaddyfileAdaptLoads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
 	}
-	var cfg struct {
-		Apps struct {
-			HTTP struct {
-				Servers map[string]struct {
-					Routes []struct {
-						Match  []map[string]any  `json:"match"`
-						Handle []json.RawMessage `json:"handle"`
-					} `json:"routes"`
-				} `json:"servers"`
-			} `json:"http"`
-		} `json:"apps"`
-	}
-	if err := json.Unmarshal(out, &cfg); err != nil {
-		t.Fatal(err)
-	}
 	var found bool
-	for _, srv := range cfg.Apps.HTTP.Servers {
-		for _, rt := range srv.Routes {
-			for _, raw := range rt.Handle {
-				var probe struct{ Handler string }
-				_ = json.Unmarshal(raw, &probe)
-				if probe.Handler != "rate_limit" {
-					continue
-				}
-				found = true
-				if len(rt.Match) == 0 {
-					t.Error("the @api matcher token was not applied to the route")
-				}
-				var h Handler
-				if err := json.Unmarshal(raw, &h); err != nil {
-					t.Fatal(err)
-				}
-				if err := h.validate(); err != nil {
-					t.Fatalf("adapted handler does not validate: %v", err)
-				}
-				if len(h.Distributed) == 0 {
-					t.Error("distributed block lost in adaptation")
-				}
+	for _, rt := range adaptedRoutes(t, out) {
+		for _, raw := range rt.Handle {
+			var probe struct{ Handler string }
+			_ = json.Unmarshal(raw, &probe)
+			if probe.Handler != "rate_limit" {
+				continue
+			}
+			found = true
+			if len(rt.Match) == 0 {
+				t.Error("the @api matcher token was not applied to the route")
+			}
+			var h Handler
+			if err := json.Unmarshal(raw, &h); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.validate(); err != nil {
+				t.Fatalf("adapted handler does not validate: %v", err)
+			}
+			if len(h.Distributed) == 0 {
+				t.Error("distributed block lost in adaptation")
 			}
 		}
 	}

@@ -167,12 +167,7 @@ func TestHandlerConcurrencyReleases(t *testing.T) {
 		return nil
 	})
 	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() {
-			r, _ := newKeyRequest("198.51.100.6", nil)
-			serve(h, r, slow)
-		})
-	}
+	serveInParallel(&wg, h, "198.51.100.6", 2, slow)
 	<-started
 	<-started
 	r, _ := newKeyRequest("198.51.100.6", nil)

@@ -7,6 +7,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,6 +98,47 @@ func redisConfig(addr string, opts ...string) string {
 // braces.
 func configBlock(head string, lines ...string) string {
 	return head + " {\n" + strings.Join(lines, "\n") + "\n}"
+}
+
+// adaptedRoute is one route of the HTTP servers of a Caddyfile adapted to
+// JSON: its matchers and its handlers, each as written.
+type adaptedRoute struct {
+	Match  []map[string]any  `json:"match"`
+	Handle []json.RawMessage `json:"handle"`
+}
+
+// adaptedRoutes is every route of the HTTP servers of out, the JSON
+// config caddyfile.Adapter wrote.
+func adaptedRoutes(t *testing.T, out []byte) []adaptedRoute {
+	t.Helper()
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []adaptedRoute `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var routes []adaptedRoute
+	for _, srv := range cfg.Apps.HTTP.Servers {
+		routes = append(routes, srv.Routes...)
+	}
+	return routes
+}
+
+// serveInParallel sends n requests of ip through h to next at once, each
+// on a goroutine of wg.
+func serveInParallel(wg *sync.WaitGroup, h *Handler, ip string, n int, next caddyhttp.Handler) {
+	for range n {
+		wg.Go(func() {
+			r, _ := newKeyRequest(ip, nil)
+			serve(h, r, next)
+		})
+	}
 }
 
 // provisionHandler parses a rate_limit directive and provisions it as Caddy

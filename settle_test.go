@@ -105,12 +105,7 @@ func TestCountResponseParallelNeverOvershoots(t *testing.T) {
 		return nil
 	})
 	var wg sync.WaitGroup
-	for range 50 {
-		wg.Go(func() {
-			r, _ := newKeyRequest("198.51.100.43", nil)
-			serve(h, r, slow401)
-		})
-	}
+	serveInParallel(&wg, h, "198.51.100.43", 50, slow401)
 	wg.Wait()
 	if n := passed.Load(); n != 5 {
 		t.Fatalf("%d failures reached the upstream, want exactly 5", n)
