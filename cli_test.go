@@ -156,11 +156,11 @@ func TestCLITableEscapesKeys(t *testing.T) {
 
 // TestCLIInspectShowsOverride: `caddy rate-limit inspect` of an exempt
 // key says so in its OVERRIDE column, run against the real admin routes.
-// (Before its fix the table dropped the API's override member and printed
+// (The bug it guards against: the table dropped the API's override member and printed
 // LIMIT 0, REMAINING 0: the row of a spent key, the opposite of what the
 // key's requests see.)
 func TestCLIInspectShowsOverride(t *testing.T) {
-	const name, ip = "ov_acc_cli_ex", "198.51.100.201"
+	const name, ip = "ov_cli_ex", "198.51.100.201"
 	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "rate 10/1m")))
 	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideExempt})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

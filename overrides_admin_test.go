@@ -15,11 +15,11 @@ import (
 // TestOverrideDistinctLimitsBoundAtPut: a zone holds at most 1,000
 // distinct override limits, and the PUT that would need the 1,001st is
 // refused with 400, so every override the API accepted decides its key.
-// (Before its fix the bound counted only limits already built, on a
+// (The bug it guards against: the bound counted only limits already built, on a
 // key's first request: all 1,001 PUTs got 200, and the 1,001st key was
 // silently decided by the zone's own limit.)
 func TestOverrideDistinctLimitsBoundAtPut(t *testing.T) {
-	const name = "ov_acc_distinct"
+	const name = "ov_distinct"
 	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 5/1h")))
 	z := handlerZone(t, h, name)
 	t.Cleanup(func() { z.ov.set.table().Replace(map[string]limiter.Override{}) })
@@ -50,10 +50,10 @@ func TestOverrideDistinctLimitsBoundAtPut(t *testing.T) {
 
 // TestOverridePutBodyTrailingDataRefused: a PUT body with anything after
 // its JSON object (here a second object asking for a block) is refused
-// with 400. (Before its fix only the first object was read, answered 200
+// with 400. (The bug it guards against: only the first object was read, answered 200
 // and applied.)
 func TestOverridePutBodyTrailingDataRefused(t *testing.T) {
-	const name, ip = "ov_acc_trailing", "198.51.100.181"
+	const name, ip = "ov_trailing", "198.51.100.181"
 	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "rate 10/1m")))
 	z := handlerZone(t, h, name)
 	t.Cleanup(func() { z.ov.set.table().Replace(map[string]limiter.Override{}) })
@@ -65,12 +65,11 @@ func TestOverridePutBodyTrailingDataRefused(t *testing.T) {
 
 // TestOverrideExtremeBodiesNeverPanic: extreme but well-formed bodies on
 // each algorithm are answered 200 or 400, and a request of the key is then
-// decided without a panic or a 5xx. (Passes on main: a schedule of inputs
-// nobody had tried. leaky_bucket is left out only because it holds the
+// decided without a panic or a 5xx. (leaky_bucket is left out only because it holds the
 // requests it shapes, which makes the test slow.)
 func TestOverrideExtremeBodiesNeverPanic(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "concurrency"} {
-		name := "rv_bodies_" + alg
+		name := "ov_bodies_" + alg
 		rate := "rate 5/1m"
 		if alg == "concurrency" {
 			rate = "events 5"

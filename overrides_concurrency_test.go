@@ -60,10 +60,10 @@ func TestOverrideConcurrencyExpiryKeepsSlotsInFlight(t *testing.T) {
 // runs at a time. (Starting it afresh let the old slot be given back into
 // the fresh state, and two requests ran under a limit of 1.)
 func TestOverrideConcurrencyKeepsSlotsInFlight(t *testing.T) {
-	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_conc", "key ip", "algorithm concurrency", "events 5")))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("ov_conc_slots", "key ip", "algorithm concurrency", "events 5")))
 	const ip = "198.51.100.90"
-	t.Cleanup(func() { adminOverride(t, http.MethodDelete, "rv_conc", ip, "") })
-	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {
+	t.Cleanup(func() { adminOverride(t, http.MethodDelete, "ov_conc_slots", ip, "") })
+	if code, body := adminOverride(t, http.MethodPut, "ov_conc_slots", ip, `{"limit": 1}`); code != 200 {
 		t.Fatalf("PUT L1: %d %s", code, body)
 	}
 
@@ -73,10 +73,10 @@ func TestOverrideConcurrencyKeepsSlotsInFlight(t *testing.T) {
 	if code := <-a.admitted; code != 200 {
 		t.Fatalf("A under L1: %d", code)
 	}
-	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 2}`); code != 200 {
+	if code, body := adminOverride(t, http.MethodPut, "ov_conc_slots", ip, `{"limit": 2}`); code != 200 {
 		t.Fatalf("PUT L2: %d %s", code, body)
 	}
-	if code, body := adminOverride(t, http.MethodPut, "rv_conc", ip, `{"limit": 1}`); code != 200 {
+	if code, body := adminOverride(t, http.MethodPut, "ov_conc_slots", ip, `{"limit": 1}`); code != 200 {
 		t.Fatalf("PUT L1 again: %d %s", code, body)
 	}
 	// A concurrency limit's state is the requests in flight: setting L1

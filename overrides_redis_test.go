@@ -22,7 +22,7 @@ import (
 // an upgrade, or old and new instances side by side, keep counting in one
 // state: the older instance spent the key's limit of 2 (a store of its
 // own taking on the bare key, as that build's request path did), and this
-// build admits no more within the hour. (Found by a review: Gen 0 was
+// build admits no more within the hour. (The bug it guards against: Gen 0 was
 // named key + NUL + "0", and this build admitted 2 more.)
 func TestOverrideRecordWithoutGenKeepsBareKeyState(t *testing.T) {
 	srv := redistest.Start(t)
@@ -76,12 +76,12 @@ func TestOverrideRecordWithoutGenKeepsBareKeyState(t *testing.T) {
 // TestOverrideForeignRecordBelowAPIFloorSkipped: a record in a redis
 // zone's override set that the admin API would refuse (a window of 1µs,
 // below the API's 1ms floor, though limiter.Override.Check accepts it) is
-// not applied: the key is decided by the zone's own limit. (Before its fix
+// not applied: the key is decided by the zone's own limit. (The bug it guards against:
 // every instance applied it, "1 per microsecond", never limiting the key;
 // nothing on the read path ran zone.checkOverride.)
 func TestOverrideForeignRecordBelowAPIFloorSkipped(t *testing.T) {
 	srv := redistest.Start(t)
-	const name, key = "ov_acc_foreign", "foreign-key"
+	const name, key = "ov_foreign", "foreign-key"
 	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key {http.request.header.X-Key}", "algorithm fixed_window", "rate 2/1h", "store redis"), redisConfig(srv.Addr())))
 	z := handlerZone(t, h, name)
 	foreign := limiter.Override{Action: limiter.OverrideLimit, Events: 1, Window: time.Microsecond}
@@ -121,7 +121,7 @@ func TestOverrideForeignRecordBelowAPIFloorSkipped(t *testing.T) {
 
 // TestOverrideConcurrentPutsOfDifferentLimitsRedis: 24 PUTs of one key at
 // once, each of a different limit, on a redis zone, 4 rounds: every one
-// is answered 200. (Found by a review: SetGen gave up after 8 conditional
+// is answered 200. (The bug it guards against: SetGen gave up after 8 conditional
 // writes refused by the others, and the admin API answered 502, the
 // status of an unreachable Redis: 34 to 51 of 96 failed. A write other
 // instances outrun 100 times is now answered 409.)

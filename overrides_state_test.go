@@ -24,8 +24,8 @@ func genZone(t *testing.T, name, ip string) *Handler {
 // TestOverrideSameLimitSpeltOutKeepsState: in a zone of 10/1h, the
 // override {"limit": 2} and {"limit": 2, "window": "1h"} are one limit, 2
 // an hour, and so is one whose burst or period is the zone's own: set
-// again so, the key keeps its state, which has spent its 2. (Found by a
-// review: the generation was kept only for an override written alike,
+// again so, the key keeps its state, which has spent its 2. (The bug it
+// guards against: the generation was kept only for an override written alike,
 // and the key was admitted 2 more within the hour.)
 func TestOverrideSameLimitSpeltOutKeepsState(t *testing.T) {
 	const name, ip = "ov_same_limit", "198.51.100.124"
@@ -63,8 +63,8 @@ func TestOverrideSameLimitSpeltOutKeepsState(t *testing.T) {
 // hour, replacing 1 an hour the key has spent) race requests of the key.
 // The first write starts the key afresh and the others, the same limit,
 // keep its state, since each decides its generation by the override the
-// table holds where it writes: at most 2 requests are admitted. (Found by
-// a review, which ran two PUTs' steps in that order by hand: a PUT read
+// table holds where it writes: at most 2 requests are admitted. (The bug it
+// guards against, seen by running two PUTs' steps in that order by hand: a PUT read
 // the override in force before it wrote, so PUTs that both read the old
 // limit each started the key afresh, 4 admitted under a limit of 2. The
 // steps are now one, under the table's lock, which
@@ -120,7 +120,7 @@ func TestOverrideConcurrentPutsOfOneLimit(t *testing.T) {
 func TestOverrideRefundAfterFreshState(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket"} {
 		t.Run(alg, func(t *testing.T) {
-			name := "rv_fresh_" + alg
+			name := "ov_fresh_" + alg
 			h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm "+alg, "rate 10/1h", "count_response {", "status 5xx", "}")))
 			const ip = "198.51.100.91"
 			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })

@@ -162,14 +162,14 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 // TestOverrideRetryAfterCappedAtExpiry: a key under an override limit of
 // 1/1h (the zone's is 100/1h) that expires in 10 s is refused with a
 // Retry-After of at most those 10 s, and admitted by the zone once the
-// override has lapsed. (Before its fix the refusal said Retry-After: 3600;
+// override has lapsed. (The bug it guards against: the refusal said Retry-After: 3600;
 // only a block's wait was capped at its expiry.)
 func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
 	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
 	clock := testutil.NewClock(start)
-	h := provisionHandlerAt(t, rateLimitConfig(zoneConfig("ov_acc_lim_exp", "key ip", "algorithm fixed_window", "rate 100/1h")), clock)
+	h := provisionHandlerAt(t, rateLimitConfig(zoneConfig("ov_lim_exp", "key ip", "algorithm fixed_window", "rate 100/1h")), clock)
 	const ip = "198.51.100.161"
-	setOverride(t, h, "ov_acc_lim_exp", ip, limiter.Override{Action: limiter.OverrideLimit, Events: 1, Expires: start.Add(10 * time.Second)})
+	setOverride(t, h, "ov_lim_exp", ip, limiter.Override{Action: limiter.OverrideLimit, Events: 1, Expires: start.Add(10 * time.Second)})
 	if code, _ := serveKey(h, ip, ""); code != 200 {
 		t.Fatalf("first request under 1/1h: %d", code)
 	}
@@ -192,9 +192,9 @@ func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
 // TestOverrideExemptStripsResponseCost: a response_cost zone without
 // `keep` removes the upstream's cost field from the client's response for
 // an exempt key too: the exemption changes what the zone limits, not what
-// it strips. (Before its fix the exempt key's response kept X-Tokens.)
+// it strips. (The bug it guards against: the exempt key's response kept X-Tokens.)
 func TestOverrideExemptStripsResponseCost(t *testing.T) {
-	const name = "ov_acc_exempt_cost"
+	const name = "ov_exempt_cost"
 	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens")))
 	const plain, exempt = "198.51.100.171", "198.51.100.172"
 	r, _ := newKeyRequest(plain, nil)
@@ -215,7 +215,7 @@ func TestOverrideExemptStripsResponseCost(t *testing.T) {
 // its fix it got 400: the block's limit has no maxCost, and the cost was
 // refused as one the limit could never admit.)
 func TestOverrideBlockWithRequestCost(t *testing.T) {
-	const name, ip = "ov_acc_block_cost", "198.51.100.191"
+	const name, ip = "ov_block_cost", "198.51.100.191"
 	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 100/1h", "cost {http.request.header.X-Cost}")))
 	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideBlock})
 	r, _ := newKeyRequest(ip, map[string]string{"X-Cost": "3"})

@@ -18,7 +18,7 @@ import (
 // TestResponseCostHugeValueCountsAsQuota: a reported cost too large for an
 // int64 is above the quota, so it counts as the quota, not as invalid.
 func TestResponseCostHugeValueCountsAsQuota(t *testing.T) {
-	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_huge", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens")))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("cost_huge", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens")))
 	ip := "198.51.100.201"
 	r, _ := newKeyRequest(ip, nil)
 	serve(h, r, answer(200, "X-Tokens", "99999999999999999999"))
@@ -33,7 +33,7 @@ func TestResponseCostHugeValueCountsAsQuota(t *testing.T) {
 // zone decided nothing.
 func TestResponseCostHeaderStrippedWhenStoreFailsOpen(t *testing.T) {
 	addr := testutil.ClosedAddr(t)
-	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_open_tokens", "algorithm fixed_window", "rate 100/1h", "store redis", "fail open", "response_cost X-Tokens"), configBlock("redis", "addresses "+addr, "timeout 200ms")))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("cost_open_tokens", "algorithm fixed_window", "rate 100/1h", "store redis", "fail open", "response_cost X-Tokens"), configBlock("redis", "addresses "+addr, "timeout 200ms")))
 	r, _ := newKeyRequest("198.51.100.203", nil)
 	w, code := serve(h, r, answer(200, "X-Tokens", "42"))
 	if code != http.StatusOK {
@@ -48,7 +48,7 @@ func TestResponseCostHeaderStrippedWhenStoreFailsOpen(t *testing.T) {
 // its cost trailer (reverse_proxy panics with http.ErrAbortHandler when
 // the upstream or the client breaks off a stream) counts as missing.
 func TestResponseCostAbortCountedMissing(t *testing.T) {
-	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_abort_tokens", "algorithm token_bucket", "rate 100/1h", "response_cost X-Tokens")))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("cost_abort_tokens", "algorithm token_bucket", "rate 100/1h", "response_cost X-Tokens")))
 	missing := h.zones[0].metrics.responseCosts[responseCostMissing]
 	before := counterValue(t, missing)
 	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {

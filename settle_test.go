@@ -311,7 +311,7 @@ func TestCountResponseHeldClientLeavesGivesBack(t *testing.T) {
 // missing or invalid lets the request through (dry_run never refuses,
 // whatever else the zone says), counting it as dry_run_denied.
 func TestDryRunBadCostNeverRefuses(t *testing.T) {
-	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_dry_cost", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}", "dry_run")))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("dry_bad_cost", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}", "dry_run")))
 	for _, v := range []string{"<none>", "abc", "11"} {
 		hdr := map[string]string{}
 		if v != "<none>" {
@@ -329,7 +329,7 @@ func TestDryRunBadCostNeverRefuses(t *testing.T) {
 // connection; reverse_proxy panics with http.ErrAbortHandler) matched no
 // status, so its unit is given back.
 func TestCountResponseAbortedNotCounted(t *testing.T) {
-	h := provisionHandler(t, rateLimitConfig(zoneConfig("rv_abort", "algorithm fixed_window", "rate 2/1h", "count_response {", "status 401", "}")))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("cr_abort", "algorithm fixed_window", "rate 2/1h", "count_response {", "status 401", "}")))
 	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		panic(http.ErrAbortHandler)
 	})
@@ -346,7 +346,7 @@ func TestCountResponseAbortedNotCounted(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("after two aborted requests (no 401 answered): status %d, want 200", code)
 	}
-	if got := remainingIn(t, w.Header(), "rv_abort"); got != "1" {
+	if got := remainingIn(t, w.Header(), "cr_abort"); got != "1" {
 		t.Fatalf("remaining %s, want 1 (only this request's up-front unit)", got)
 	}
 }

@@ -311,7 +311,7 @@ func TestRedisShardClusterNodeNamed(t *testing.T) {
 // warm start still loads every Redis zone's scripts on the live shard, as
 // it does with both up (the reference here), so those zones' first
 // decisions pay no NOSCRIPT round trip, which a tight timeout would turn
-// into the fail mode. Found by a review: Preload returned on the TIME
+// into the fail mode. The bug it guards against: Preload returned on the TIME
 // probe's error before loading any, and warmRedis stopped at the first
 // store's error, so the other zones were not warmed either.
 func TestShardsWarmStartWithShardDown(t *testing.T) {
