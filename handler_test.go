@@ -325,3 +325,93 @@ func TestConcurrencySlotFreedOnPanic(t *testing.T) {
 	}()
 	serveAll(t, h, "198.51.100.61", []int{200}, nil)
 }
+
+func TestTiersPickLimitAndKeepStateApart(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone tiered {
+			key header X-API-Key
+			algorithm fixed_window
+			rate 1/1h
+			tier {http.request.header.X-Plan} {
+				free 2/1h
+				pro 4/1h
+			}
+		}
+	}`)
+	send := func(key, plan string) (int, string) {
+		hdrs := map[string]string{"X-API-Key": key}
+		if plan != "" {
+			hdrs["X-Plan"] = plan
+		}
+		r, _ := newKeyRequest("198.51.100.20", hdrs)
+		w, code := serve(h, r, okHandler)
+		return code, w.Header().Get("RateLimit-Policy")
+	}
+	for _, tc := range []struct {
+		plan   string
+		allow  int
+		policy string
+	}{
+		{"free", 2, `"tiered";q=2;w=3600`},
+		{"pro", 4, `"tiered";q=4;w=3600`},
+		{"gold", 1, `"tiered";q=1;w=3600`}, // not listed: the zone's own limit
+		{"", 1, `"tiered";q=1;w=3600`},
+	} {
+		key := "k-" + tc.plan
+		for i := 0; i <= tc.allow; i++ {
+			code, policy := send(key, tc.plan)
+			want := 200
+			if i == tc.allow {
+				want = 429
+			}
+			if code != want || policy != tc.policy {
+				t.Fatalf("plan %q request %d: %d %q, want %d %q", tc.plan, i, code, policy, want, tc.policy)
+			}
+		}
+	}
+	// The same key on another tier has state of its own.
+	if code, _ := send("k-free", "pro"); code != 200 {
+		t.Fatalf("k-free on the pro tier shared the free tier's state: %d", code)
+	}
+}
+
+func TestFailModesWhenRedisIsUnreachable(t *testing.T) {
+	addr := testutil.ClosedAddr(t)
+	for _, tc := range []struct {
+		fail      string
+		codes     []int
+		retry     string
+		rlHeaders bool
+	}{
+		{"open", []int{200, 200, 200}, "", false},
+		{"closed", []int{503, 503}, "1", false},
+		{"local", []int{200, 200, 429}, "", true},
+	} {
+		t.Run(tc.fail, func(t *testing.T) {
+			h := provisionHandler(t, `rate_limit {
+				zone fail_`+tc.fail+` {
+					rate 2/1h
+					store redis
+					fail `+tc.fail+`
+				}
+				redis {
+					addresses `+addr+`
+					timeout 200ms
+				}
+			}`)
+			for i, want := range tc.codes {
+				r, _ := newKeyRequest("198.51.100.21", nil)
+				w, code := serve(h, r, okHandler)
+				if code != want {
+					t.Fatalf("request %d: %d, want %d", i, code, want)
+				}
+				if got := w.Header().Get("Retry-After"); code != 429 && got != tc.retry {
+					t.Fatalf("request %d: Retry-After %q, want %q", i, got, tc.retry)
+				}
+				if has := w.Header().Get("RateLimit") != ""; has != tc.rlHeaders {
+					t.Fatalf("request %d: rate-limit headers present=%v, want %v", i, has, tc.rlHeaders)
+				}
+			}
+		})
+	}
+}
