@@ -29,6 +29,10 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
+// Configs: built, parsed and adapted.
+
+// parseDirective parses a rate_limit directive as the Caddyfile adapter
+// does, without provisioning it.
 func parseDirective(t testing.TB, input string) (*Handler, error) {
 	t.Helper()
 	d := caddyfile.NewTestDispenser(input)
@@ -130,6 +134,8 @@ func adaptedRoutes(t *testing.T, out []byte) []adaptedRoute {
 	return routes
 }
 
+// Handlers: provisioned, and sent requests.
+
 // serveInParallel sends n requests of ip through h to next at once, each
 // on a goroutine of wg.
 func serveInParallel(wg *sync.WaitGroup, h *Handler, ip string, n int, next caddyhttp.Handler) {
@@ -228,34 +234,6 @@ func serveIP(h *Handler, ip string) int {
 	return code
 }
 
-// setOverride sets key's override in h's zone name, as the admin API does
-// (the zone's set, then the give-back of leases).
-func setOverride(t testing.TB, h *Handler, name, key string, o limiter.Override) {
-	t.Helper()
-	z := handlerZone(t, h, name)
-	if err := z.checkOverride(o); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, time.Now())); err != nil {
-		t.Fatal(err)
-	}
-	z.overrideChanged(key, nil)
-	// The set outlives the handler (a memory zone's overrides are the
-	// process's): leave none behind for the next test of this name.
-	t.Cleanup(func() { z.ov.set.table().Remove(key) })
-}
-
-func handlerZone(t testing.TB, h *Handler, name string) *zone {
-	t.Helper()
-	for _, z := range h.zones {
-		if z.name == name {
-			return z
-		}
-	}
-	t.Fatalf("no zone %q", name)
-	return nil
-}
-
 // serveKey sends one request from ip with header X-Plan: plan (if not
 // "") and returns its status and rate-limit fields.
 func serveKey(h *Handler, ip, plan string) (int, http.Header) {
@@ -305,6 +283,44 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// eachStore runs f as a subtest named after each store a zone can keep
+// its state in, memory and redis.
+func eachStore(t *testing.T, f func(t *testing.T, store string)) {
+	for _, store := range []string{storeMemory, storeRedis} {
+		t.Run(store, func(t *testing.T) { f(t, store) })
+	}
+}
+
+// Overrides and the admin API.
+
+// setOverride sets key's override in h's zone name, as the admin API does
+// (the zone's set, then the give-back of leases).
+func setOverride(t testing.TB, h *Handler, name, key string, o limiter.Override) {
+	t.Helper()
+	z := handlerZone(t, h, name)
+	if err := z.checkOverride(o); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	z.overrideChanged(key, nil)
+	// The set outlives the handler (a memory zone's overrides are the
+	// process's): leave none behind for the next test of this name.
+	t.Cleanup(func() { z.ov.set.table().Remove(key) })
+}
+
+func handlerZone(t testing.TB, h *Handler, name string) *zone {
+	t.Helper()
+	for _, z := range h.zones {
+		if z.name == name {
+			return z
+		}
+	}
+	t.Fatalf("no zone %q", name)
+	return nil
+}
+
 // adminOverride sends one request to the admin API's overrides route of
 // zone name and returns its status and body (an adminError's status when
 // the route refused it).
@@ -325,6 +341,8 @@ func adminOverride(t *testing.T, method, name, key, body string) (int, string) {
 	}
 	return w.Code, w.Body.String()
 }
+
+// Requests held in flight.
 
 // heldRequest is one request a test keeps in flight: its next handler
 // waits on release, so a concurrency slot stays taken until then.
@@ -363,6 +381,8 @@ func finish(hs ...heldRequest) {
 		<-hd.done
 	}
 }
+
+// Benchmarks: the memory held, and requests each with a fresh replacer.
 
 // heapInUse is the live heap after a full collection.
 func heapInUse() uint64 {
@@ -420,13 +440,5 @@ func benchServeFreshTo(b *testing.B, h *Handler, bases []*http.Request, next cad
 			b.StartTimer()
 		}
 		benchServe(b, h, w, reqs[i%benchPrepared], next)
-	}
-}
-
-// eachStore runs f as a subtest named after each store a zone can keep
-// its state in, memory and redis.
-func eachStore(t *testing.T, f func(t *testing.T, store string)) {
-	for _, store := range []string{storeMemory, storeRedis} {
-		t.Run(store, func(t *testing.T) { f(t, store) })
 	}
 }
