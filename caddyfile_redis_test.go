@@ -7,28 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
-
-// adaptRedisBlock adapts a site whose one zone keeps its state in Redis,
-// with body as its redis block's lines, and parses the same directive:
-// the adapted JSON and the handler.
-func adaptRedisBlock(t *testing.T, body string) ([]byte, *Handler) {
-	t.Helper()
-	directive := "rate_limit {\n\tzone shared {\n\t\trate 10/s\n\t\tstore redis\n\t}\n\tredis {\n\t\t" +
-		strings.ReplaceAll(body, "\n", "\n\t\t") + "\n\t}\n}\n"
-	adapter := caddyfile.Adapter{ServerType: httpcaddyfile.ServerType{}}
-	out, warnings, err := adapter.Adapt([]byte(":8080 {\n"+directive+"respond \"ok\"\n}\n"), nil)
-	if err != nil {
-		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
-	}
-	h, err := parseDirective(t, directive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out, h
-}
 
 // TestCaddyfileRedisTimings: dial_timeout, breaker_after and
 // breaker_open_for parse from the redis block, adapt to their JSON names,
@@ -108,4 +87,66 @@ func TestCaddyfileRedisShards(t *testing.T) {
 	if strings.Join(got.Shards, " ") != "10.0.0.1:6379 10.0.0.2:6379 10.0.0.3:6379" || got.Password != "s3cret" || got.DB != 2 || got.URL != "" || len(got.Addresses) != 0 {
 		t.Errorf("client settings %+v", got)
 	}
+}
+
+func TestRedisAndJWTBlocksParse(t *testing.T) {
+	h, err := parseDirective(t, `rate_limit {
+		zone z {
+			key jwt_claim org.id
+			rate 5/s
+			store redis
+			fail local
+		}
+		redis {
+			addresses 127.0.0.1:7000 127.0.0.1:7001
+			master_name mymaster
+			username u
+			password {env.REDIS_PASSWORD}
+			sentinel_username su
+			sentinel_password {env.SENTINEL_PASSWORD}
+			tls insecure_skip_verify
+			timeout 10ms
+			pool_size 20
+			key_prefix fg:
+		}
+		jwt {
+			secret {env.JWT_SECRET}
+			issuer https://issuer.example
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := h.Redis
+	if len(r.Addresses) != 2 || r.MasterName != "mymaster" || r.Username != "u" || r.Password != "{env.REDIS_PASSWORD}" ||
+		r.SentinelUsername != "su" || r.SentinelPassword != "{env.SENTINEL_PASSWORD}" || !r.TLS ||
+		!r.InsecureSkipVerify || r.PoolSize != 20 || r.KeyPrefix != "fg:" || r.Timeout == 0 {
+		t.Fatalf("redis block parsed as %+v", r)
+	}
+	if z := h.RateLimits["z"]; z.Key != "{jwt.org.id}" || z.Store != "redis" || z.Fail != "local" {
+		t.Fatalf("zone parsed as %+v", z)
+	}
+	if h.JWT == nil {
+		t.Fatal("jwt block lost")
+	}
+	t.Setenv("SENTINEL_PASSWORD", "from-env")
+	if got := r.resolved(); got.SentinelUsername != "su" || got.SentinelPassword != "from-env" {
+		t.Errorf("sentinel credentials resolved as %q, %q", got.SentinelUsername, got.SentinelPassword)
+	}
+}
+
+func TestRedisConfigErrorsNameLine(t *testing.T) {
+	runParseErrorCases(t, []parseErrorCase{
+		{"store redis without block", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n }\n}", []string{"zone a: ", "redis block", ":2"}},
+		{"unknown redis option", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url redis://127.0.0.1:6379\n  flavour cherry\n }\n}", []string{"flavour", ":7"}},
+		{"bad url", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  url http://nope\n }\n}", []string{"url", ":6"}},
+		{"no address", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  timeout 1s\n }\n}", []string{"redis: url, addresses or shards is required", ":5"}},
+		{"sentinel_password without master_name", "rate_limit {\n zone a {\n  rate 1/s\n }\n redis {\n  addresses 127.0.0.1:26379\n  sentinel_password s\n }\n}", []string{"redis: ", "master_name", ":5"}},
+		{"fail on memory", "rate_limit {\n zone a {\n  rate 1/s\n  fail closed\n }\n}", []string{"zone a: ", "fail", ":2"}},
+		{"bad fail mode", "rate_limit {\n zone a {\n  rate 1/s\n  store redis\n  fail maybe\n }\n redis {\n  url redis://127.0.0.1:1\n }\n}", []string{"zone a: ", "fail", ":2"}},
+		{"jwt_claim without jwt", "rate_limit {\n zone a {\n  key jwt_claim sub\n  rate 1/s\n }\n}", []string{"zone a: ", "jwt", ":2"}},
+		{"tier without values", "rate_limit {\n zone a {\n  rate 1/s\n  tier {plan} {\n  }\n }\n}", []string{"tier", ":5"}},
+		{"tier bad rate", "rate_limit {\n zone a {\n  rate 1/s\n  tier {plan} {\n   pro lots\n  }\n }\n}", []string{"zone a: option 'tier': value 'pro': want <events>/<duration>", ":5"}},
+		{"tier cost too high", "rate_limit {\n zone a {\n  rate 5/s\n  cost 3\n  tier {plan} {\n   free 2/s\n  }\n }\n}", []string{"zone a: ", "cost", ":2"}},
+	})
 }

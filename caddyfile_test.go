@@ -10,13 +10,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
 
-func parseDirective(t testing.TB, input string) (*Handler, error) {
-	t.Helper()
-	d := caddyfile.NewTestDispenser(input)
-	h := new(Handler)
-	return h, h.UnmarshalCaddyfile(d)
-}
-
 func TestCaddyfileZoneOptions(t *testing.T) {
 	h, err := parseDirective(t, `rate_limit {
 		zone api {
@@ -184,29 +177,6 @@ func TestCaddyfileNearCacheErrors(t *testing.T) {
 	}
 }
 
-// parseErrorCase is a rate_limit directive the parser must refuse, and
-// what its error must say (zone name, option, ":<line>").
-type parseErrorCase struct {
-	name, input string
-	want        []string
-}
-
-func runParseErrorCases(t *testing.T, cases []parseErrorCase) {
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseDirective(t, tc.input)
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-		})
-	}
-}
-
 // TestCaddyfileAdaptLoads adapts a whole Caddyfile the way `caddy adapt`
 // does and checks the handler JSON round-trips into a valid Handler.
 func TestCaddyfileAdaptLoads(t *testing.T) {
@@ -229,44 +199,27 @@ func TestCaddyfileAdaptLoads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("adapt: %v (warnings %v)", err, warnings)
 	}
-	var cfg struct {
-		Apps struct {
-			HTTP struct {
-				Servers map[string]struct {
-					Routes []struct {
-						Match  []map[string]any  `json:"match"`
-						Handle []json.RawMessage `json:"handle"`
-					} `json:"routes"`
-				} `json:"servers"`
-			} `json:"http"`
-		} `json:"apps"`
-	}
-	if err := json.Unmarshal(out, &cfg); err != nil {
-		t.Fatal(err)
-	}
 	var found bool
-	for _, srv := range cfg.Apps.HTTP.Servers {
-		for _, rt := range srv.Routes {
-			for _, raw := range rt.Handle {
-				var probe struct{ Handler string }
-				_ = json.Unmarshal(raw, &probe)
-				if probe.Handler != "rate_limit" {
-					continue
-				}
-				found = true
-				if len(rt.Match) == 0 {
-					t.Error("the @api matcher token was not applied to the route")
-				}
-				var h Handler
-				if err := json.Unmarshal(raw, &h); err != nil {
-					t.Fatal(err)
-				}
-				if err := h.validate(); err != nil {
-					t.Fatalf("adapted handler does not validate: %v", err)
-				}
-				if len(h.Distributed) == 0 {
-					t.Error("distributed block lost in adaptation")
-				}
+	for _, rt := range adaptedRoutes(t, out) {
+		for _, raw := range rt.Handle {
+			var probe struct{ Handler string }
+			_ = json.Unmarshal(raw, &probe)
+			if probe.Handler != "rate_limit" {
+				continue
+			}
+			found = true
+			if len(rt.Match) == 0 {
+				t.Error("the @api matcher token was not applied to the route")
+			}
+			var h Handler
+			if err := json.Unmarshal(raw, &h); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.validate(); err != nil {
+				t.Fatalf("adapted handler does not validate: %v", err)
+			}
+			if len(h.Distributed) == 0 {
+				t.Error("distributed block lost in adaptation")
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // TestCLISeconds: windows and waits read as Go durations without trailing
@@ -148,5 +151,35 @@ func TestCLITableEscapesKeys(t *testing.T) {
 	}
 	if !strings.Contains(got, `x\x1b]0;owned\a\x1b[2J\nrl_forged\t203.0.113.1`) {
 		t.Fatalf("top did not show the key escaped:\n%q", got)
+	}
+}
+
+// TestCLIInspectShowsOverride: `caddy rate-limit inspect` of an exempt
+// key says so in its OVERRIDE column, run against the real admin routes.
+// (The bug it guards against: the table dropped the API's override member and printed
+// LIMIT 0, REMAINING 0: the row of a spent key, the opposite of what the
+// key's requests see.)
+func TestCLIInspectShowsOverride(t *testing.T) {
+	const name, ip = "ov_cli_ex", "198.51.100.201"
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "rate 10/1m")))
+	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideExempt})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := serveAdmin(w, r); err != nil {
+			var ae caddy.APIError
+			errors.As(err, &ae)
+			w.WriteHeader(ae.HTTPStatus)
+			_ = json.NewEncoder(w).Encode(ae)
+		}
+	}))
+	defer srv.Close()
+	api := &adminClient{addr: strings.TrimPrefix(srv.URL, "http://")}
+	cmd := withTier(cliCommand("inspect", "", "", 2, cliInspect))
+	var out bytes.Buffer
+	if err := cliInspect(api, caddycmd.Flags{FlagSet: cmd.Flags()}, []string{name, ip}, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("output:\n%s", out.String())
+	if !strings.Contains(out.String(), "exempt") {
+		t.Fatalf("caddy rate-limit inspect of an exempt key prints no sign of the exemption:\n%s", out.String())
 	}
 }

@@ -7,48 +7,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
-
-// heldRequest is one request a test keeps in flight: its next handler
-// waits on release, so a concurrency slot stays taken until then.
-type heldRequest struct {
-	admitted chan int
-	release  chan struct{}
-	done     chan struct{}
-}
-
-// holdKey sends a request of ip through h on a goroutine, with headers; its
-// admitted channel says 200 once next runs, or the refusal's status.
-func holdKey(h *Handler, ip string, headers map[string]string) heldRequest {
-	hd := heldRequest{admitted: make(chan int, 1), release: make(chan struct{}), done: make(chan struct{})}
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		hd.admitted <- 200
-		<-hd.release
-		w.WriteHeader(200)
-		return nil
-	})
-	go func() {
-		defer close(hd.done)
-		r, _ := newKeyRequest(ip, headers)
-		if _, code := serve(h, r, next); code != 200 {
-			hd.admitted <- code
-		}
-	}()
-	return hd
-}
-
-// finish lets every held request end and waits for it.
-func finish(hs ...heldRequest) {
-	for _, hd := range hs {
-		close(hd.release)
-	}
-	for _, hd := range hs {
-		<-hd.done
-	}
-}
 
 // concurrencyConfig returns the config of a concurrency zone name, keyed
 // by client IP, in store (a redis zone on a server of its own, started
@@ -87,60 +47,58 @@ func concurrencyOverrideHandler(t *testing.T, name, store string, events int) *H
 // were counted nowhere the new limit looked: 3 in flight under 2, and 2
 // under 1.)
 func TestConcurrencyOverrideCountsRequestsInFlight(t *testing.T) {
-	for _, store := range []string{storeMemory, storeRedis} {
-		t.Run(store, func(t *testing.T) {
-			const ip = "198.51.100.91"
-			name := "conc_ov_change_" + store
-			h := concurrencyOverrideHandler(t, name, store, 5)
-			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
-			if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 1}`); code != 200 {
-				t.Fatalf("PUT 1: %d %s", code, body)
-			}
-			a := holdKey(h, ip, nil)
-			if code := <-a.admitted; code != 200 {
-				t.Fatalf("A under an override of 1: %d", code)
-			}
-			if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 2}`); code != 200 {
-				t.Fatalf("PUT 2: %d %s", code, body)
-			}
-			b := holdKey(h, ip, nil)
-			if code := <-b.admitted; code != 200 {
-				t.Fatalf("B under 2 with A in flight: %d", code)
-			}
-			c := holdKey(h, ip, nil)
-			code := <-c.admitted
-			finish(a, b, c)
-			if code != 429 {
-				t.Fatalf("C with A and B in flight under an override of 2: %d, want 429", code)
-			}
+	eachStore(t, func(t *testing.T, store string) {
+		const ip = "198.51.100.91"
+		name := "conc_ov_change_" + store
+		h := concurrencyOverrideHandler(t, name, store, 5)
+		t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, ip, "") })
+		if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 1}`); code != 200 {
+			t.Fatalf("PUT 1: %d %s", code, body)
+		}
+		a := holdKey(h, ip, nil)
+		if code := <-a.admitted; code != 200 {
+			t.Fatalf("A under an override of 1: %d", code)
+		}
+		if code, body := adminOverride(t, http.MethodPut, name, ip, `{"limit": 2}`); code != 200 {
+			t.Fatalf("PUT 2: %d %s", code, body)
+		}
+		b := holdKey(h, ip, nil)
+		if code := <-b.admitted; code != 200 {
+			t.Fatalf("B under 2 with A in flight: %d", code)
+		}
+		c := holdKey(h, ip, nil)
+		code := <-c.admitted
+		finish(a, b, c)
+		if code != 429 {
+			t.Fatalf("C with A and B in flight under an override of 2: %d, want 429", code)
+		}
 
-			name1 := "conc_ov_set_" + store
-			h1 := concurrencyOverrideHandler(t, name1, store, 1)
-			t.Cleanup(func() { adminOverride(t, http.MethodDelete, name1, ip, "") })
-			a = holdKey(h1, ip, nil)
-			if code := <-a.admitted; code != 200 {
-				t.Fatalf("A under the zone's 1: %d", code)
-			}
-			if code, body := adminOverride(t, http.MethodPut, name1, ip, `{"limit": 1}`); code != 200 {
-				t.Fatalf("PUT 1: %d %s", code, body)
-			}
-			b = holdKey(h1, ip, nil)
-			code = <-b.admitted
-			finish(a, b)
-			if code != 429 {
-				t.Fatalf("B with A in flight, override of 1 set while A runs: %d, want 429", code)
-			}
-			// Once both finished, the key runs one at a time again.
-			a = holdKey(h1, ip, nil)
-			first := <-a.admitted
-			b = holdKey(h1, ip, nil)
-			second := <-b.admitted
-			finish(a, b)
-			if first != 200 || second != 429 {
-				t.Fatalf("after the overlap: %d then %d, want 200 then 429", first, second)
-			}
-		})
-	}
+		name1 := "conc_ov_set_" + store
+		h1 := concurrencyOverrideHandler(t, name1, store, 1)
+		t.Cleanup(func() { adminOverride(t, http.MethodDelete, name1, ip, "") })
+		a = holdKey(h1, ip, nil)
+		if code := <-a.admitted; code != 200 {
+			t.Fatalf("A under the zone's 1: %d", code)
+		}
+		if code, body := adminOverride(t, http.MethodPut, name1, ip, `{"limit": 1}`); code != 200 {
+			t.Fatalf("PUT 1: %d %s", code, body)
+		}
+		b = holdKey(h1, ip, nil)
+		code = <-b.admitted
+		finish(a, b)
+		if code != 429 {
+			t.Fatalf("B with A in flight, override of 1 set while A runs: %d, want 429", code)
+		}
+		// Once both finished, the key runs one at a time again.
+		a = holdKey(h1, ip, nil)
+		first := <-a.admitted
+		b = holdKey(h1, ip, nil)
+		second := <-b.admitted
+		finish(a, b)
+		if first != 200 || second != 429 {
+			t.Fatalf("after the overlap: %d then %d, want 200 then 429", first, second)
+		}
+	})
 }
 
 // TestConcurrencyCostZeroHoldsASlot: a concurrency zone with a cost
@@ -149,14 +107,7 @@ func TestConcurrencyOverrideCountsRequestsInFlight(t *testing.T) {
 // cost of 0 took a unit and gave it back at once: 21 requests ran at once
 // under a limit of 1.)
 func TestConcurrencyCostZeroHoldsASlot(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone conc_cost0 {
-			key ip
-			algorithm concurrency
-			events 1
-			cost {http.request.header.X-Cost}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("conc_cost0", "key ip", "algorithm concurrency", "events 1", "cost {http.request.header.X-Cost}")))
 	const ip = "198.51.100.92"
 	zero := map[string]string{"X-Cost": "0"}
 	a := holdKey(h, ip, zero)
@@ -197,29 +148,27 @@ func resetKeyOf(t *testing.T, name, key string) {
 // A's release was subtracted from the count that began with the reset,
 // and C ran beside B under a limit of 1.)
 func TestConcurrencyResetForgetsRequestsInFlight(t *testing.T) {
-	for _, store := range []string{storeMemory, storeRedis} {
-		t.Run(store, func(t *testing.T) {
-			const ip = "198.51.100.94"
-			name := "conc_reset_" + store
-			h := concurrencyOverrideHandler(t, name, store, 1)
-			a := holdKey(h, ip, nil)
-			if code := <-a.admitted; code != 200 {
-				t.Fatalf("A: %d", code)
-			}
-			resetKeyOf(t, name, ip)
-			b := holdKey(h, ip, nil)
-			if code := <-b.admitted; code != 200 {
-				t.Fatalf("B after the reset: %d", code)
-			}
-			finish(a)
-			c := holdKey(h, ip, nil)
-			code := <-c.admitted
-			finish(b, c)
-			if code != 429 {
-				t.Fatalf("C with B in flight, after A (from before the reset) finished: %d, want 429", code)
-			}
-		})
-	}
+	eachStore(t, func(t *testing.T, store string) {
+		const ip = "198.51.100.94"
+		name := "conc_reset_" + store
+		h := concurrencyOverrideHandler(t, name, store, 1)
+		a := holdKey(h, ip, nil)
+		if code := <-a.admitted; code != 200 {
+			t.Fatalf("A: %d", code)
+		}
+		resetKeyOf(t, name, ip)
+		b := holdKey(h, ip, nil)
+		if code := <-b.admitted; code != 200 {
+			t.Fatalf("B after the reset: %d", code)
+		}
+		finish(a)
+		c := holdKey(h, ip, nil)
+		code := <-c.admitted
+		finish(b, c)
+		if code != 429 {
+			t.Fatalf("C with B in flight, after A (from before the reset) finished: %d, want 429", code)
+		}
+	})
 }
 
 // TestConcurrencyReloadCountsRequestsInFlight: a reload that lowers a
@@ -229,31 +178,29 @@ func TestConcurrencyResetForgetsRequestsInFlight(t *testing.T) {
 // (A memory store was pooled by its limit: the new limit began at 0 in
 // flight, and ran a third request beside the two.)
 func TestConcurrencyReloadCountsRequestsInFlight(t *testing.T) {
-	for _, store := range []string{storeMemory, storeRedis} {
-		t.Run(store, func(t *testing.T) {
-			const ip = "198.51.100.95"
-			name := "conc_reload_" + store
-			config := concurrencyConfig(t, name, store)
-			old := provisionHandler(t, config(2))
-			a, b := holdKey(old, ip, nil), holdKey(old, ip, nil)
-			if ca, cb := <-a.admitted, <-b.admitted; ca != 200 || cb != 200 {
-				t.Fatalf("A and B under 2: %d %d", ca, cb)
-			}
-			reloaded := provisionHandler(t, config(1))
-			_ = old.Cleanup()
-			c := holdKey(reloaded, ip, nil)
-			code := <-c.admitted
-			finish(c)
-			finish(a)
-			d := holdKey(reloaded, ip, nil)
-			withB := <-d.admitted
-			finish(d, b)
-			e := holdKey(reloaded, ip, nil)
-			alone := <-e.admitted
-			finish(e)
-			if code != 429 || withB != 429 || alone != 200 {
-				t.Fatalf("under the reloaded limit of 1: %d with A and B in flight, %d with B, %d alone; want 429, 429, 200", code, withB, alone)
-			}
-		})
-	}
+	eachStore(t, func(t *testing.T, store string) {
+		const ip = "198.51.100.95"
+		name := "conc_reload_" + store
+		config := concurrencyConfig(t, name, store)
+		old := provisionHandler(t, config(2))
+		a, b := holdKey(old, ip, nil), holdKey(old, ip, nil)
+		if ca, cb := <-a.admitted, <-b.admitted; ca != 200 || cb != 200 {
+			t.Fatalf("A and B under 2: %d %d", ca, cb)
+		}
+		reloaded := provisionHandler(t, config(1))
+		_ = old.Cleanup()
+		c := holdKey(reloaded, ip, nil)
+		code := <-c.admitted
+		finish(c)
+		finish(a)
+		d := holdKey(reloaded, ip, nil)
+		withB := <-d.admitted
+		finish(d, b)
+		e := holdKey(reloaded, ip, nil)
+		alone := <-e.admitted
+		finish(e)
+		if code != 429 || withB != 429 || alone != 200 {
+			t.Fatalf("under the reloaded limit of 1: %d with A and B in flight, %d with B, %d alone; want 429, 429, 200", code, withB, alone)
+		}
+	})
 }

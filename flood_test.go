@@ -6,19 +6,10 @@ package ratelimit
 import (
 	"fmt"
 	"net/http"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 )
-
-// heapInUse is the live heap after a full collection.
-func heapInUse() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
 
 // TestFloodMemoryMillionKeys: a million distinct keys against a memory
 // zone with max_keys 100000 leave it holding at most 100,000 keys, and

@@ -27,13 +27,9 @@ func (r *hmRun) doStep() {
 	case n < 22:
 		r.request([]*hmZone{hmML, hmMT, hmWF}[r.rng.IntN(3)])
 	case n < 30:
-		if !hmSkips("hold") {
-			r.request(hmLB)
-		}
+		unlessSkipped("hold", func() { r.request(hmLB) })
 	case n < 44:
-		if !hmSkips("conc") {
-			r.request([]*hmZone{hmCC, hmRC}[r.rng.IntN(2)])
-		}
+		unlessSkipped("conc", func() { r.request([]*hmZone{hmCC, hmRC}[r.rng.IntN(2)]) })
 	case n < 60:
 		r.request([]*hmZone{hmRF, hmRL, hmRT, hmRW}[r.rng.IntN(4)])
 	case n < 70:
@@ -41,31 +37,26 @@ func (r *hmRun) doStep() {
 			r.finish(r.rng.IntN(len(r.flights)))
 		}
 	case n < 76:
-		if !hmSkips("step") {
-			r.clockStep()
-		}
+		unlessSkipped("step", r.clockStep)
 	case n < 78:
-		if !hmSkips("sleep") {
-			r.sleep()
-		}
+		unlessSkipped("sleep", r.sleep)
 	case n < 86:
-		if !hmSkips("override") {
-			r.override()
-		}
+		unlessSkipped("override", r.override)
 	case n < 90:
-		if !hmSkips("reset") {
-			r.reset()
-		}
+		unlessSkipped("reset", r.reset)
 	case n < 93:
-		if !hmSkips("race") {
-			r.race()
-		}
+		unlessSkipped("race", r.race)
 	case n < 96:
-		if !hmSkips("reload") {
-			r.reload()
-		}
+		unlessSkipped("reload", r.reload)
 	default:
 		r.quiet("quiet point")
+	}
+}
+
+// unlessSkipped runs step unless the schedule skips steps of kind.
+func unlessSkipped(kind string, step func()) {
+	if !hmSkips(kind) {
+		step()
 	}
 }
 

@@ -2,10 +2,8 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,56 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
-
-// provisionHandler parses a rate_limit directive and provisions it as Caddy
-// would, releasing it when the test ends.
-func provisionHandler(t testing.TB, input string) *Handler {
-	t.Helper()
-	return provisionHandlerAt(t, input, nil)
-}
-
-// provisionHandlerAt is provisionHandler with the handler's (and its
-// stores') clock set; nil is the system clock.
-func provisionHandlerAt(t testing.TB, input string, clock limiter.Clock) *Handler {
-	t.Helper()
-	h := new(Handler)
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err != nil {
-		t.Fatal(err)
-	}
-	h.clock = clock
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = h.Cleanup()
-		cancel()
-	})
-	return h
-}
-
-var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-	w.WriteHeader(http.StatusOK)
-	return nil
-})
-
-// serve runs one request through h and returns the recorder and the
-// status: the handler's error status for refusals, else the written one.
-func serve(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, int) {
-	w := httptest.NewRecorder()
-	err := h.ServeHTTP(w, r, next)
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) {
-		return w, he.StatusCode
-	}
-	if err != nil {
-		return w, -1
-	}
-	return w, w.Code
-}
 
 func TestHandlerMultipleZonesRefund(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
@@ -218,14 +167,7 @@ func TestHandlerConcurrencyReleases(t *testing.T) {
 		return nil
 	})
 	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, _ := newKeyRequest("198.51.100.6", nil)
-			serve(h, r, slow)
-		}()
-	}
+	serveInParallel(&wg, h, "198.51.100.6", 2, slow)
 	<-started
 	<-started
 	r, _ := newKeyRequest("198.51.100.6", nil)
@@ -296,24 +238,6 @@ func TestHandlerLeakyHoldCancelled(t *testing.T) {
 	_, code := serve(h, r.WithContext(ctx), okHandler)
 	if code != statusClientClosedRequest || time.Since(start) > time.Second {
 		t.Fatalf("cancelled hold: status %d after %v", code, time.Since(start))
-	}
-}
-
-// serveAll sends len(want) requests from ip through h, calling after (if
-// not nil) after each, and fails unless they are answered with want.
-func serveAll(t *testing.T, h *Handler, ip string, want []int, after func()) {
-	t.Helper()
-	var codes []int
-	for range want {
-		r, _ := newKeyRequest(ip, nil)
-		_, code := serve(h, r, okHandler)
-		codes = append(codes, code)
-		if after != nil {
-			after()
-		}
-	}
-	if !slices.Equal(codes, want) {
-		t.Fatalf("codes %v, want %v", codes, want)
 	}
 }
 
@@ -400,4 +324,94 @@ func TestConcurrencySlotFreedOnPanic(t *testing.T) {
 		serve(h, r, boom)
 	}()
 	serveAll(t, h, "198.51.100.61", []int{200}, nil)
+}
+
+func TestTiersPickLimitAndKeepStateApart(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone tiered {
+			key header X-API-Key
+			algorithm fixed_window
+			rate 1/1h
+			tier {http.request.header.X-Plan} {
+				free 2/1h
+				pro 4/1h
+			}
+		}
+	}`)
+	send := func(key, plan string) (int, string) {
+		hdrs := map[string]string{"X-API-Key": key}
+		if plan != "" {
+			hdrs["X-Plan"] = plan
+		}
+		r, _ := newKeyRequest("198.51.100.20", hdrs)
+		w, code := serve(h, r, okHandler)
+		return code, w.Header().Get("RateLimit-Policy")
+	}
+	for _, tc := range []struct {
+		plan   string
+		allow  int
+		policy string
+	}{
+		{"free", 2, `"tiered";q=2;w=3600`},
+		{"pro", 4, `"tiered";q=4;w=3600`},
+		{"gold", 1, `"tiered";q=1;w=3600`}, // not listed: the zone's own limit
+		{"", 1, `"tiered";q=1;w=3600`},
+	} {
+		key := "k-" + tc.plan
+		for i := 0; i <= tc.allow; i++ {
+			code, policy := send(key, tc.plan)
+			want := 200
+			if i == tc.allow {
+				want = 429
+			}
+			if code != want || policy != tc.policy {
+				t.Fatalf("plan %q request %d: %d %q, want %d %q", tc.plan, i, code, policy, want, tc.policy)
+			}
+		}
+	}
+	// The same key on another tier has state of its own.
+	if code, _ := send("k-free", "pro"); code != 200 {
+		t.Fatalf("k-free on the pro tier shared the free tier's state: %d", code)
+	}
+}
+
+func TestFailModesWhenRedisIsUnreachable(t *testing.T) {
+	addr := testutil.ClosedAddr(t)
+	for _, tc := range []struct {
+		fail      string
+		codes     []int
+		retry     string
+		rlHeaders bool
+	}{
+		{"open", []int{200, 200, 200}, "", false},
+		{"closed", []int{503, 503}, "1", false},
+		{"local", []int{200, 200, 429}, "", true},
+	} {
+		t.Run(tc.fail, func(t *testing.T) {
+			h := provisionHandler(t, `rate_limit {
+				zone fail_`+tc.fail+` {
+					rate 2/1h
+					store redis
+					fail `+tc.fail+`
+				}
+				redis {
+					addresses `+addr+`
+					timeout 200ms
+				}
+			}`)
+			for i, want := range tc.codes {
+				r, _ := newKeyRequest("198.51.100.21", nil)
+				w, code := serve(h, r, okHandler)
+				if code != want {
+					t.Fatalf("request %d: %d, want %d", i, code, want)
+				}
+				if got := w.Header().Get("Retry-After"); code != 429 && got != tc.retry {
+					t.Fatalf("request %d: Retry-After %q, want %q", i, got, tc.retry)
+				}
+				if has := w.Header().Get("RateLimit") != ""; has != tc.rlHeaders {
+					t.Fatalf("request %d: rate-limit headers present=%v, want %v", i, has, tc.rlHeaders)
+				}
+			}
+		})
+	}
 }

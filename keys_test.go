@@ -1,29 +1,9 @@
 package ratelimit
 
 import (
-	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
-
-// newKeyRequest builds a request as Caddy's server would hand it to a
-// handler: a replacer and the vars holding the client IP.
-func newKeyRequest(clientIP string, headers map[string]string) (*http.Request, *caddy.Replacer) {
-	r := httptest.NewRequest(http.MethodGet, "http://example.com/api/items?page=2", nil)
-	for k, v := range headers {
-		r.Header.Set(k, v)
-	}
-	repl := caddyhttp.NewTestReplacer(r)
-	ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
-	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: clientIP})
-	r = r.WithContext(ctx)
-	return r, repl
-}
 
 func mustTemplate(t testing.TB, s string, v4, v6 int) keyTemplate {
 	t.Helper()

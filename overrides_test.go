@@ -1,9 +1,13 @@
 package ratelimit
 
+// Tests of how an override decides its key: precedence over tiers and the
+// zone, block, exempt and limit actions, their expiry, and what a zone's
+// algorithm refuses.
+
 import (
-	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -11,60 +15,12 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// setOverride sets key's override in h's zone name, as the admin API does
-// (the zone's set, then the give-back of leases).
-func setOverride(t testing.TB, h *Handler, name, key string, o limiter.Override) {
-	t.Helper()
-	z := handlerZone(t, h, name)
-	if err := z.checkOverride(o); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, time.Now())); err != nil {
-		t.Fatal(err)
-	}
-	z.overrideChanged(key, nil)
-	// The set outlives the handler (a memory zone's overrides are the
-	// process's): leave none behind for the next test of this name.
-	t.Cleanup(func() { z.ov.set.table().Remove(key) })
-}
-
-func handlerZone(t testing.TB, h *Handler, name string) *zone {
-	t.Helper()
-	for _, z := range h.zones {
-		if z.name == name {
-			return z
-		}
-	}
-	t.Fatalf("no zone %q", name)
-	return nil
-}
-
-// serveKey sends one request from ip with header X-Plan: plan (if not
-// "") and returns its status and rate-limit fields.
-func serveKey(h *Handler, ip, plan string) (int, http.Header) {
-	hdr := map[string]string{}
-	if plan != "" {
-		hdr["X-Plan"] = plan
-	}
-	r, _ := newKeyRequest(ip, hdr)
-	w, code := serve(h, r, okHandler)
-	return code, w.Header()
-}
-
 // TestOverridePrecedence: a key's override decides it before its tier,
 // and its tier before the zone; each limit's state is its own, so a key
 // that spent its tier's limit gets the override's whole limit, and a
 // changed override limit starts afresh.
 func TestOverridePrecedence(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone ov_precedence {
-			key ip
-			rate 2/1m
-			tier {http.request.header.X-Plan} {
-				pro 4/1m
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("ov_precedence", "key ip", "rate 2/1m", "tier {http.request.header.X-Plan} {", "pro 4/1m", "}")))
 	const ip = "198.51.100.70"
 	for i := range 4 {
 		if code, hdr := serveKey(h, ip, "pro"); code != 200 || hdr.Get("X-RateLimit-Limit") != "4" {
@@ -102,12 +58,7 @@ func TestOverridePrecedence(t *testing.T) {
 func TestOverrideBlockAndExpiry(t *testing.T) {
 	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
 	clock := testutil.NewClock(start)
-	h := provisionHandlerAt(t, `rate_limit {
-		zone ov_block {
-			key ip
-			rate 5/1m
-		}
-	}`, clock)
+	h := provisionHandlerAt(t, rateLimitConfig(zoneConfig("ov_block", "key ip", "rate 5/1m")), clock)
 	const ip, other = "198.51.100.71", "198.51.100.72"
 	setOverride(t, h, "ov_block", ip, limiter.Override{Action: limiter.OverrideBlock, Expires: start.Add(90 * time.Second)})
 	setOverride(t, h, "ov_block", other, limiter.Override{Action: limiter.OverrideBlock})
@@ -133,16 +84,7 @@ func TestOverrideBlockAndExpiry(t *testing.T) {
 // from that zone; another zone still writes its own, and the decision
 // counts in the metrics.
 func TestOverrideExempt(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone ov_exempt {
-			key ip
-			rate 1/1m
-		}
-		zone ov_exempt_other {
-			key ip
-			rate 100/1m
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("ov_exempt", "key ip", "rate 1/1m"), zoneConfig("ov_exempt_other", "key ip", "rate 100/1m")))
 	const ip = "198.51.100.73"
 	setOverride(t, h, "ov_exempt", ip, limiter.Override{Action: limiter.OverrideExempt})
 	for i := range 5 {
@@ -156,23 +98,7 @@ func TestOverrideExempt(t *testing.T) {
 // TestOverrideRefusals: what a zone's algorithm cannot take is refused
 // when the override is set, not when a request needs it.
 func TestOverrideRefusals(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone ov_refuse_log {
-			key ip
-			rate 10/1m
-		}
-		zone ov_refuse_cal {
-			key ip
-			events 10
-			calendar day
-		}
-		zone ov_refuse_cost {
-			key ip
-			algorithm token_bucket
-			rate 10/1m
-			cost 5
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("ov_refuse_log", "key ip", "rate 10/1m"), zoneConfig("ov_refuse_cal", "key ip", "events 10", "calendar day"), zoneConfig("ov_refuse_cost", "key ip", "algorithm token_bucket", "rate 10/1m", "cost 5")))
 	for _, c := range []struct {
 		zone string
 		o    limiter.Override
@@ -230,5 +156,71 @@ func BenchmarkHandlerOverrides(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestOverrideRetryAfterCappedAtExpiry: a key under an override limit of
+// 1/1h (the zone's is 100/1h) that expires in 10 s is refused with a
+// Retry-After of at most those 10 s, and admitted by the zone once the
+// override has lapsed. (The bug it guards against: the refusal said Retry-After: 3600;
+// only a block's wait was capped at its expiry.)
+func TestOverrideRetryAfterCappedAtExpiry(t *testing.T) {
+	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
+	clock := testutil.NewClock(start)
+	h := provisionHandlerAt(t, rateLimitConfig(zoneConfig("ov_lim_exp", "key ip", "algorithm fixed_window", "rate 100/1h")), clock)
+	const ip = "198.51.100.161"
+	setOverride(t, h, "ov_lim_exp", ip, limiter.Override{Action: limiter.OverrideLimit, Events: 1, Expires: start.Add(10 * time.Second)})
+	if code, _ := serveKey(h, ip, ""); code != 200 {
+		t.Fatalf("first request under 1/1h: %d", code)
+	}
+	code, hdr := serveKey(h, ip, "")
+	if code != 429 {
+		t.Fatalf("second request under 1/1h: %d, want 429", code)
+	}
+	retry := hdr.Get("Retry-After")
+	clock.Set(start.Add(10 * time.Second))
+	after, _ := serveKey(h, ip, "")
+	if n, _ := strconv.Atoi(retry); n > 10 {
+		t.Fatalf("refused 10s before its override lapses with Retry-After %s (X-RateLimit-Reset %s, start %d); at the expiry the key is answered %d: Retry-After is not capped at the override's expiry",
+			retry, hdr.Get("X-RateLimit-Reset"), start.Unix(), after)
+	}
+	if after != 200 {
+		t.Fatalf("at the override's expiry: %d, want 200 from the zone's own limit", after)
+	}
+}
+
+// TestOverrideExemptStripsResponseCost: a response_cost zone without
+// `keep` removes the upstream's cost field from the client's response for
+// an exempt key too: the exemption changes what the zone limits, not what
+// it strips. (The bug it guards against: the exempt key's response kept X-Tokens.)
+func TestOverrideExemptStripsResponseCost(t *testing.T) {
+	const name = "ov_exempt_cost"
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens")))
+	const plain, exempt = "198.51.100.171", "198.51.100.172"
+	r, _ := newKeyRequest(plain, nil)
+	if w, _ := serve(h, r, answer(200, "X-Tokens", "42")); w.Header().Get("X-Tokens") != "" {
+		t.Fatalf("control: X-Tokens reached a key without override")
+	}
+	setOverride(t, h, name, exempt, limiter.Override{Action: limiter.OverrideExempt})
+	r, _ = newKeyRequest(exempt, nil)
+	w, code := serve(h, r, answer(200, "X-Tokens", "42"))
+	if got := w.Header().Get("X-Tokens"); got != "" {
+		t.Fatalf("exempt key: status %d, X-Tokens %q reached the client of a response_cost zone without keep", code, got)
+	}
+}
+
+// TestOverrideBlockWithRequestCost: in a zone whose cost is a placeholder
+// (`cost {http.request.header.X-Cost}`), a blocked key's request is
+// refused with 429 and an honest Retry-After whatever its cost. (Before
+// its fix it got 400: the block's limit has no maxCost, and the cost was
+// refused as one the limit could never admit.)
+func TestOverrideBlockWithRequestCost(t *testing.T) {
+	const name, ip = "ov_block_cost", "198.51.100.191"
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 100/1h", "cost {http.request.header.X-Cost}")))
+	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideBlock})
+	r, _ := newKeyRequest(ip, map[string]string{"X-Cost": "3"})
+	w, code := serve(h, r, okHandler)
+	if code != 429 || w.Header().Get("Retry-After") != "3600" {
+		t.Fatalf("blocked key with X-Cost: 3: status %d, Retry-After %q, want 429 and 3600", code, w.Header().Get("Retry-After"))
 	}
 }

@@ -36,29 +36,17 @@ func TestCaddyfileRedisTLS(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, _ := adaptRedisBlock(t, "addresses 10.0.0.1:6380\n"+tc.tls)
-			var cfg struct {
-				Apps struct {
-					HTTP struct {
-						Servers map[string]struct {
-							Routes []struct {
-								Handle []struct {
-									Redis *RedisConfig `json:"redis"`
-								} `json:"handle"`
-							} `json:"routes"`
-						} `json:"servers"`
-					} `json:"http"`
-				} `json:"apps"`
-			}
-			if err := json.Unmarshal(out, &cfg); err != nil {
-				t.Fatal(err)
-			}
 			var got *RedisConfig
-			for _, srv := range cfg.Apps.HTTP.Servers {
-				for _, r := range srv.Routes {
-					for _, h := range r.Handle {
-						if h.Redis != nil {
-							got = h.Redis
-						}
+			for _, rt := range adaptedRoutes(t, out) {
+				for _, raw := range rt.Handle {
+					var h struct {
+						Redis *RedisConfig `json:"redis"`
+					}
+					if err := json.Unmarshal(raw, &h); err != nil {
+						t.Fatal(err)
+					}
+					if h.Redis != nil {
+						got = h.Redis
 					}
 				}
 			}

@@ -1,11 +1,14 @@
 package ratelimit
 
+// Tests of count_response (only the responses that match are counted; the
+// others' units are given back), of a per-request cost, and of the JSON
+// and refusals of these shapes.
+
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,47 +20,12 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// answer is a next handler that writes status, with the given header
-// fields, and a body.
-func answer(status int, fields ...string) caddyhttp.Handler {
-	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		for i := 0; i+1 < len(fields); i += 2 {
-			w.Header().Set(fields[i], fields[i+1])
-		}
-		w.WriteHeader(status)
-		_, _ = w.Write([]byte("body"))
-		return nil
-	})
-}
-
-// remaining is the zone's remaining count in r's RateLimit field.
-func remainingIn(t *testing.T, hdr http.Header, zone string) string {
-	t.Helper()
-	for _, item := range strings.Split(hdr.Get("RateLimit"), ",") {
-		item = strings.TrimSpace(item)
-		if rest, ok := strings.CutPrefix(item, `"`+zone+`";r=`); ok {
-			r, _, _ := strings.Cut(rest, ";")
-			return r
-		}
-	}
-	t.Fatalf("no %s in RateLimit %q", zone, hdr.Get("RateLimit"))
-	return ""
-}
-
 // TestCountResponseCountsOnlyMatches: any number of successes pass; the
 // N+1th failure in the window is refused, whatever came between.
 func TestCountResponseCountsOnlyMatches(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
 		t.Run(alg, func(t *testing.T) {
-			h := provisionHandler(t, fmt.Sprintf(`rate_limit {
-				zone logins {
-					algorithm %s
-					rate 3/1h
-					count_response {
-						status 401 403
-					}
-				}
-			}`, alg))
+			h := provisionHandler(t, rateLimitConfig(zoneConfig("logins", "algorithm "+alg, "rate 3/1h", "count_response {", "status 401 403", "}")))
 			ip := "198.51.100.40"
 			send := func(next caddyhttp.Handler) int {
 				r, _ := newKeyRequest(ip, nil)
@@ -96,16 +64,7 @@ func TestCountResponseCountsOnlyMatches(t *testing.T) {
 // TestCountResponseHeadersAndErrors: a header match counts, and a handler
 // error counts by the status Caddy will answer with.
 func TestCountResponseHeadersAndErrors(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone z {
-			algorithm fixed_window
-			rate 2/1h
-			count_response {
-				status 5xx
-				header X-Login-Failed
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("z", "algorithm fixed_window", "rate 2/1h", "count_response {", "status 5xx", "header X-Login-Failed", "}")))
 	fails := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		return caddyhttp.Error(http.StatusBadGateway, fmt.Errorf("upstream down"))
 	})
@@ -125,15 +84,7 @@ func TestCountResponseHeadersAndErrors(t *testing.T) {
 		t.Fatalf("remaining %s: neither response matched, want 1", got)
 	}
 
-	h = provisionHandler(t, `rate_limit {
-		zone e {
-			algorithm fixed_window
-			rate 1/1h
-			count_response {
-				status 502
-			}
-		}
-	}`)
+	h = provisionHandler(t, rateLimitConfig(zoneConfig("e", "algorithm fixed_window", "rate 1/1h", "count_response {", "status 502", "}")))
 	for i, want := range []int{502, 429} {
 		r, _ := newKeyRequest("198.51.100.42", nil)
 		if _, code := serve(h, r, fails); code != want {
@@ -145,15 +96,7 @@ func TestCountResponseHeadersAndErrors(t *testing.T) {
 // TestCountResponseParallelNeverOvershoots: failures that run at once take
 // their units up front, so no more than the limit of them pass.
 func TestCountResponseParallelNeverOvershoots(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone logins {
-			algorithm sliding_window_log
-			rate 5/1h
-			count_response {
-				status 401
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("logins", "algorithm sliding_window_log", "rate 5/1h", "count_response {", "status 401", "}")))
 	var passed atomic.Int64
 	slow401 := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		passed.Add(1)
@@ -162,14 +105,7 @@ func TestCountResponseParallelNeverOvershoots(t *testing.T) {
 		return nil
 	})
 	var wg sync.WaitGroup
-	for range 50 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, _ := newKeyRequest("198.51.100.43", nil)
-			serve(h, r, slow401)
-		}()
-	}
+	serveInParallel(&wg, h, "198.51.100.43", 50, slow401)
 	wg.Wait()
 	if n := passed.Load(); n != 5 {
 		t.Fatalf("%d failures reached the upstream, want exactly 5", n)
@@ -180,13 +116,7 @@ func TestCountResponseParallelNeverOvershoots(t *testing.T) {
 // gives; a value that is not an integer from 0 to the quota is refused
 // with 400 and takes nothing; 0 passes while a unit is left.
 func TestRequestCostPlaceholder(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone batch {
-			algorithm fixed_window
-			rate 10/1h
-			cost {http.request.header.X-Batch-Size}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("batch", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}")))
 	send := func(size string) (http.Header, int) {
 		hdr := map[string]string{}
 		if size != "<none>" {
@@ -220,16 +150,7 @@ func TestRequestCostPlaceholder(t *testing.T) {
 // TestRequestCostAgainstTier: the bound on a per-request cost is the
 // quota of the limit that applies, a tier's included.
 func TestRequestCostAgainstTier(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone batch {
-			algorithm fixed_window
-			rate 10/1h
-			cost {http.request.header.X-Batch-Size}
-			tier {http.request.header.X-Plan} {
-				big 100/1h
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("batch", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}", "tier {http.request.header.X-Plan} {", "big 100/1h", "}")))
 	r, _ := newKeyRequest("198.51.100.45", map[string]string{"X-Batch-Size": "50"})
 	if _, code := serve(h, r, okHandler); code != 400 {
 		t.Fatalf("cost 50 on the zone's limit of 10: status %d, want 400", code)
@@ -237,123 +158,6 @@ func TestRequestCostAgainstTier(t *testing.T) {
 	r, _ = newKeyRequest("198.51.100.45", map[string]string{"X-Batch-Size": "50", "X-Plan": "big"})
 	if w, code := serve(h, r, okHandler); code != 200 || remainingIn(t, w.Header(), "batch") != "50" {
 		t.Fatalf("cost 50 on the big tier: status %d, RateLimit %q", code, w.Header().Get("RateLimit"))
-	}
-}
-
-// TestResponseCostSettles: the response's header is the final cost: the
-// difference is taken or given back, and the header is removed unless
-// kept; a missing or invalid value leaves the up-front cost.
-func TestResponseCostSettles(t *testing.T) {
-	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
-		t.Run(alg, func(t *testing.T) {
-			h := provisionHandler(t, fmt.Sprintf(`rate_limit {
-				zone tokens {
-					algorithm %s
-					rate 100/1h
-					cost 10
-					response_cost X-Tokens
-				}
-			}`, alg))
-			ip := "198.51.100.46"
-			peek := func() string {
-				r, _ := newKeyRequest(ip, nil)
-				w, code := serve(h, r, answer(200, "X-Tokens", "10"))
-				if code != 200 {
-					t.Fatalf("peek: status %d", code)
-				}
-				return remainingIn(t, w.Header(), "tokens") // after taking 10
-			}
-			r, _ := newKeyRequest(ip, nil)
-			w, _ := serve(h, r, answer(200, "X-Tokens", "25"))
-			if w.Header().Get("X-Tokens") != "" {
-				t.Fatalf("X-Tokens reached the client")
-			}
-			// 25 spent; the next request shows 100-25-10.
-			if got := peek(); got != "65" {
-				t.Fatalf("remaining %s after a response of 25, want 65", got)
-			}
-			r, _ = newKeyRequest(ip, nil)
-			serve(h, r, answer(200, "X-Tokens", "4")) // takes 10, gives 6 back
-			if got := peek(); got != "51" {
-				t.Fatalf("remaining %s after a response of 4, want 51 (75-4-10-10)", got)
-			}
-			for _, v := range []string{"", "many", "-3"} {
-				r, _ = newKeyRequest(ip, nil)
-				serve(h, r, answer(200, "X-Tokens", v)) // the up-front 10 stands
-			}
-			if got := peek(); got != "11" {
-				t.Fatalf("remaining %s after three unread costs, want 11 (61-30-10-10)", got)
-			}
-		})
-	}
-}
-
-// TestResponseCostDebt: a cost beyond what is left is taken all the same;
-// the key owes and is refused until time repays it.
-func TestResponseCostDebt(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone tokens {
-			algorithm fixed_window
-			rate 100/1h
-			response_cost X-Tokens keep
-		}
-	}`)
-	ip := "198.51.100.47"
-	r, _ := newKeyRequest(ip, nil)
-	w, _ := serve(h, r, answer(200, "X-Tokens", "90"))
-	if w.Header().Get("X-Tokens") != "90" {
-		t.Fatalf("keep: X-Tokens %q", w.Header().Get("X-Tokens"))
-	}
-	r, _ = newKeyRequest(ip, nil)
-	serve(h, r, answer(200, "X-Tokens", "100")) // 10 left, takes 100: owes 90
-	r, _ = newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != 429 {
-		t.Fatalf("a key that owes: status %d, want 429", code)
-	}
-}
-
-// TestResponseCostTrailer: a cost sent as a trailer after a streamed body
-// settles as a header does, and is removed from the trailers and their
-// announcement unless kept.
-func TestResponseCostTrailer(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone tokens {
-			algorithm token_bucket
-			rate 100/1h
-			response_cost X-Tokens
-		}
-	}`)
-	streams := func(announce bool) caddyhttp.Handler {
-		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			if announce {
-				w.Header().Set("Trailer", "X-Tokens, X-Other")
-			}
-			w.WriteHeader(200)
-			_, _ = w.Write([]byte("chunk"))
-			_ = http.NewResponseController(w).Flush()
-			if announce {
-				w.Header().Set("X-Tokens", "30")
-			} else {
-				w.Header().Set(http.TrailerPrefix+"X-Tokens", "30")
-			}
-			return nil
-		})
-	}
-	ip := "198.51.100.48"
-	for i, announce := range []bool{true, false} {
-		r, _ := newKeyRequest(ip, nil)
-		w, _ := serve(h, r, streams(announce))
-		if got := w.Header().Get("Trailer"); announce && got != "X-Other" {
-			t.Errorf("Trailer %q, want X-Other alone", got)
-		}
-		if w.Header().Get("X-Tokens") != "" || w.Header().Get(http.TrailerPrefix+"X-Tokens") != "" {
-			t.Errorf("the X-Tokens trailer reached the client: %v", w.Header())
-		}
-		r, _ = newKeyRequest(ip, nil)
-		w, _ = serve(h, r, answer(200, "X-Tokens", "0"))
-		if got, want := remainingIn(t, w.Header(), "tokens"), fmt.Sprint(100-30*(i+1)-1); got != want {
-			t.Fatalf("remaining %s after a trailer of 30, want %s", got, want)
-		}
 	}
 }
 
@@ -401,22 +205,7 @@ func BenchmarkHandlerShapes(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			h := provisionHandler(b, fmt.Sprintf(zone, tc.options))
 			base, _ := newKeyRequest("198.51.100.9", map[string]string{"X-Cost": "1"})
-			reqs := make([]*http.Request, benchPrepared)
-			benchRequests(reqs, []*http.Request{base})
-			w := httptest.NewRecorder()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				if i%benchPrepared == 0 && i > 0 {
-					b.StopTimer()
-					benchRequests(reqs, []*http.Request{base})
-					b.StartTimer()
-				}
-				clear(w.Header())
-				if err := h.ServeHTTP(w, reqs[i%benchPrepared], next); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchServeFreshTo(b, h, []*http.Request{base}, next)
 		})
 	}
 }
@@ -497,22 +286,7 @@ func TestShapesJSON(t *testing.T) {
 // what releases on finish: the login zone kept the unit, 1 of 3 left
 // instead of 2, locking out clients whose requests never reached the app.)
 func TestCountResponseHeldClientLeavesGivesBack(t *testing.T) {
-	h := provisionHandler(t, `rate_limit {
-		zone held_leave_a {
-			key ip
-			algorithm leaky_bucket
-			rate 1/1m
-			max_delay 1h
-		}
-		zone held_leave_b {
-			key ip
-			algorithm fixed_window
-			rate 3/1h
-			count_response {
-				status 401
-			}
-		}
-	}`)
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("held_leave_a", "key ip", "algorithm leaky_bucket", "rate 1/1m", "max_delay 1h"), zoneConfig("held_leave_b", "key ip", "algorithm fixed_window", "rate 3/1h", "count_response {", "status 401", "}")))
 	const ip = "198.51.100.93"
 	r, _ := newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(401)); code != 401 {
@@ -530,5 +304,96 @@ func TestCountResponseHeldClientLeavesGivesBack(t *testing.T) {
 	}
 	if d.Remaining != 2 {
 		t.Fatalf("count_response zone after a 401 and a request whose client left while held: %d left, want 2", d.Remaining)
+	}
+}
+
+// TestDryRunBadCostNeverRefuses: a dry_run zone whose cost placeholder is
+// missing or invalid lets the request through (dry_run never refuses,
+// whatever else the zone says), counting it as dry_run_denied.
+func TestDryRunBadCostNeverRefuses(t *testing.T) {
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("dry_bad_cost", "algorithm fixed_window", "rate 10/1h", "cost {http.request.header.X-Batch-Size}", "dry_run")))
+	for _, v := range []string{"<none>", "abc", "11"} {
+		hdr := map[string]string{}
+		if v != "<none>" {
+			hdr["X-Batch-Size"] = v
+		}
+		r, _ := newKeyRequest("198.51.100.202", hdr)
+		if _, code := serve(h, r, okHandler); code != http.StatusOK {
+			t.Errorf("dry_run zone, cost %q: status %d, want 200 (dry_run never refuses)", v, code)
+		}
+	}
+}
+
+// TestCountResponseAbortedNotCounted: a request whose handler aborts before
+// writing a response (a panic, which net/http turns into a closed
+// connection; reverse_proxy panics with http.ErrAbortHandler) matched no
+// status, so its unit is given back.
+func TestCountResponseAbortedNotCounted(t *testing.T) {
+	h := provisionHandler(t, rateLimitConfig(zoneConfig("cr_abort", "algorithm fixed_window", "rate 2/1h", "count_response {", "status 401", "}")))
+	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		panic(http.ErrAbortHandler)
+	})
+	ip := "198.51.100.204"
+	for range 2 {
+		func() {
+			defer func() { _ = recover() }()
+			r, _ := newKeyRequest(ip, nil)
+			serve(h, r, aborts)
+		}()
+	}
+	r, _ := newKeyRequest(ip, nil)
+	w, code := serve(h, r, answer(200))
+	if code != http.StatusOK {
+		t.Fatalf("after two aborted requests (no 401 answered): status %d, want 200", code)
+	}
+	if got := remainingIn(t, w.Header(), "cr_abort"); got != "1" {
+		t.Fatalf("remaining %s, want 1 (only this request's up-front unit)", got)
+	}
+}
+
+// TestCountResponseSettlesAcrossReload: a request admitted by a config
+// that a reload replaces while it runs settles into the state the new
+// config shares (same zone, same limit): its unit comes back once its
+// response does not match, though its handler was cleaned up meanwhile.
+func TestCountResponseSettlesAcrossReload(t *testing.T) {
+	const cfg = `rate_limit {
+		zone reload_logins {
+			algorithm fixed_window
+			rate 3/1h
+			count_response {
+				status 401
+			}
+		}
+	}`
+	old := provisionHandler(t, cfg)
+	ip := "198.51.100.206"
+	arrived, release, done := make(chan struct{}), make(chan struct{}), make(chan int)
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(arrived)
+		<-release
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	go func() {
+		r, _ := newKeyRequest(ip, nil)
+		_, code := serve(old, r, held)
+		done <- code
+	}()
+	<-arrived
+	newer := provisionHandler(t, cfg)
+	r, _ := newKeyRequest(ip, nil)
+	w, _ := serve(newer, r, answer(200))
+	if got := remainingIn(t, w.Header(), "reload_logins"); got != "1" {
+		t.Fatalf("remaining %s while the old config's request holds its unit, want 1", got)
+	}
+	_ = old.Cleanup()
+	close(release)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("the held request: status %d", code)
+	}
+	r, _ = newKeyRequest(ip, nil)
+	w, _ = serve(newer, r, answer(200))
+	if got := remainingIn(t, w.Header(), "reload_logins"); got != "2" {
+		t.Fatalf("remaining %s after the held request's 200 settled, want 2 (its unit given back)", got)
 	}
 }

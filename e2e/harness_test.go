@@ -2,19 +2,27 @@ package e2e
 
 // The harness: Caddy configs, an HTTP client that survives reloads, the
 // admin API, upstreams that hold requests, and what the README promises
-// that tests wait on. Every other file of the package builds on it.
+// that tests wait on; the rate-limit fields of an answer, read as
+// structured fields; and the Redis half: Caddyfiles whose zones keep their
+// state in Redis, and what tests read from a server as an operator would
+// with redis-cli (keys, INFO, CLIENT LIST). Every other file of the
+// package builds on it; a helper one test file alone uses stays there.
 
 import (
 	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,7 +32,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
 // Figures the README documents, which tests wait on or bound by.
@@ -497,6 +508,18 @@ func rateLimitSeries(t *testing.T, c *http.Client, inst *caddyproc.Instance) map
 	return out
 }
 
+// wantSeries fails the test unless each rate-limit series named in want
+// has its value in the instance's /metrics.
+func wantSeries(t *testing.T, c *http.Client, inst *caddyproc.Instance, want map[string]string) {
+	t.Helper()
+	series := rateLimitSeries(t, c, inst)
+	for name, v := range want {
+		if series[name] != v {
+			t.Errorf("%s = %q, want %s", name, series[name], v)
+		}
+	}
+}
+
 // adminCall sends method to the instance's admin API at path and decodes
 // the JSON answer into out (when not nil); it returns the status.
 func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out any) int {
@@ -593,4 +616,731 @@ func ownGoroutines(t *testing.T, inst *caddyproc.Instance) []string {
 		}
 	}
 	return own
+}
+
+// redisTimeout is the decision timeout of tests that need every decision
+// to come from Redis: far above a round trip even on a loaded machine.
+const redisTimeout = "2s"
+
+// redisRoute is one path of a test site: a rate_limit with a single zone,
+// named after the path, answered by `respond` or by a reverse proxy.
+type redisRoute struct {
+	// path is matched exactly; the zone is named path without its slash.
+	path string
+	// zone holds the zone's options, one per line.
+	zone string
+	// upstream, when set, is a reverse_proxy target instead of respond.
+	upstream string
+}
+
+// redisSite is a Caddyfile with one site whose routes each have their own
+// rate_limit with the given redis block. The redis blocks are identical, so
+// the routes share one pooled client, as an operator's would.
+func redisSite(redisBlock string, routes ...redisRoute) string {
+	var b strings.Builder
+	b.WriteString(globalsWith(""))
+	b.WriteString("\nhttp://{{http}} {\n")
+	for _, r := range routes {
+		fmt.Fprintf(&b, "\thandle %s {\n\t\trate_limit {\n\t\t\tzone %s {\n", r.path, strings.TrimPrefix(r.path, "/"))
+		for line := range strings.SplitSeq(strings.TrimSpace(r.zone), "\n") {
+			fmt.Fprintf(&b, "\t\t\t\t%s\n", strings.TrimSpace(line))
+		}
+		b.WriteString("\t\t\t\tstore redis\n\t\t\t}\n")
+		for line := range strings.SplitSeq(strings.TrimSpace(redisBlock), "\n") {
+			fmt.Fprintf(&b, "\t\t\t%s\n", strings.TrimSpace(line))
+		}
+		b.WriteString("\t\t}\n")
+		if r.upstream != "" {
+			fmt.Fprintf(&b, "\t\treverse_proxy %s\n", r.upstream)
+		} else {
+			b.WriteString("\t\trespond \"ok\"\n")
+		}
+		b.WriteString("\t}\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// redisURLBlock is a redis block for a standalone server.
+func redisURLBlock(addr, timeout string) string {
+	return fmt.Sprintf("redis {\nurl redis://%s\ntimeout %s\n}", addr, timeout)
+}
+
+// startRedisSite starts a standalone redis-server and a Caddy serving
+// redisSite on it with the given decision timeout: the setup of every test
+// that needs one server and whose zones need nothing else of the config.
+func startRedisSite(t *testing.T, timeout string, routes ...redisRoute) (*redistest.Server, *caddyproc.Instance) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return srv, caddyproc.Start(t, redisSite(redisURLBlock(srv.Addr(), timeout), routes...))
+}
+
+// redisReply is the reply to one command (named by what in the failure)
+// run on s within 10s; an error fails the test, so what the tests read
+// from a server is one line each.
+func redisReply[T any](t *testing.T, s *redistest.Server, what string, cmd func(ctx context.Context) (T, error)) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := cmd(ctx)
+	if err != nil {
+		t.Fatalf("%s on %s: %v", what, s.Addr(), err)
+	}
+	return v
+}
+
+// redisDBSize is the number of keys on one server.
+func redisDBSize(t *testing.T, s *redistest.Server) int64 {
+	t.Helper()
+	return redisReply(t, s, "DBSIZE", func(ctx context.Context) (int64, error) {
+		return s.Client(t).DBSize(ctx).Result()
+	})
+}
+
+// configRedisSite is a one-zone site for config tests; body tells configs
+// apart, and the client is named so CLIENT LIST shows Caddy's connections.
+func configRedisSite(redisAddr, body string) string {
+	return oneRedisZoneSite("cfg", "sliding_window_log\nevents 3\nwindow 1h\nfail closed", redisAddr, redisTimeout, body)
+}
+
+// oneRedisZoneSite is a site with one redis zone named zone, keyed by the
+// X-Client header, with the given algorithm line's value and further
+// options (one per line), a named client (so CLIENT LIST shows Caddy's
+// connections) and the decision timeout; body tells configs apart.
+func oneRedisZoneSite(zone, algorithm, redisAddr, timeout, body string) string {
+	var opts strings.Builder
+	for line := range strings.SplitSeq("algorithm "+algorithm, "\n") {
+		fmt.Fprintf(&opts, "\t\t\t%s\n", line)
+	}
+	return globalsWith("") + fmt.Sprintf(`
+http://{{http}} {
+	rate_limit {
+		zone %s {
+			key header X-Client
+%s			store redis
+		}
+		redis {
+			url redis://%s/0?client_name=floodgate-caddy
+			timeout %s
+		}
+	}
+	respond %q
+}
+`, zone, opts.String(), redisAddr, timeout, body)
+}
+
+// clientsNamed is CLIENT LIST on s: the connections whose client name
+// (set with client_name in a redis block's url) match names, each as its
+// fields, such as "id" and "name".
+func clientsNamed(t *testing.T, s *redistest.Server, match func(name string) bool) []map[string]string {
+	t.Helper()
+	list := redisReply(t, s, "CLIENT LIST", func(ctx context.Context) (string, error) {
+		return s.Client(t).ClientList(ctx).Result()
+	})
+	var out []map[string]string
+	for line := range strings.SplitSeq(strings.TrimSpace(list), "\n") {
+		fields := map[string]string{}
+		for f := range strings.FieldsSeq(line) {
+			k, v, _ := strings.Cut(f, "=")
+			fields[k] = v
+		}
+		if match(fields["name"]) {
+			out = append(out, fields)
+		}
+	}
+	return out
+}
+
+// caddyConnIDs lists the ids of the connections named floodgate-caddy on
+// a server: Caddy's, per oneRedisZoneSite.
+func caddyConnIDs(t *testing.T, s *redistest.Server) []string {
+	t.Helper()
+	var ids []string
+	for _, c := range clientsNamed(t, s, func(name string) bool { return name == "floodgate-caddy" }) {
+		ids = append(ids, c["id"])
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// infoInt is an integer field of an INFO section on s, such as
+// used_memory_dataset of "memory".
+func infoInt(t *testing.T, s *redistest.Server, section, field string) int64 {
+	t.Helper()
+	info := redisReply(t, s, "INFO "+section, func(ctx context.Context) (string, error) {
+		return s.Client(t).Info(ctx, section).Result()
+	})
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("INFO %s: %s %q: %v", section, field, v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO %s has no %s: %s", section, field, info)
+	return 0
+}
+
+// evalCalls is how many scripts a server has run for clients (EVALSHA
+// and EVAL in INFO commandstats). A replica runs none: Redis 7 replicates
+// a script's effects, not the script.
+func evalCalls(ctx context.Context, c *redis.Client) (int64, error) {
+	stats, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for line := range strings.SplitSeq(stats, "\r\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:calls=") && !strings.HasPrefix(line, "cmdstat_eval:calls=") {
+			continue
+		}
+		_, rest, _ := strings.Cut(line, "calls=")
+		calls, _, _ := strings.Cut(rest, ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("commandstats line %q: %v", line, err)
+		}
+		n += v
+	}
+	return n, nil
+}
+
+// decided says why r was not decided by its zone in Redis: it carries no
+// rate-limit field, as a zone that failed open answers.
+func decided(r response) error {
+	if r.hasRateLimitHeaders() {
+		return nil
+	}
+	return fmt.Errorf("status %d without rate-limit fields: the zone failed open", r.code)
+}
+
+// decidedClosed says why r, of a `fail closed` zone, was not decided in
+// Redis: it is the 503 that zone answers while Redis fails.
+func decidedClosed(r response) error {
+	if r.code == http.StatusServiceUnavailable {
+		return errors.New("503: the zone fails closed")
+	}
+	return nil
+}
+
+// intHeader reads a header that must hold an integer.
+func intHeader(t *testing.T, r response, name string) int64 {
+	t.Helper()
+	v := r.header.Get(name)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %q is not an integer (status %d, headers %v)", name, v, r.code, r.header)
+	}
+	return n
+}
+
+// member is one zone's entry of RateLimit or RateLimit-Policy.
+type member struct {
+	zone   string
+	params map[string]any
+}
+
+// fieldMembers parses a RateLimit or RateLimit-Policy field as an RFC 9651
+// List of Strings with parameters, failing the test if it does not parse.
+func fieldMembers(t *testing.T, r response, name string) []member {
+	t.Helper()
+	v := r.header.Values(name)
+	if len(v) != 1 {
+		t.Fatalf("%s: want one field line, got %q", name, v)
+	}
+	items, err := parseSFList(v[0])
+	if err != nil {
+		t.Fatalf("%s: %q does not parse as an RFC 9651 List: %v", name, v[0], err)
+	}
+	out := make([]member, len(items))
+	for i, it := range items {
+		s, ok := it.value.(string)
+		if !ok {
+			t.Fatalf("%s: member %d of %q is %T, want a String", name, i, v[0], it.value)
+		}
+		out[i] = member{zone: s, params: map[string]any{}}
+		for _, p := range it.params {
+			out[i].params[p.key] = p.value
+		}
+	}
+	return out
+}
+
+// zoneParams is the parameters of zone's member of field, which must exist.
+func zoneParams(t *testing.T, r response, field, zone string) map[string]any {
+	t.Helper()
+	for _, m := range fieldMembers(t, r, field) {
+		if m.zone == zone {
+			return m.params
+		}
+	}
+	t.Fatalf("%s: no member for zone %q in %q", field, zone, r.header.Get(field))
+	return nil
+}
+
+// intParam reads an Integer parameter.
+func intParam(t *testing.T, params map[string]any, key string) int64 {
+	t.Helper()
+	n, ok := params[key].(int64)
+	if !ok {
+		t.Fatalf("parameter %s is %#v, want an Integer (params %v)", key, params[key], params)
+	}
+	return n
+}
+
+// wantRemaining checks what the headers say is left: X-RateLimit-Remaining
+// and the zone's r in RateLimit.
+func wantRemaining(t *testing.T, what string, rs []response, zone string, want ...int64) {
+	t.Helper()
+	for i, r := range rs {
+		if got := intHeader(t, r, "X-RateLimit-Remaining"); got != want[i] {
+			t.Errorf("%s: request %d: X-RateLimit-Remaining %d, want %d", what, i+1, got, want[i])
+		}
+		if got := intParam(t, zoneParams(t, r, "RateLimit", zone), "r"); got != want[i] {
+			t.Errorf("%s: request %d: RateLimit r=%d, want %d", what, i+1, got, want[i])
+		}
+	}
+}
+
+// checkDenial checks the fields every 429 carries: Retry-After in whole
+// seconds within [lo, hi], and the refusing zone's t equal to it.
+func checkDenial(t *testing.T, r response, zone string, lo, hi int64) int64 {
+	t.Helper()
+	if r.code != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429", r.code)
+	}
+	retry := intHeader(t, r, "Retry-After")
+	if retry < 1 || retry < lo || retry > hi {
+		t.Errorf("Retry-After %d, want within [%d, %d] and at least 1", retry, max(lo, 1), hi)
+	}
+	if tp := intParam(t, zoneParams(t, r, "RateLimit", zone), "t"); tp != retry {
+		t.Errorf("RateLimit t=%d on a denial, want Retry-After %d", tp, retry)
+	}
+	if rem := intHeader(t, r, "X-RateLimit-Remaining"); rem != 0 {
+		t.Errorf("X-RateLimit-Remaining %d on a denial, want 0", rem)
+	}
+	return retry
+}
+
+// policyQuota is q of zone's member of RateLimit-Policy, which must exist.
+func policyQuota(t *testing.T, r response, zone string) int64 {
+	t.Helper()
+	return intParam(t, zoneParams(t, r, "RateLimit-Policy", zone), "q")
+}
+
+// checkPolicy checks RateLimit-Policy, and X-RateLimit-Limit against its q.
+func checkPolicy(t *testing.T, rs []response, zone, want string) {
+	t.Helper()
+	for i, r := range rs {
+		if got := r.header.Get("RateLimit-Policy"); got != want {
+			t.Errorf("response %d: RateLimit-Policy %q, want %q", i+1, got, want)
+		}
+		if got, q := intHeader(t, r, "X-RateLimit-Limit"), policyQuota(t, r, zone); got != q {
+			t.Errorf("response %d: X-RateLimit-Limit %d, want the policy's q=%d", i+1, got, q)
+		}
+	}
+}
+
+// wantRetryAbout checks that r's Retry-After points at about when (within
+// 2 s either way: the response's own time is known to the second).
+func wantRetryAbout(t *testing.T, r response, when time.Time, what string) {
+	t.Helper()
+	want := int64(math.Ceil(when.Sub(r.done).Seconds()))
+	if got := intHeader(t, r, "Retry-After"); got < want-2 || got > want+2 {
+		t.Errorf("Retry-After %d, want about %d (%s)", got, want, what)
+	}
+}
+
+// wantResetWithin checks that X-RateLimit-Reset, an epoch second rounded
+// up, lies between lo and hi after the response.
+func wantResetWithin(t *testing.T, r response, lo, hi time.Duration) {
+	t.Helper()
+	reset := intHeader(t, r, "X-RateLimit-Reset")
+	at := r.done.Unix()
+	if reset < at+int64(lo.Seconds()) || reset > at+int64(hi.Seconds())+1 {
+		t.Errorf("X-RateLimit-Reset %d is %ds after the response, want %v to %v", reset, reset-at, lo, hi)
+	}
+}
+
+// sfParam is one parameter of a structured-field Item.
+type sfParam struct {
+	key   string
+	value any
+}
+
+// sfItem is a structured-field Item: a bare value (string for String and
+// Token, int64 for Integer, float64 for Decimal, bool for Boolean) with its
+// parameters.
+type sfItem struct {
+	value  any
+	params []sfParam
+}
+
+// parseSFList parses an RFC 9651 List whose members are Items (inner
+// lists and byte sequences are not used by the rate-limit fields and are
+// refused). It is strict, so a field it accepts parses anywhere.
+func parseSFList(s string) ([]sfItem, error) {
+	p := &sfParser{s: s}
+	p.skip(" ")
+	var out []sfItem
+	for p.i < len(p.s) {
+		it, err := p.item()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, it)
+		p.skip(" \t")
+		if p.i == len(p.s) {
+			return out, nil
+		}
+		if p.s[p.i] != ',' {
+			return nil, fmt.Errorf("at %d: want ',' between members, got %q", p.i, p.s[p.i])
+		}
+		p.i++
+		p.skip(" \t")
+		if p.i == len(p.s) {
+			return nil, errors.New("trailing comma")
+		}
+	}
+	return out, nil
+}
+
+type sfParser struct {
+	s string
+	i int
+}
+
+func (p *sfParser) skip(chars string) {
+	for p.i < len(p.s) && strings.IndexByte(chars, p.s[p.i]) >= 0 {
+		p.i++
+	}
+}
+
+func (p *sfParser) item() (sfItem, error) {
+	v, err := p.bareItem()
+	if err != nil {
+		return sfItem{}, err
+	}
+	it := sfItem{value: v}
+	for p.i < len(p.s) && p.s[p.i] == ';' {
+		p.i++
+		p.skip(" ")
+		key, err := p.key()
+		if err != nil {
+			return sfItem{}, err
+		}
+		var pv any = true
+		if p.i < len(p.s) && p.s[p.i] == '=' {
+			p.i++
+			if pv, err = p.bareItem(); err != nil {
+				return sfItem{}, err
+			}
+		}
+		for _, q := range it.params {
+			if q.key == key {
+				return sfItem{}, fmt.Errorf("parameter %s repeated", key)
+			}
+		}
+		it.params = append(it.params, sfParam{key, pv})
+	}
+	return it, nil
+}
+
+func (p *sfParser) key() (string, error) {
+	start := p.i
+	if p.i >= len(p.s) || !(isLCAlpha(p.s[p.i]) || p.s[p.i] == '*') {
+		return "", fmt.Errorf("at %d: a key starts with a lowercase letter or '*'", p.i)
+	}
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		if !(isLCAlpha(c) || isDigit(c) || strings.IndexByte("_-.*", c) >= 0) {
+			break
+		}
+		p.i++
+	}
+	return p.s[start:p.i], nil
+}
+
+func (p *sfParser) bareItem() (any, error) {
+	if p.i >= len(p.s) {
+		return nil, errors.New("unexpected end, want a value")
+	}
+	switch c := p.s[p.i]; {
+	case c == '"':
+		return p.str()
+	case c == '-' || isDigit(c):
+		return p.number()
+	case c == '?':
+		if p.i+1 < len(p.s) && (p.s[p.i+1] == '0' || p.s[p.i+1] == '1') {
+			p.i += 2
+			return p.s[p.i-1] == '1', nil
+		}
+		return nil, fmt.Errorf("at %d: malformed Boolean", p.i)
+	case c == '*' || isAlpha(c):
+		start := p.i
+		p.i++
+		for p.i < len(p.s) && (isTChar(p.s[p.i]) || p.s[p.i] == ':' || p.s[p.i] == '/') {
+			p.i++
+		}
+		return p.s[start:p.i], nil
+	default:
+		return nil, fmt.Errorf("at %d: unsupported or malformed value starting %q", p.i, c)
+	}
+}
+
+func (p *sfParser) str() (string, error) {
+	p.i++ // opening quote
+	var b strings.Builder
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		p.i++
+		switch {
+		case c == '\\':
+			if p.i >= len(p.s) || (p.s[p.i] != '"' && p.s[p.i] != '\\') {
+				return "", fmt.Errorf("at %d: a backslash in a String must escape '\"' or '\\'", p.i)
+			}
+			b.WriteByte(p.s[p.i])
+			p.i++
+		case c == '"':
+			return b.String(), nil
+		case c < 0x20 || c > 0x7e:
+			return "", fmt.Errorf("at %d: byte %#x not allowed in a String", p.i-1, c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", errors.New("unterminated String")
+}
+
+func (p *sfParser) number() (any, error) {
+	start := p.i
+	if p.s[p.i] == '-' {
+		p.i++
+	}
+	digits, dot := 0, -1
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		if c == '.' && dot < 0 {
+			if digits > 12 {
+				return nil, errors.New("Decimal with more than 12 integer digits")
+			}
+			dot = p.i
+		} else if !isDigit(c) {
+			break
+		}
+		if c != '.' {
+			digits++
+		}
+		p.i++
+	}
+	text := p.s[start:p.i]
+	if digits == 0 {
+		return nil, fmt.Errorf("at %d: malformed number", start)
+	}
+	if dot < 0 {
+		if digits > 15 {
+			return nil, errors.New("Integer with more than 15 digits")
+		}
+		return strconv.ParseInt(text, 10, 64)
+	}
+	if frac := p.i - dot - 1; frac < 1 || frac > 3 {
+		return nil, errors.New("Decimal needs 1 to 3 fractional digits")
+	}
+	return strconv.ParseFloat(text, 64)
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+func isLCAlpha(c byte) bool { return 'a' <= c && c <= 'z' }
+
+func isAlpha(c byte) bool { return isLCAlpha(c) || ('A' <= c && c <= 'Z') }
+
+// isTChar is RFC 9110's tchar.
+func isTChar(c byte) bool {
+	return isAlpha(c) || isDigit(c) || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// overrideView is one override as the admin API shows it.
+type overrideView struct {
+	Key       string  `json:"key"`
+	Action    string  `json:"action"`
+	Limit     int64   `json:"limit"`
+	Window    string  `json:"window"`
+	Burst     int64   `json:"burst"`
+	Expires   string  `json:"expires"`
+	ExpiresIn float64 `json:"expires_in"`
+}
+
+// adminSend is adminCall with a request body: it sends method to the
+// instance's admin API at path with body (none for "") and decodes the
+// JSON answer into out (when not nil); it returns the status.
+func adminSend(t *testing.T, inst *caddyproc.Instance, method, path, body string, out any) int {
+	t.Helper()
+	var payload io.Reader
+	if body != "" {
+		payload = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, inst.Admin()+path, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, Timeout: time.Minute}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(answer, out); err != nil {
+			t.Fatalf("%s %s: %d %q: %v", method, path, resp.StatusCode, answer, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// overridesPath is the admin API path of zone's overrides, and of key's
+// when key is not "".
+func overridesPath(zone, key string) string {
+	p := "/rate_limit/zones/" + url.PathEscape(zone) + "/overrides"
+	if key != "" {
+		p += "?key=" + url.QueryEscape(key)
+	}
+	return p
+}
+
+// zoneStatus is one zone of the answer, as the README shows it.
+type zoneStatus struct {
+	Zone      string `json:"zone"`
+	Limit     int64  `json:"limit"`
+	Remaining int64  `json:"remaining"`
+	Reset     int64  `json:"reset"`
+	Window    int64  `json:"window"`
+}
+
+// askStatus GETs a status URL as the client with headers and decodes the
+// answer by zone, checking what every answer must be: 200, JSON, no
+// caching, none of secrets in the body.
+func askStatus(t *testing.T, c *http.Client, url string, secrets []string, headers ...string) (map[string]zoneStatus, string) {
+	t.Helper()
+	r := get(t, c, url, headers...)
+	if r.code != http.StatusOK {
+		t.Fatalf("GET %s: %d %q", url, r.code, r.body)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("GET %s: Content-Type %q", url, ct)
+	}
+	if cc := r.header.Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("GET %s: Cache-Control %q, want no-store", url, cc)
+	}
+	for _, s := range secrets {
+		if strings.Contains(r.body, s) {
+			t.Errorf("GET %s: the answer %q shows the key %q", url, r.body, s)
+		}
+	}
+	var answer struct {
+		Zones []zoneStatus `json:"zones"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &answer); err != nil || answer.Zones == nil {
+		t.Fatalf("GET %s: answer %q is not {\"zones\": [...]}: %v", url, r.body, err)
+	}
+	byZone := map[string]zoneStatus{}
+	for _, z := range answer.Zones {
+		if _, dup := byZone[z.Zone]; dup {
+			t.Errorf("GET %s: zone %s answered twice in %q", url, z.Zone, r.body)
+		}
+		byZone[z.Zone] = z
+	}
+	return byZone, r.body
+}
+
+// wantStatus checks a zone's limit, remaining and window, and that its
+// reset lies within its window (after its last request, a second or two
+// ago at most).
+func wantStatus(t *testing.T, what string, got map[string]zoneStatus, zone string, limit, remaining, window int64) {
+	t.Helper()
+	z, ok := got[zone]
+	switch {
+	case !ok:
+		t.Errorf("%s: zone %s is not answered: %+v", what, zone, got)
+	case z.Limit != limit || z.Remaining != remaining || z.Window != window:
+		t.Errorf("%s: %+v, want limit %d, remaining %d, window %d", what, z, limit, remaining, window)
+	case remaining == limit && z.Reset != 0, z.Reset < 0 || z.Reset > window:
+		t.Errorf("%s: %+v: reset outside [0, window], or not 0 while full", what, z)
+	}
+}
+
+// startShardServers starts n standalone servers for a redis block's
+// shards.
+func startShardServers(t *testing.T, n int) []*redistest.Server {
+	t.Helper()
+	servers := make([]*redistest.Server, n)
+	for i := range servers {
+		servers[i] = redistest.Start(t)
+	}
+	return servers
+}
+
+// startObserver starts a Caddy that serves no request but declares the
+// zones of cfg without local_quota, so that its admin API inspects what
+// Redis counts: an instance's own answer adds what its lease still holds.
+// A zone's limit, not its leases, names its state in Redis, so the two
+// configs share it.
+func startObserver(t *testing.T, cfg string) *caddyproc.Instance {
+	t.Helper()
+	return caddyproc.Start(t, localQuotaLine.ReplaceAllString(cfg, ""))
+}
+
+// localQuotaLine matches a zone's local_quota option and its line break.
+var localQuotaLine = regexp.MustCompile(`(?m)^\s*local_quota .*\n`)
+
+// operationsSite has a memory zone, a redis zone, a tiered zone, a zone
+// with log_key, one zone name in two handlers and a zone whose name holds
+// a '/', each on its own path.
+func operationsSite(redisAddr string) string {
+	limit := func(path, zone, opts string) string {
+		return fmt.Sprintf(`	handle %s {
+		rate_limit {
+			zone %s {
+				key {header.X-Client}
+				algorithm fixed_window
+				rate 3/1h
+%s			}
+			redis {
+				url redis://%s
+				timeout 2s
+			}
+		}
+		respond "ok"
+	}
+`, path, zone, opts, redisAddr)
+	}
+	return globalsWith("") + "\nhttp://{{http}} {\n" +
+		limit("/mem", "mem", "") +
+		limit("/red", "red", "\t\t\t\tstore redis\n") +
+		limit("/tiered", "tiered", "\t\t\t\ttier {header.X-Plan} {\n\t\t\t\t\tgold 5/1h\n\t\t\t\t}\n") +
+		limit("/shared1", "shared", "") +
+		limit("/shared2", "shared", "") +
+		strings.Replace(limit("/logged", "logged", ""), "\t\t\tredis {", "\t\t\tlog_key\n\t\t\tredis {", 1) +
+		limit("/slashed", "api/v1", "") +
+		"}\n"
+}
+
+// startOperations runs redis-server and a Caddy serving operationsSite on
+// it, whose log the test shows if it fails.
+func startOperations(t *testing.T) (*caddyproc.Instance, *http.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
+	return inst, newClient(t)
 }

@@ -644,26 +644,6 @@ http://{{http4}} {
 	})
 }
 
-// TestHTTPDryRun: a dry-run zone counts and reports, but never refuses.
-func TestHTTPDryRun(t *testing.T) {
-	t.Parallel()
-	inst := caddyproc.Start(t, site(`		zone dry {
-			key ip
-			events 1
-			window 1h
-			dry_run
-		}`))
-	c := newClient(t)
-	rs := sequence(t, c, 4, inst.URL("/"))
-	wantCodes(t, "dry_run", rs, 200, 200, 200, 200)
-	wantRemaining(t, "dry_run", rs, "dry", 0, 0, 0, 0)
-	for i, r := range rs {
-		if ra := r.header.Get("Retry-After"); ra != "" {
-			t.Errorf("request %d: Retry-After %q under dry_run", i+1, ra)
-		}
-	}
-}
-
 // TestHTTPLeakyBucketDelays: a leaky bucket holds concurrent requests so
 // they leave 1/r apart, and refuses at once those that would wait longer
 // than max_delay.

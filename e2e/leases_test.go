@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -18,19 +17,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
-
-// startObserver starts a Caddy that serves no request but declares the
-// zones of cfg without local_quota, so that its admin API inspects what
-// Redis counts: an instance's own answer adds what its lease still holds.
-// A zone's limit, not its leases, names its state in Redis, so the two
-// configs share it.
-func startObserver(t *testing.T, cfg string) *caddyproc.Instance {
-	t.Helper()
-	return caddyproc.Start(t, localQuotaLine.ReplaceAllString(cfg, ""))
-}
-
-// localQuotaLine matches a zone's local_quota option and its line break.
-var localQuotaLine = regexp.MustCompile(`(?m)^\s*local_quota .*\n`)
 
 // takenInRedis is how many units of a `key global` zone's limit Redis
 // counts as taken now: admitted by some instance, or held in a lease. It

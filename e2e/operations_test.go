@@ -17,52 +17,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
-// operationsSite has a memory zone, a redis zone, a tiered zone, a zone
-// with log_key, one zone name in two handlers and a zone whose name holds
-// a '/', each on its own path.
-func operationsSite(redisAddr string) string {
-	limit := func(path, zone, opts string) string {
-		return fmt.Sprintf(`	handle %s {
-		rate_limit {
-			zone %s {
-				key {header.X-Client}
-				algorithm fixed_window
-				rate 3/1h
-%s			}
-			redis {
-				url redis://%s
-				timeout 2s
-			}
-		}
-		respond "ok"
-	}
-`, path, zone, opts, redisAddr)
-	}
-	return globalsWith("") + "\nhttp://{{http}} {\n" +
-		limit("/mem", "mem", "") +
-		limit("/red", "red", "\t\t\t\tstore redis\n") +
-		limit("/tiered", "tiered", "\t\t\t\ttier {header.X-Plan} {\n\t\t\t\t\tgold 5/1h\n\t\t\t\t}\n") +
-		limit("/shared1", "shared", "") +
-		limit("/shared2", "shared", "") +
-		strings.Replace(limit("/logged", "logged", ""), "\t\t\tredis {", "\t\t\tlog_key\n\t\t\tredis {", 1) +
-		limit("/slashed", "api/v1", "") +
-		"}\n"
-}
-
-// startOperations runs redis-server and a Caddy serving operationsSite on
-// it, whose log the test shows if it fails.
-func startOperations(t *testing.T) (*caddyproc.Instance, *http.Client) {
-	t.Helper()
-	srv := redistest.Start(t)
-	inst := caddyproc.Start(t, operationsSite(srv.Addr()))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("caddy log:\n%s", inst.Log())
-		}
-	})
-	return inst, newClient(t)
-}
-
 // TestAdminAPI: every route, against memory, redis and tiered zones: list
 // the zones; inspect a key (with / and : in it) without consuming, reset
 // it so its next request passes, and no other key or zone changes; the
@@ -374,4 +328,90 @@ http://{{http}} {
 			}
 		})
 	}
+}
+
+// TestAdminKeyAsTyped: inspect and reset take a client's full IP, IPv6 or
+// IPv4, and find the state of the prefix the zone groups it into, as the
+// request path does; reset says whether any state existed, for a memory
+// zone and a redis zone, and counts a refusal only the redis zone's denial
+// cache still held (its Redis state gone).
+func TestAdminKeyAsTyped(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	zone := func(path, name, opts string) string {
+		return `	handle ` + path + ` {
+		rate_limit {
+			zone ` + name + ` {
+				key ip
+				algorithm fixed_window
+				rate 2/1h
+` + opts + `			}
+			redis {
+				url redis://` + srv.Addr() + `
+				timeout 2s
+			}
+		}
+		respond "ok"
+	}
+`
+	}
+	inst := caddyproc.Start(t, globals+"\nhttp://{{http}} {\n"+
+		zone("/mem", "mem", "\t\t\t\tipv4_prefix 24\n")+
+		zone("/red", "red", "\t\t\t\tstore redis\n\t\t\t\tdeny_cache 1m\n")+
+		"}\n")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("caddy log:\n%s", inst.Log())
+		}
+	})
+	c := newClient(t)
+	const xff = "X-Forwarded-For"
+	inspect := func(zone, key string) map[string]any {
+		t.Helper()
+		var st map[string]any
+		if code := adminCall(t, inst, http.MethodGet, "/rate_limit/zones/"+zone+"?key="+url.QueryEscape(key), &st); code != 200 {
+			t.Fatalf("inspect %s %s: %d %v", zone, key, code, st)
+		}
+		return st
+	}
+	reset := func(zone, key string, want bool) {
+		t.Helper()
+		var st map[string]any
+		if code := adminCall(t, inst, http.MethodDelete, "/rate_limit/zones/"+zone+"?key="+url.QueryEscape(key), &st); code != 200 || st["reset"] != want {
+			t.Errorf("reset %s %s: %d %v, want reset %v", zone, key, code, st, want)
+		}
+	}
+	for _, z := range []string{"mem", "red"} {
+		// An IPv6 client: its /64 is the key (default ipv6_prefix 64).
+		wantCodes(t, z+" IPv6 client", sequence(t, c, 3, inst.URL("/"+z), xff, "2001:db8:1:2::7"), 200, 200, 429)
+		st := inspect(z, "2001:db8:1:2:aaaa::1")
+		if st["remaining"] != 0.0 || st["key"] != "2001:db8:1:2::" {
+			t.Errorf("inspect %s of another address of the client's /64: %v, want its key 2001:db8:1:2:: with 0 remaining", z, st)
+		}
+		reset(z, "2001:db8:1:2::7", true)
+		if st := inspect(z, "2001:db8:1:2::7"); st["remaining"] != 2.0 {
+			t.Errorf("inspect %s after the reset: %v, want 2 remaining", z, st)
+		}
+		wantCodes(t, z+" IPv6 client after the reset", sequence(t, c, 1, inst.URL("/"+z), xff, "2001:db8:1:2::7"), 200)
+		reset(z, "2001:db8:ffff::1", false) // never seen
+		reset(z, "no-such-key", false)
+	}
+	// An IPv4 client of a zone with ipv4_prefix 24.
+	wantCodes(t, "mem IPv4 client", sequence(t, c, 3, inst.URL("/mem"), xff, "198.51.100.7"), 200, 200, 429)
+	if st := inspect("mem", "198.51.100.99"); st["remaining"] != 0.0 || st["key"] != "198.51.100.0" {
+		t.Errorf("inspect of another address of the client's /24: %v, want key 198.51.100.0 with 0 remaining", st)
+	}
+	reset("mem", "198.51.100.99", true)
+	wantCodes(t, "mem IPv4 client after the reset", sequence(t, c, 1, inst.URL("/mem"), xff, "198.51.100.7"), 200)
+	reset("mem", "198.51.100.7", true) // the request after the reset left state
+	reset("mem", "198.51.100.7", false)
+
+	// A refusal the denial cache holds counts, though Redis has forgotten
+	// the key.
+	wantCodes(t, "red refused", sequence(t, c, 3, inst.URL("/red"), xff, "2001:db8:9::1"), 200, 200, 429)
+	if err := srv.Client(t).FlushAll(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reset("red", "2001:db8:9::1", true)
+	reset("red", "2001:db8:9::1", false)
 }

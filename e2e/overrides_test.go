@@ -6,8 +6,6 @@ package e2e
 // a reload and a restart, ignored while its zone is out of the config.
 
 import (
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -104,17 +102,6 @@ func startOverrides(t *testing.T) (*caddyproc.Instance, *http.Client) {
 	return inst, newClient(t)
 }
 
-// overrideView is one override as the admin API shows it.
-type overrideView struct {
-	Key       string  `json:"key"`
-	Action    string  `json:"action"`
-	Limit     int64   `json:"limit"`
-	Window    string  `json:"window"`
-	Burst     int64   `json:"burst"`
-	Expires   string  `json:"expires"`
-	ExpiresIn float64 `json:"expires_in"`
-}
-
 // zoneOverride answers PUT and GET ?key=.
 type zoneOverride struct {
 	Zone     string       `json:"zone"`
@@ -143,47 +130,6 @@ type inspected struct {
 // apiError is the admin API's error answer.
 type apiError struct {
 	Error string `json:"error"`
-}
-
-// adminSend is adminCall with a request body: it sends method to the
-// instance's admin API at path with body (none for "") and decodes the
-// JSON answer into out (when not nil); it returns the status.
-func adminSend(t *testing.T, inst *caddyproc.Instance, method, path, body string, out any) int {
-	t.Helper()
-	var payload io.Reader
-	if body != "" {
-		payload = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, inst.Admin()+path, payload)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, Timeout: time.Minute}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	answer, _ := io.ReadAll(resp.Body)
-	if out != nil {
-		if err := json.Unmarshal(answer, out); err != nil {
-			t.Fatalf("%s %s: %d %q: %v", method, path, resp.StatusCode, answer, err)
-		}
-	}
-	return resp.StatusCode
-}
-
-// overridesPath is the admin API path of zone's overrides, and of key's
-// when key is not "".
-func overridesPath(zone, key string) string {
-	p := "/rate_limit/zones/" + url.PathEscape(zone) + "/overrides"
-	if key != "" {
-		p += "?key=" + url.QueryEscape(key)
-	}
-	return p
 }
 
 // putOverride sets key's override in zone, failing the test unless the
@@ -357,17 +303,12 @@ func TestOverrideBlock(t *testing.T) {
 		t.Errorf("rate_limit_status of a key blocked for good: %+v, want limit 0, reset 3600", z)
 	}
 
-	series := rateLimitSeries(t, c, inst)
-	for name, want := range map[string]string{
+	wantSeries(t, c, inst, map[string]string{
 		`caddy_http_rate_limit_override_decisions_total{action="block",zone="plan"}`: "4",
 		`caddy_http_rate_limit_decisions_total{result="denied",zone="plan"}`:         "4",
 		`caddy_http_rate_limit_decisions_total{result="allowed",zone="plan"}`:        "3",
 		`caddy_http_rate_limit_overrides{zone="plan"}`:                               "2",
-	} {
-		if series[name] != want {
-			t.Errorf("%s = %q, want %s", name, series[name], want)
-		}
-	}
+	})
 }
 
 // TestOverrideExempt: an exempt key is never limited and gets no fields
@@ -412,16 +353,11 @@ func TestOverrideExempt(t *testing.T) {
 	}
 	wantStatus(t, "side for e", got, "side", 10, 5, 3600)
 
-	series := rateLimitSeries(t, c, inst)
-	for name, want := range map[string]string{
+	wantSeries(t, c, inst, map[string]string{
 		`caddy_http_rate_limit_override_decisions_total{action="exempt",zone="ex"}`:   "5",
 		`caddy_http_rate_limit_override_decisions_total{action="exempt",zone="plan"}`: "5",
 		`caddy_http_rate_limit_decisions_total{result="allowed",zone="ex"}`:           "7",
-	} {
-		if series[name] != want {
-			t.Errorf("%s = %q, want %s", name, series[name], want)
-		}
-	}
+	})
 }
 
 // TestOverrideExpiresExactly: an override decides its key until the
@@ -525,17 +461,12 @@ func TestOverrideReflected(t *testing.T) {
 	rs = sequence(t, c, 1, url, "X-Client", "other")
 	checkPolicy(t, rs, "plan", `"plan";q=4;w=3600`)
 
-	series := rateLimitSeries(t, c, inst)
-	for name, want := range map[string]string{
+	wantSeries(t, c, inst, map[string]string{
 		`caddy_http_rate_limit_override_decisions_total{action="limit",zone="plan"}`: "3",
 		`caddy_http_rate_limit_override_decisions_total{action="block",zone="plan"}`: "0",
 		`caddy_http_rate_limit_overrides{zone="plan"}`:                               "2",
 		`caddy_http_rate_limit_overrides{zone="ex"}`:                                 "0",
-	} {
-		if series[name] != want {
-			t.Errorf("%s = %q, want %s", name, series[name], want)
-		}
-	}
+	})
 }
 
 // TestOverrideAdminErrors: every refusal of the /overrides routes is a

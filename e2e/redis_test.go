@@ -840,3 +840,86 @@ func TestRedisSeveralZones(t *testing.T) {
 		t.Logf("caddy log:\n%s", inst.Log())
 	}
 }
+
+// TestRedisConfigErrorsNamedAtProvision: a redis block that Redis refuses
+// for its configuration (a wrong password, none where one is required, a
+// single address that is a Cluster node) is logged once, as an error
+// naming the fix, when the config loads; its zones then fail as for any
+// store failure: `fail closed` answers 503, and the breaker opens (the
+// zones API says store_up false).
+func TestRedisConfigErrorsNamedAtProvision(t *testing.T) {
+	t.Parallel()
+	authed := redistest.StartArgs(t, "--requirepass", "sekret")
+	cluster := redistest.StartCluster(t, 3)
+	for _, tc := range []struct {
+		name, redis, hint string
+		// breaker: every decision fails, so the breaker opens (a Cluster
+		// node answers the keys of its own slots, which closes it again).
+		breaker bool
+	}{
+		{"wrong password", "url redis://" + authed.Addr() + "\npassword wrong", "redis rejected the password: check the redis block's password/username", true},
+		{"no password", "url redis://" + authed.Addr(), "redis requires a password and none was given: set the redis block's password (and username)", true},
+		{"cluster node", "addresses " + cluster.Masters[0].Addr(), "is a Redis Cluster node", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var redisLines strings.Builder
+			for _, l := range strings.Split(tc.redis, "\n") {
+				redisLines.WriteString("\t\t\t" + l + "\n")
+			}
+			inst := caddyproc.Start(t, globalsWith("")+`
+http://{{http}} {
+	rate_limit {
+		zone cfg {
+			key {header.X-Client}
+			rate 100/1h
+			store redis
+			fail closed
+		}
+		redis {
+`+redisLines.String()+`			timeout 500ms
+			breaker_after 1ms
+			breaker_open_for 1m
+		}
+	}
+	respond "ok"
+}
+`)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("caddy log:\n%s", inst.Log())
+				}
+			})
+			c := newClient(t)
+			if tc.breaker {
+				for i := range 3 {
+					wantCodes(t, "request "+strconv.Itoa(i+1), sequence(t, c, 1, inst.URL("/"), "X-Client", "k"), 503)
+					time.Sleep(5 * time.Millisecond)
+				}
+				var zones []map[string]any
+				adminCall(t, inst, http.MethodGet, "/rate_limit/zones", &zones)
+				if len(zones) != 1 || zones[0]["store_up"] != false {
+					t.Errorf("zones after three failures %v apart: %v, want store_up false (the breaker open)", 5*time.Millisecond, zones)
+				}
+			} else {
+				// Some key of a slot the node does not serve: MOVED.
+				codes := map[int]int{}
+				for i := range 20 {
+					codes[get(t, c, inst.URL("/"), "X-Client", "k"+strconv.Itoa(i)).code]++
+				}
+				if codes[503] == 0 {
+					t.Errorf("20 keys on one Cluster node: statuses %v, want some 503 (MOVED fails closed)", codes)
+				}
+			}
+			log := inst.Log()
+			if n := strings.Count(log, tc.hint); n != 1 {
+				t.Errorf("the log names the fix (%q) %d times, want once", tc.hint, n)
+			}
+			for _, line := range strings.Split(log, "\n") {
+				if strings.Contains(line, tc.hint) && !strings.Contains(line, `"level":"error"`) {
+					t.Errorf("logged, but not as an error: %s", line)
+				}
+			}
+		})
+	}
+}

@@ -13,17 +13,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
-// startShardServers starts n standalone servers for a redis block's
-// shards.
-func startShardServers(t *testing.T, n int) []*redistest.Server {
-	t.Helper()
-	servers := make([]*redistest.Server, n)
-	for i := range servers {
-		servers[i] = redistest.Start(t)
-	}
-	return servers
-}
-
 // shardsBlock is a redis block naming servers as shards, listed from the
 // one at first on, so instances can list the same shards in different
 // orders.
@@ -322,7 +311,7 @@ func TestRedisShardClusterNodeNamed(t *testing.T) {
 // warm start still loads every Redis zone's scripts on the live shard, as
 // it does with both up (the reference here), so those zones' first
 // decisions pay no NOSCRIPT round trip, which a tight timeout would turn
-// into the fail mode. Found by a review: Preload returned on the TIME
+// into the fail mode. The bug it guards against: Preload returned on the TIME
 // probe's error before loading any, and warmRedis stopped at the first
 // store's error, so the other zones were not warmed either.
 func TestShardsWarmStartWithShardDown(t *testing.T) {

@@ -4,9 +4,7 @@ package e2e
 // as JSON, through a real Caddy with a memory zone and a redis zone.
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -52,67 +50,6 @@ http://{{http2}} {
 	rate_limit_status status_mem
 }
 `, quota, redisAddr)
-}
-
-// zoneStatus is one zone of the answer, as the README shows it.
-type zoneStatus struct {
-	Zone      string `json:"zone"`
-	Limit     int64  `json:"limit"`
-	Remaining int64  `json:"remaining"`
-	Reset     int64  `json:"reset"`
-	Window    int64  `json:"window"`
-}
-
-// askStatus GETs a status URL as the client with headers and decodes the
-// answer by zone, checking what every answer must be: 200, JSON, no
-// caching, none of secrets in the body.
-func askStatus(t *testing.T, c *http.Client, url string, secrets []string, headers ...string) (map[string]zoneStatus, string) {
-	t.Helper()
-	r := get(t, c, url, headers...)
-	if r.code != http.StatusOK {
-		t.Fatalf("GET %s: %d %q", url, r.code, r.body)
-	}
-	if ct := r.header.Get("Content-Type"); ct != "application/json" {
-		t.Errorf("GET %s: Content-Type %q", url, ct)
-	}
-	if cc := r.header.Get("Cache-Control"); cc != "no-store" {
-		t.Errorf("GET %s: Cache-Control %q, want no-store", url, cc)
-	}
-	for _, s := range secrets {
-		if strings.Contains(r.body, s) {
-			t.Errorf("GET %s: the answer %q shows the key %q", url, r.body, s)
-		}
-	}
-	var answer struct {
-		Zones []zoneStatus `json:"zones"`
-	}
-	if err := json.Unmarshal([]byte(r.body), &answer); err != nil || answer.Zones == nil {
-		t.Fatalf("GET %s: answer %q is not {\"zones\": [...]}: %v", url, r.body, err)
-	}
-	byZone := map[string]zoneStatus{}
-	for _, z := range answer.Zones {
-		if _, dup := byZone[z.Zone]; dup {
-			t.Errorf("GET %s: zone %s answered twice in %q", url, z.Zone, r.body)
-		}
-		byZone[z.Zone] = z
-	}
-	return byZone, r.body
-}
-
-// wantStatus checks a zone's limit, remaining and window, and that its
-// reset lies within its window (after its last request, a second or two
-// ago at most).
-func wantStatus(t *testing.T, what string, got map[string]zoneStatus, zone string, limit, remaining, window int64) {
-	t.Helper()
-	z, ok := got[zone]
-	switch {
-	case !ok:
-		t.Errorf("%s: zone %s is not answered: %+v", what, zone, got)
-	case z.Limit != limit || z.Remaining != remaining || z.Window != window:
-		t.Errorf("%s: %+v, want limit %d, remaining %d, window %d", what, z, limit, remaining, window)
-	case remaining == limit && z.Reset != 0, z.Reset < 0 || z.Reset > window:
-		t.Errorf("%s: %+v: reset outside [0, window], or not 0 while full", what, z)
-	}
 }
 
 // TestClientStatus: a client's status after three requests shows three

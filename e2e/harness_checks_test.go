@@ -1,11 +1,39 @@
 package e2e
 
+// Tests of the harness itself (harness_test.go): its structured-field
+// parser, which reads RateLimit and RateLimit-Policy as RFC 9651 lists,
+// and send's retry of a connection a reload dropped.
+
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 )
+
+// TestSFParser checks the test's own parser against RFC 9651 examples, so
+// a failure above is the handler's and not the parser's.
+func TestSFParser(t *testing.T) {
+	t.Parallel()
+	items, err := parseSFList(`"a\"b\\c";q=20;w=12, tok;qu="concurrent-requests";x, "z";r=-3;d=1.5;b=?0`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []sfItem{
+		{`a"b\c`, []sfParam{{"q", int64(20)}, {"w", int64(12)}}},
+		{"tok", []sfParam{{"qu", "concurrent-requests"}, {"x", true}}},
+		{"z", []sfParam{{"r", int64(-3)}, {"d", 1.5}, {"b", false}}},
+	}
+	if fmt.Sprint(items) != fmt.Sprint(want) {
+		t.Errorf("got %v, want %v", items, want)
+	}
+	for _, bad := range []string{`"a`, `"a\x"`, `"a";Q=1`, `"a",`, `"a" "b"`, `"a";q=1.2345`, `"a";q=1234567890123456`, "\"\x01\""} {
+		if _, err := parseSFList(bad); err == nil {
+			t.Errorf("%q parsed; want an error", bad)
+		}
+	}
+}
 
 // TestSendRetriesDroppedConnection: send retries a GET whose connection
 // was closed before any response once, as a reload does to a connection
