@@ -227,28 +227,32 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 			return false, nil
 		}
 	}
-	*c = candidate{zone: z, limit: z.limitFor(r, repl, claims)}
+	tier := z.tierValue(r, repl, claims)
 	key, ok := z.key.evaluate(r, repl, claims)
-	if !ok {
-		switch z.missing {
-		case missingSkip:
-			c.undecided = true
-			return false, nil
-		case missingDeny:
-			c.missingDeny = true
-			return true, nil
-		default:
-			key = missingKeyNamespace + z.key.clientIP(r)
+	// Override, then tier, then the zone's own limit, on the handler's
+	// clock (the zone's).
+	res := z.resolve(key, ok, tier, r, time.Time{})
+	*c = candidate{zone: z, limit: res.limit, key: res.key, state: res.state, until: res.until}
+	if res.inForce {
+		z.metrics.override(res.override.Action)
+		if res.failed != nil {
+			z.logOverrideFailure(h.logger, res.failed)
 		}
 	}
-	c.key, c.state = key, key
-	if o, ok := z.ov.lookup(key); ok && o.Active(h.now()) {
-		// Override, then tier, then the zone's own limit.
-		if !h.applyOverride(z, o, c) {
-			return false, nil
-		}
-	}
-	if c.blocked > 0 {
+	switch res.verdict {
+	case verdictSkip:
+		c.undecided = true
+		return false, nil
+	case verdictDeny:
+		c.missingDeny = true
+		return true, nil
+	case verdictExempt:
+		// Not limited: the zone writes none of its fields.
+		z.metrics.count(true, z.dryRun, limiter.SourceStore)
+		c.undecided = true
+		return false, nil
+	case verdictBlock:
+		c.blocked = res.wait
 		return true, nil // refused whatever it would cost
 	}
 	if err := h.requestCost(r, repl, claims, c); err != nil {
