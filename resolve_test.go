@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"testing"
 	"time"
 
@@ -169,4 +170,130 @@ func rsStatus(t *testing.T, s *StatusHandler, ip string) zoneState {
 		t.Fatalf("status of %s: %s, want one zone", ip, body)
 	}
 	return got[0]
+}
+
+// TestResolveSameEverywhere: for one key, the request path, admin
+// inspect and rate_limit_status find the same limit and state: an
+// exempt key (no fields, no status), a blocked one (its wait), one under
+// an override limit, one of a tier, one of the zone's own limit, and a
+// request without a key, decided (missing_key ip) by its client IP in the
+// missing-key namespace, a state of its own that an override can name.
+// (The admin API cannot name that namespace: inspect is left out there.)
+func TestResolveSameEverywhere(t *testing.T) {
+	start := time.Date(2026, 11, 24, 10, 0, 0, 0, time.UTC)
+	clock := testutil.NewClock(start)
+	ctx := newConfig(t)
+	h := provisionIn(t, ctx, clock, `rate_limit {
+		zone rs_same {
+			key header X-Key
+			rate 5/1m
+			tier {http.request.header.X-Plan} {
+				pro 8/1m
+			}
+		}
+	}`)
+	s := provisionStatus(t, ctx, "rate_limit_status rs_same")
+	const ip = "198.51.100.210"
+	rsPut(t, h, "rs_same", "k-exempt", limiter.Override{Action: limiter.OverrideExempt})
+	rsPut(t, h, "rs_same", "k-block", limiter.Override{Action: limiter.OverrideBlock, Expires: start.Add(10 * time.Minute)})
+	rsPut(t, h, "rs_same", "k-limit", limiter.Override{Action: limiter.OverrideLimit, Events: 3})
+
+	headers := func(key, plan string) map[string]string {
+		hdr := map[string]string{}
+		if key != "" {
+			hdr["X-Key"] = key
+		}
+		if plan != "" {
+			hdr["X-Plan"] = plan
+		}
+		return hdr
+	}
+	request := func(key, plan string) (int, http.Header) {
+		r, _ := newKeyRequest(ip, headers(key, plan))
+		w, code := serve(h, r, okHandler)
+		return code, w.Header()
+	}
+	status := func(key, plan string) []zoneState {
+		got, _ := ask(t, s, ip, headers(key, plan))
+		return got
+	}
+
+	for _, c := range []struct {
+		key, plan string
+		// code, limit and remaining are the request's; wait is a
+		// block's Retry-After (and inspect's and status's wait).
+		code             int
+		limit, remaining int64
+		wait             int64
+		override         string
+		// none: the zone reports nothing (an exempt key).
+		none bool
+	}{
+		{key: "k-exempt", code: 200, override: "exempt", none: true},
+		{key: "k-block", code: 429, wait: 600, override: "block"},
+		{key: "k-limit", plan: "pro", code: 200, limit: 3, remaining: 2, override: "limit"},
+		{key: "k-tier", plan: "pro", code: 200, limit: 8, remaining: 7},
+		{key: "k-zone", code: 200, limit: 5, remaining: 4},
+	} {
+		code, hdr := request(c.key, c.plan)
+		wantLimit, wantRemaining := "", ""
+		if c.limit > 0 {
+			wantLimit, wantRemaining = strconv.FormatInt(c.limit, 10), strconv.FormatInt(c.remaining, 10)
+		}
+		if c.wait > 0 {
+			wantLimit, wantRemaining = "0", "0"
+			if got := hdr.Get("Retry-After"); got != strconv.FormatInt(c.wait, 10) {
+				t.Errorf("%s: Retry-After %q, want %d", c.key, got, c.wait)
+			}
+		}
+		if code != c.code || hdr.Get("X-RateLimit-Limit") != wantLimit || hdr.Get("X-RateLimit-Remaining") != wantRemaining {
+			t.Errorf("%s: request %d, limit %q, remaining %q; want %d, %q, %q", c.key, code, hdr.Get("X-RateLimit-Limit"), hdr.Get("X-RateLimit-Remaining"), c.code, wantLimit, wantRemaining)
+		}
+
+		st := rsInspect(t, "rs_same", c.key, c.plan)
+		gotOverride := ""
+		if st.Override != nil {
+			gotOverride = st.Override.Action
+		}
+		if gotOverride != c.override || st.Limit != c.limit || st.Remaining != c.remaining || int64(st.ResetAfter) != c.wait && c.wait > 0 {
+			t.Errorf("%s: inspect %+v (override %q); want limit %d, remaining %d, wait %d, override %q", c.key, st, gotOverride, c.limit, c.remaining, c.wait, c.override)
+		}
+
+		got := status(c.key, c.plan)
+		switch {
+		case c.none:
+			if len(got) != 0 {
+				t.Errorf("%s: status %+v, want the zone left out", c.key, got)
+			}
+		case len(got) != 1 || got[0].Limit != c.limit || got[0].Remaining != c.remaining || c.wait > 0 && got[0].Reset != c.wait:
+			t.Errorf("%s: status %+v; want limit %d, remaining %d, wait %d", c.key, got, c.limit, c.remaining, c.wait)
+		}
+	}
+
+	// A request without a key: its client IP in the missing-key
+	// namespace, apart from the key that is the same IP.
+	z := h.zones[0]
+	missing := missingKeyNamespace + ip
+	if res := z.resolve("", false, "", func() *http.Request { r, _ := newKeyRequest(ip, nil); return r }(), time.Time{}); res.verdict != verdictDecide || res.key != missing || res.state != missing || res.limit != &z.limit {
+		t.Fatalf("missing key: resolved %+v, want the zone's limit on %q", res, missing)
+	}
+	if code, hdr := request("", ""); code != 200 || hdr.Get("X-RateLimit-Remaining") != "4" {
+		t.Errorf("missing key: request %d, remaining %q; want 4", code, hdr.Get("X-RateLimit-Remaining"))
+	}
+	if got := status("", ""); len(got) != 1 || got[0].Limit != 5 || got[0].Remaining != 4 {
+		t.Errorf("missing key: status %+v, want 5, 4 left", got)
+	}
+	if got := status(ip, ""); len(got) != 1 || got[0].Remaining != 5 {
+		t.Errorf("the key that is the client's IP: status %+v, want its own state, 5 left", got)
+	}
+	if st := rsInspect(t, "rs_same", ip, ""); st.Remaining != 5 {
+		t.Errorf("the key that is the client's IP: inspect %+v, want its own state, 5 left", st)
+	}
+	rsPut(t, h, "rs_same", missing, limiter.Override{Action: limiter.OverrideLimit, Events: 2})
+	if code, hdr := request("", ""); code != 200 || hdr.Get("X-RateLimit-Limit") != "2" || hdr.Get("X-RateLimit-Remaining") != "1" {
+		t.Errorf("missing key under an override: request %d, limit %q, remaining %q; want 2, 1", code, hdr.Get("X-RateLimit-Limit"), hdr.Get("X-RateLimit-Remaining"))
+	}
+	if got := status("", ""); len(got) != 1 || got[0].Limit != 2 || got[0].Remaining != 1 {
+		t.Errorf("missing key under an override: status %+v, want 2, 1 left", got)
+	}
 }
