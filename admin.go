@@ -215,9 +215,10 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 
 // forKey answers a route about one key (inspect, reset): do runs with
 // the query's tier (checked: a zone must list it) in each zone of that
-// name, with the key as that zone's requests name it (a full IP address masked to the zone's
-// prefix, see keyTemplate.typed), and the answers are written as one, or
-// as an array for a name several handlers declare.
+// name, with the key as that zone's requests name it (a full IP address
+// masked to the zone's prefix, see keyTemplate.typed), and the answers
+// are written as one, or as an array for a name several handlers
+// declare.
 func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, do func(z *zone, key, tier string) (T, error)) error {
 	key, tier, err := keyQuery(r)
 	if err != nil {
