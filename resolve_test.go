@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -295,5 +297,42 @@ func TestResolveSameEverywhere(t *testing.T) {
 	}
 	if got := status("", ""); len(got) != 1 || got[0].Limit != 2 || got[0].Remaining != 1 {
 		t.Errorf("missing key under an override: status %+v, want 2, 1 left", got)
+	}
+}
+
+// TestVariantPolicy: a tier's and an override's policies follow their
+// documented rules (README: a tier's bucket burst is its events; an
+// override's window, period or burst left out is the zone's), and an
+// override's is the one limiter.Override.Policy describes.
+func TestVariantPolicy(t *testing.T) {
+	md := 5 * time.Second
+	bucket := limiter.Policy{Algorithm: limiter.TokenBucket, Events: 10, Window: time.Minute, Burst: 20, MaxDelay: &md}
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Skip(err)
+	}
+	cal := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Calendar: &limiter.Calendar{Period: limiter.Month, Location: berlin}}
+
+	tp := tierPolicy(bucket, TierLimit{MaxEvents: 100, Window: caddy.Duration(time.Hour)})
+	if tp.Events != 100 || tp.Window != time.Hour || tp.Burst != 0 || tp.MaxDelay != &md || tp.Algorithm != limiter.TokenBucket {
+		t.Errorf("tier of a bucket zone: %s, want 100/1h, burst its events, the zone's max_delay", tp)
+	}
+	if tp := tierPolicy(cal, TierLimit{MaxEvents: 7, Period: "day"}); tp.Calendar.Period != limiter.Day || tp.Calendar.Location != berlin || tp.Events != 7 || tp.Window != 0 {
+		t.Errorf("tier of a calendar zone: %s, want 7 per Berlin day", tp)
+	}
+	for _, c := range []struct {
+		p    limiter.Policy
+		o    limiter.Override
+		want string
+	}{
+		{bucket, limiter.Override{Action: limiter.OverrideLimit, Events: 100}, "token_bucket:100/60000000us:burst=20:max_delay=5000000us"},
+		{bucket, limiter.Override{Action: limiter.OverrideLimit, Events: 100, Window: time.Hour, Burst: 150}, "token_bucket:100/3600000000us:burst=150:max_delay=5000000us"},
+		{cal, limiter.Override{Action: limiter.OverrideLimit, Events: 3}, "fixed_window:3/calendar=month@Europe/Berlin"},
+		{cal, limiter.Override{Action: limiter.OverrideLimit, Events: 3, Period: limiter.Week}, "fixed_window:3/calendar=week@Europe/Berlin"},
+	} {
+		got := overrideVariant(&c.o).policy(c.p)
+		if got.String() != c.want || got.String() != c.o.Policy(c.p).String() {
+			t.Errorf("override %+v of %s: %s, want %s (limiter: %s)", c.o, c.p, got, c.want, c.o.Policy(c.p))
+		}
 	}
 }
