@@ -178,33 +178,34 @@ func keyQuery(r *http.Request) (key, tier string, err error) {
 	return q.Get("key"), q.Get("tier"), nil
 }
 
-// limitOf is the limit of z that a tier value picks ("" for the zone's own).
-func limitOf(z *zone, tier string) (*limit, error) {
-	if tier == "" {
-		return &z.limit, nil
+// checkTier refuses a tier value z lists no tier for ("" is the zone's
+// own limit).
+func checkTier(z *zone, tier string) error {
+	if tier == "" || z.tiers[tier] != nil {
+		return nil
 	}
-	if l := z.tiers[tier]; l != nil {
-		return l, nil
-	}
-	return nil, adminError(http.StatusBadRequest, "zone %q has no tier %q", z.name, tier)
+	return adminError(http.StatusBadRequest, "zone %q has no tier %q", z.name, tier)
 }
 
+// inspectKey answers a key's state as the zone's requests find it
+// (zone.resolve): under its override in force, else the limit of the
+// query's tier.
 func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) error {
-	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyState, error) {
-		now := time.Now()
-		l, state, o, blocked := z.keyOverride(key, l, now)
+	return forKey(w, r, found, func(z *zone, key, tier string) (keyState, error) {
+		res := z.resolve(key, true, tier, nil, time.Time{})
 		st := keyState{Zone: z.name, Tier: tier, Key: key}
-		if o != nil {
-			v := viewOverride(key, *o, now)
+		if res.inForce && res.failed == nil {
+			v := viewOverride(key, res.override, res.at)
 			st.Override = &v
 		}
-		switch {
-		case l == nil: // exempt
+		switch res.verdict {
+		case verdictExempt:
 			return st, nil
-		case blocked > 0:
-			st.ResetAfter = blocked.Seconds()
+		case verdictBlock:
+			st.ResetAfter = res.wait.Seconds()
 			return st, nil
 		}
+		l, state := res.limit, res.state
 		d, err := l.store.Peek(r.Context(), state)
 		st.Limit, _ = l.policy.Quota()
 		st.Remaining, st.ResetAfter = d.Remaining, d.ResetAfter.Seconds()
@@ -212,23 +213,23 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 	})
 }
 
-// forKey answers a route about one key (inspect, reset): do runs on the
-// limit the query's tier picks in each zone of that name, with the key as
-// that zone's requests name it (a full IP address masked to the zone's
-// prefix, see keyTemplate.typed), and the answers are written as one, or
-// as an array for a name several handlers declare.
-func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, do func(z *zone, l *limit, key, tier string) (T, error)) error {
+// forKey answers a route about one key (inspect, reset): do runs with
+// the query's tier (checked: a zone must list it) in each zone of that
+// name, with the key as that zone's requests name it (a full IP address
+// masked to the zone's prefix, see keyTemplate.typed), and the answers
+// are written as one, or as an array for a name several handlers
+// declare.
+func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, do func(z *zone, key, tier string) (T, error)) error {
 	key, tier, err := keyQuery(r)
 	if err != nil {
 		return err
 	}
 	out := make([]T, 0, len(found))
 	for _, reg := range found {
-		l, err := limitOf(reg.zone, tier)
-		if err != nil {
+		if err := checkTier(reg.zone, tier); err != nil {
 			return err
 		}
-		v, err := do(reg.zone, l, reg.zone.key.typed(key), tier)
+		v, err := do(reg.zone, reg.zone.key.typed(key), tier)
 		if err != nil {
 			return adminError(http.StatusBadGateway, "zone %q: %v", reg.zone.name, err)
 		}
@@ -250,14 +251,16 @@ type keyReset struct {
 // override limit, when it has one; reset is true only if any held state
 // for it (a lease or cached refusal of the near cache counts).
 func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
-	return forKey(w, r, found, func(z *zone, l *limit, key, tier string) (keyReset, error) {
+	return forKey(w, r, found, func(z *zone, key, tier string) (keyReset, error) {
 		type named struct {
 			s     limiter.Store
 			state string
 		}
+		l := z.tierLimit(tier)
 		stores := []named{{l.store, key}, {l.local, key}}
-		if ol, state, _, _ := z.keyOverride(key, l, time.Now()); ol != nil && ol != l && ol.store != nil {
-			stores = append(stores, named{ol.store, state}, named{ol.local, state})
+		if res := z.resolve(key, true, tier, nil, time.Time{}); res.verdict == verdictDecide && res.limit != l {
+			// The key's override limit.
+			stores = append(stores, named{res.limit.store, res.state}, named{res.limit.local, res.state})
 		}
 		existed := false
 		for _, n := range stores {

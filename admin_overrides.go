@@ -130,7 +130,9 @@ type overrideRemoval struct {
 // Redis and prefix); a change is checked against every zone of the name
 // before any set is changed.
 func serveOverrides(w http.ResponseWriter, r *http.Request, name string, found []registered) error {
-	now := time.Now()
+	// Expiries are read and shown on the clock of the zones' handler
+	// (the first's, for a name several handlers declare).
+	now := found[0].zone.now()
 	sets := distinctSets(found)
 	q := r.URL.Query()
 	key, hasKey := q.Get("key"), q.Has("key")
@@ -197,7 +199,7 @@ func listOverrides(w http.ResponseWriter, r *http.Request, name string, sets []*
 		var out []zoneOverride
 		for _, s := range sets {
 			k := s.zone.key.typed(key)
-			all, err := s.set.list(r.Context())
+			all, err := s.set.list(r.Context(), now)
 			if err != nil {
 				return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
 			}
@@ -212,7 +214,7 @@ func listOverrides(w http.ResponseWriter, r *http.Request, name string, sets []*
 	}
 	var out []zoneOverrides
 	for _, s := range sets {
-		all, err := s.set.list(r.Context())
+		all, err := s.set.list(r.Context(), now)
 		if err != nil {
 			return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
 		}

@@ -319,12 +319,9 @@ func (r *hmRun) quiet(why string) {
 						continue
 					}
 					zz := r.zoneOf(in, z)
-					base := &zz.limit
-					if plan != "" {
-						base = zz.tiers[plan]
-					}
-					lim, state, _, blocked := zz.keyOverride(key, base, at)
-					if lim == nil || blocked > 0 {
+					res := zz.resolve(key, true, plan, nil, at)
+					lim, state := res.limit, res.state
+					if res.verdict != verdictDecide {
 						r.fail("%s: zone %s key %s: the handler finds it exempt or blocked, the model a limit (%s)", why, z.id, key, l.state)
 						return
 					}
@@ -400,8 +397,9 @@ func (r *hmRun) finalRedis() {
 				}
 				seen[l.state] = true
 				zz := r.zoneOf(in, z)
-				lim, state, _, _ := zz.keyOverride(key, &zz.limit, now)
-				if lim == nil || lim.redis == nil {
+				res := zz.resolve(key, true, "", nil, now)
+				lim, state := res.limit, res.state
+				if res.verdict != verdictDecide || lim.redis == nil {
 					continue
 				}
 				peeks = append(peeks, peek{z, key, l, lim.redis, state, in.i})

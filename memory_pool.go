@@ -104,10 +104,9 @@ func startSweeper(interval time.Duration, zones []*zone, logger *zap.Logger) *sw
 					}
 				}
 			case <-rotate.C:
-				now := time.Now()
 				for _, z := range zones {
 					z.hot.Rotate()
-					z.sweepOverrides(now, logger)
+					z.sweepOverrides(logger)
 				}
 			}
 		}

@@ -25,8 +25,9 @@ type overrideSet interface {
 	table() *limiter.OverrideTable
 	put(ctx context.Context, key string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error)
 	remove(ctx context.Context, key string) (bool, error)
-	// list is the set as its store holds it, lapsed overrides left out.
-	list(ctx context.Context) (map[string]limiter.Override, error)
+	// list is the set as its store holds it, those lapsed by now (on
+	// the asking handler's clock) left out.
+	list(ctx context.Context, now time.Time) (map[string]limiter.Override, error)
 }
 
 // maxOverrideLimits bounds how many distinct override limits one zone
@@ -74,7 +75,7 @@ func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) erro
 		z.ov.set = set
 		return nil
 	}
-	z.ov.set = loadMemoryOverrides(ctx, name, h.keys, h.logger)
+	z.ov.set = loadMemoryOverrides(ctx, name, h.keys, h.now(), h.logger)
 	z.buildOverrideLimits()
 	return nil
 }
@@ -87,7 +88,7 @@ func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) erro
 // config had let go of them.) A limit that cannot be built is left to the
 // request path, which logs it.
 func (z *zone) buildOverrideLimits() {
-	now := time.Now()
+	now := z.now()
 	for _, o := range z.ov.set.table().Snapshot() {
 		if o.Action == limiter.OverrideLimit && o.Active(now) {
 			_, _ = z.overrideLimit(o)
@@ -110,7 +111,7 @@ func keepGen(zones []*zone, o limiter.Override, now time.Time) limiter.KeepGen {
 			return false
 		}
 		for _, z := range zones {
-			if old.Policy(z.limit.policy).String() != o.Policy(z.limit.policy).String() {
+			if overrideVariant(&old).policy(z.limit.policy).String() != overrideVariant(&o).policy(z.limit.policy).String() {
 				return false
 			}
 		}
@@ -176,7 +177,7 @@ func (z *zone) overrideLimit(o limiter.Override) (*limit, error) {
 	if err := z.checkOverride(o); err != nil {
 		return nil, fmt.Errorf("zone %q cannot apply an override of %d per %v: %w", z.name, o.Events, o.Window, err)
 	}
-	l, err := st.newLimit(o.Policy(z.limit.policy))
+	l, err := st.newLimit(overrideVariant(&o).policy(z.limit.policy))
 	if err != nil {
 		return nil, err
 	}
@@ -204,8 +205,8 @@ func (z *zone) overrideLimits() []*limit {
 }
 
 // checkOverride refuses an override z cannot enforce, with a message for
-// the admin API's 400: the policy it makes with the zone's must be valid,
-// and what the zone's options need of a policy must still hold.
+// the admin API's 400: a limit's quota is checked as a tier's is
+// (variant.check), and the zone may build only so many override limits.
 func (z *zone) checkOverride(o limiter.Override) error {
 	if err := o.Check(); err != nil {
 		return err
@@ -213,32 +214,9 @@ func (z *zone) checkOverride(o limiter.Override) error {
 	if o.Action != limiter.OverrideLimit {
 		return nil
 	}
-	p := z.limit.policy
-	switch {
-	case o.Burst != 0 && !z.limit.traits.Bucket:
-		return fmt.Errorf("burst applies only to token_bucket and leaky_bucket, not %s", p.Algorithm)
-	case p.Calendar != nil && o.Window != 0:
-		return fmt.Errorf("zone %q counts per calendar %s: give the window as day, week or month", z.name, p.Calendar.Period)
-	case p.Calendar == nil && o.Period != "":
-		return fmt.Errorf("zone %q is not a calendar zone: give the window as a duration such as 1h", z.name)
-	}
-	if o.Window != 0 {
-		if err := windowBound.check(caddy.Duration(o.Window)); err != nil {
-			return err
-		}
-	}
-	op := o.Policy(p)
-	if err := op.Validate(); err != nil {
+	vz := variantZone{name: z.name, policy: z.limit.policy, cost: z.cost, perRequest: z.costTemplate != nil, remote: z.limit.remote}
+	if err := overrideVariant(&o).check(vz); err != nil {
 		return err
-	}
-	if z.costTemplate == nil && z.cost > op.MaxCost() {
-		return fmt.Errorf("the zone's cost %d exceeds what this limit can ever admit (%d)", z.cost, op.MaxCost())
-	}
-	if z.limit.remote {
-		// The Redis scripts' exactness bounds (limiter.NewRedis).
-		if err := limiter.CheckRedisPolicy(op); err != nil {
-			return err
-		}
 	}
 	if z.ov != nil {
 		built := z.ov.built()
@@ -302,7 +280,7 @@ func blockFor(o limiter.Override, now time.Time) time.Duration {
 // zone's own limit.
 func (z *zone) logOverrideFailure(logger *zap.Logger, err error) {
 	z.ov.mu.Lock()
-	now := time.Now()
+	now := z.now()
 	due := now.Sub(z.ov.failLogged) >= failLogInterval
 	if due {
 		z.ov.failLogged = now
@@ -344,30 +322,6 @@ func viewOverride(key string, o limiter.Override, now time.Time) overrideView {
 	return v
 }
 
-// applyOverride makes c follow its key's override o, and reports whether
-// the zone still applies to the request: an exempt key is not limited,
-// and the zone writes none of its fields.
-func (h *Handler) applyOverride(z *zone, o limiter.Override, c *zoneRecord) bool {
-	z.metrics.override(o.Action)
-	switch o.Action {
-	case limiter.OverrideExempt:
-		z.metrics.count(true, z.dryRun, limiter.SourceStore)
-		c.phase = undecided
-		return false
-	case limiter.OverrideBlock:
-		c.limit = &z.ov.block
-		c.phase, c.wait = blocked, max(time.Millisecond, blockFor(o, h.now()))
-		return true
-	}
-	l, err := z.overrideLimit(o)
-	if err != nil {
-		z.logOverrideFailure(h.logger, err)
-		return true
-	}
-	c.limit, c.state, c.until = l, z.overrideStateKey(c.key, &o), o.Expires
-	return true
-}
-
 // overrideCount is how many overrides the zone holds.
 func (z *zone) overrideCount() int {
 	if z.ov == nil || z.ov.set == nil {
@@ -376,36 +330,13 @@ func (z *zone) overrideCount() int {
 	return z.ov.set.table().Len()
 }
 
-// sweepOverrides removes the zone's overrides that lapsed by now, giving
-// back what their keys leased under them.
-func (z *zone) sweepOverrides(now time.Time, logger *zap.Logger) {
+// sweepOverrides removes the zone's overrides that lapsed by now on its
+// handler's clock, giving back what their keys leased under them.
+func (z *zone) sweepOverrides(logger *zap.Logger) {
 	if z.ov == nil || z.ov.set == nil {
 		return
 	}
-	for _, key := range z.ov.set.table().RemoveExpired(now) {
+	for _, key := range z.ov.set.table().RemoveExpired(z.now()) {
 		z.overrideChanged(key, logger)
 	}
-}
-
-// keyOverride is what key's override, in force at now, makes of its
-// limit base (a tier's or the zone's own): the limit that decides it and
-// the name of key's state there, or a block (blocked > 0, l the block's),
-// or an exemption (exempt, l nil). Without an override it is base and
-// key. The admin API's inspect and reset and rate_limit_status read keys
-// through it, as the request path does.
-func (z *zone) keyOverride(key string, base *limit, now time.Time) (l *limit, state string, o *limiter.Override, blocked time.Duration) {
-	ov, ok := z.ov.lookup(key)
-	if !ok || !ov.Active(now) {
-		return base, key, nil, 0
-	}
-	switch ov.Action {
-	case limiter.OverrideExempt:
-		return nil, key, &ov, 0
-	case limiter.OverrideBlock:
-		return &z.ov.block, key, &ov, max(time.Millisecond, blockFor(ov, now))
-	}
-	if l, err := z.overrideLimit(ov); err == nil {
-		return l, z.overrideStateKey(key, &ov), &ov, 0
-	}
-	return base, key, nil, 0
 }

@@ -56,10 +56,11 @@ type storedOverrides struct {
 }
 
 // loadMemoryOverrides returns zone's overrides, read from ctx's storage the
-// first time the process provisions that name. A stored copy that cannot
+// first time the process provisions that name (those lapsed by now, on
+// the provisioning handler's clock, left out). A stored copy that cannot
 // be read is logged and left as it is until the next change replaces it;
 // an override in it that cannot be read is logged and skipped.
-func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher, logger *zap.Logger) *memoryOverrides {
+func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher, now time.Time, logger *zap.Logger) *memoryOverrides {
 	sets := &memoryOverrideSets
 	sets.mu.Lock()
 	defer sets.mu.Unlock()
@@ -86,7 +87,6 @@ func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher
 		return m
 	}
 	all := make(map[string]limiter.Override, len(stored.Overrides))
-	now := time.Now()
 	for k, v := range stored.Overrides {
 		var o limiter.Override
 		if err := json.Unmarshal(v, &o); err != nil || checkOverrideKey(k) != nil {
@@ -132,9 +132,8 @@ func (m *memoryOverrides) remove(ctx context.Context, key string) (bool, error) 
 	return true, m.save(ctx, m.changes.Add(1))
 }
 
-func (m *memoryOverrides) list(context.Context) (map[string]limiter.Override, error) {
+func (m *memoryOverrides) list(_ context.Context, now time.Time) (map[string]limiter.Override, error) {
 	all := m.t.Snapshot()
-	now := time.Now()
 	for k, o := range all {
 		if !o.Active(now) {
 			delete(all, k)
@@ -144,7 +143,10 @@ func (m *memoryOverrides) list(context.Context) (map[string]limiter.Override, er
 }
 
 // save writes the table to storage unless a write that began after change
-// number change already did.
+// number change already did. An override that lapsed and is not yet
+// swept is written too: the set has no clock of its own (each handler
+// that reads it judges time on its own), and a load leaves out what has
+// lapsed by then.
 func (m *memoryOverrides) save(ctx context.Context, change uint64) error {
 	if m.storage == nil {
 		return nil
@@ -155,7 +157,7 @@ func (m *memoryOverrides) save(ctx context.Context, change uint64) error {
 		return nil
 	}
 	upTo := m.changes.Load()
-	all, _ := m.list(ctx)
+	all := m.t.Snapshot()
 	stored := storedOverrides{Zone: m.name, Overrides: make(map[string]json.RawMessage, len(all))}
 	for k, o := range all {
 		b, err := json.Marshal(o)

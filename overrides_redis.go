@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,8 +48,14 @@ func (s redisOverrideSet) remove(ctx context.Context, key string) (bool, error) 
 	return s.ro.Delete(ctx, s.zone, key)
 }
 
-func (s redisOverrideSet) list(ctx context.Context) (map[string]limiter.Override, error) {
-	return s.ro.List(ctx, s.zone)
+func (s redisOverrideSet) list(ctx context.Context, now time.Time) (map[string]limiter.Override, error) {
+	all, err := s.ro.List(ctx, s.zone)
+	for k, o := range all {
+		if !o.Active(now) {
+			delete(all, k)
+		}
+	}
+	return all, err
 }
 
 // redisOverrides returns zone's overrides on h's Redis, loading them
@@ -73,28 +81,32 @@ func (h *Handler) redisOverrides(ctx caddy.Context, zone string) (overrideSet, e
 }
 
 // loadRedisOverrides returns the shared RedisOverrides of h's client,
-// prefix and refresh, with the key to release it by.
+// prefix, refresh and clock, with the key to release it by. Handlers on
+// different clocks (tests' fake clocks) never share one: it judges what
+// has lapsed on its handlers' clock.
 func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
 	cfg := h.Redis
-	raw, err := json.Marshal([]any{h.redisKey, cfg.KeyPrefix, cfg.OverridesRefresh})
+	raw, err := json.Marshal([]any{h.redisKey, cfg.KeyPrefix, cfg.OverridesRefresh, clockID(h.clock)})
 	if err != nil {
 		return nil, "", fmt.Errorf("redis overrides: %w", err)
 	}
 	key := string(raw)
-	logger, keys := h.logger, h.keys
+	logger, keys, clock := h.logger, h.keys, h.clock
 	client := h.redis.UniversalClient
 	v, _, err := redisOverrideSources.LoadOrNew(key, func() (caddy.Destructor, error) {
 		var errorLogged atomic.Int64
 		ro, err := limiter.NewRedisOverrides(client, limiter.RedisOverridesOptions{
-			Prefix:   cfg.KeyPrefix,
-			Refresh:  time.Duration(cfg.OverridesRefresh),
+			Prefix:  cfg.KeyPrefix,
+			Refresh: time.Duration(cfg.OverridesRefresh),
+			// What has lapsed is judged on the handlers' clock.
+			Clock:    clock,
 			OnChange: func(zone, key string) { overrideChangedEverywhere(zone, key, logger) },
 			OnSkip: func(zone, key string, err error) {
 				logger.Warn("a runtime override stored in Redis cannot be read; skipped",
 					zap.String("zone", zone), zap.String("key_hash", keys.Hex(key)), zap.Error(err))
 			},
 			OnError: func(err error) {
-				now := time.Now().UnixNano()
+				now := nowOn(clock).UnixNano()
 				if last := errorLogged.Load(); now-last >= int64(failLogInterval) && errorLogged.CompareAndSwap(last, now) {
 					logger.Warn("runtime overrides could not be read from Redis; changes apply once it answers", zap.Error(err))
 				}
@@ -138,4 +150,32 @@ func releaseRedisOverrides(ro *limiter.RedisOverrides, key string, zones []strin
 	if key != "" {
 		_, _ = redisOverrideSources.Delete(key)
 	}
+}
+
+// clockIDs numbers the clocks handlers are given, for the keys of pooled
+// sources: the system clock (nil) is 0.
+var clockIDs = struct {
+	sync.Mutex
+	ids  map[limiter.Clock]int64
+	next int64
+}{ids: map[limiter.Clock]int64{}}
+
+// clockID is c's number. A clock that cannot be a map key (its type is
+// not comparable) gets a number of its own each time.
+func clockID(c limiter.Clock) int64 {
+	if c == nil {
+		return 0
+	}
+	clockIDs.Lock()
+	defer clockIDs.Unlock()
+	if !reflect.TypeOf(c).Comparable() {
+		clockIDs.next++
+		return clockIDs.next
+	}
+	if id, ok := clockIDs.ids[c]; ok {
+		return id
+	}
+	clockIDs.next++
+	clockIDs.ids[c] = clockIDs.next
+	return clockIDs.next
 }

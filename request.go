@@ -208,35 +208,6 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request) (req *request, p
 	return req, true, nil
 }
 
-// resolveZones records every zone that applies to r, in name order, with
-// its key, limit, state and cost, asking no store: resolution stops at a
-// record refused without asking (a missing key under missing_key deny, an
-// override's block), as no zone after it is decided.
-func (h *Handler) resolveZones(r *http.Request, repl *caddy.Replacer, req *request) error {
-	for _, z := range h.zones {
-		req.records = append(req.records, zoneRecord{})
-		rec := &req.records[len(req.records)-1]
-		ok, err := h.match(z, r, repl, req.claims, rec)
-		if err != nil {
-			return err
-		}
-		if !ok && rec.phase != undecided {
-			req.records = req.records[:len(req.records)-1]
-			continue
-		}
-		if rec.phase == undecided {
-			if rc := z.responseCost; rc == nil || rc.Keep {
-				req.records = req.records[:len(req.records)-1]
-			}
-			continue
-		}
-		if rec.phase == blocked && !z.dryRun {
-			break
-		}
-	}
-	return nil
-}
-
 // finish ends a request that passed: it releases what the request held
 // while it ran (limiter.Traits.ReleasesOnFinish) and recycles req.
 // Deferred by ServeHTTP, so a panic further down the chain releases too.
@@ -266,9 +237,4 @@ func (req *request) releaseAll() {
 }
 
 // now is the time on the handler's clock.
-func (h *Handler) now() time.Time {
-	if h.clock == nil {
-		return time.Now()
-	}
-	return h.clock.Now()
-}
+func (h *Handler) now() time.Time { return nowOn(h.clock) }

@@ -178,21 +178,18 @@ func (s *StatusHandler) registered() []registered {
 // it (nil without a jwt block); false when z is left out (see
 // StatusHandler).
 func (s *StatusHandler) stateIn(r *http.Request, repl *caddy.Replacer, z *zone, claims *jwtClaims) (zoneState, bool) {
+	tier := z.tierValue(r, repl, claims)
 	key, ok := z.key.evaluate(r, repl, claims)
-	if !ok {
-		// As Handler.match: only missing_key ip decides such a request,
-		// by its client IP in a namespace of its own.
-		if z.missing != missingIP {
-			return zoneState{}, false
-		}
-		key = missingKeyNamespace + z.key.clientIP(r)
-	}
-	l, state, _, blocked := z.keyOverride(key, z.limitFor(r, repl, claims), time.Now())
-	switch {
-	case l == nil: // exempt: the zone reports nothing of the key
+	// As Handler.match: the key, its override, tier or zone, on the
+	// handler's clock.
+	res := z.resolve(key, ok, tier, r, time.Time{})
+	l, state := res.limit, res.state
+	switch res.verdict {
+	case verdictSkip, verdictDeny, verdictExempt:
+		// No key, or an exempt one: the zone reports nothing of it.
 		return zoneState{}, false
-	case blocked > 0:
-		return zoneState{Zone: z.name, Reset: ceilSeconds(blocked), Window: ceilSeconds(l.window)}, true
+	case verdictBlock:
+		return zoneState{Zone: z.name, Reset: ceilSeconds(res.wait), Window: ceilSeconds(l.window)}, true
 	}
 	d, err := l.store.Peek(r.Context(), state)
 	if err != nil && z.fail == failLocal && l.local != nil {

@@ -74,6 +74,22 @@ type zone struct {
 	// ov is the zone's runtime overrides (see overrides.go); nil only in
 	// tests that build zones by hand.
 	ov *overrideState
+	// clock is its handler's (Handler.clock; nil is the system clock):
+	// every judgment of time about the zone's overrides (in force,
+	// lapsed, swept) is made on it, on the request path, in the admin
+	// API and rate_limit_status alike.
+	clock limiter.Clock
+}
+
+// now is the time on the zone's handler's clock.
+func (z *zone) now() time.Time { return nowOn(z.clock) }
+
+// nowOn is the time on c, or on the system clock when c is nil.
+func nowOn(c limiter.Clock) time.Time {
+	if c == nil {
+		return time.Now()
+	}
+	return c.Now()
 }
 
 // limit is a policy with its store and what the headers say about it.
@@ -296,19 +312,11 @@ func (z *Zone) validateTier(p limiter.Policy) error {
 	if len(z.Tier.Limits) == 0 {
 		return fmt.Errorf("tier: %w", errNoTierValue)
 	}
+	c, _ := z.Cost.constant()
+	vz := variantZone{policy: p, cost: c, perRequest: z.Cost.isTemplate()}
 	for value, tl := range z.Tier.Limits {
-		if err := z.checkTierWindow(tl); err != nil {
+		if err := tierVariant(tl).check(vz); err != nil {
 			return fmt.Errorf("tier %q: %w", value, err)
-		}
-		tp := tierPolicy(p, tl)
-		if err := windowBound.check(tl.Window); err != nil {
-			return fmt.Errorf("tier %q: %w", value, err)
-		}
-		if err := tp.Validate(); err != nil {
-			return fmt.Errorf("tier %q: %w", value, err)
-		}
-		if c, _ := z.Cost.constant(); !z.Cost.isTemplate() && c > tp.MaxCost() {
-			return fmt.Errorf("tier %q: cost %d exceeds what the tier can ever admit (%d)", value, c, tp.MaxCost())
 		}
 	}
 	return nil
@@ -326,32 +334,6 @@ func parseTierKey(placeholder string) (keyTemplate, error) {
 		return keyTemplate{}, fmt.Errorf("%q is not a placeholder such as {plan} or {jwt.plan}", placeholder)
 	}
 	return k, nil
-}
-
-// checkTierWindow refuses a tier whose window is not of the zone's kind:
-// a calendar zone's tiers count per day, week or month (in the zone's
-// time zone), any other zone's per a duration.
-func (z *Zone) checkTierWindow(tl TierLimit) error {
-	switch {
-	case z.Calendar == nil && tl.Period != "":
-		return fmt.Errorf("a period (%s) needs a calendar zone: give this zone a calendar, or the tier a duration such as 1000/1h", tl.Period)
-	case z.Calendar != nil && (tl.Period == "" || tl.Window != 0):
-		return fmt.Errorf("a calendar zone's tiers count per calendar day, week or month: write <n>/%s", z.Calendar.Period)
-	case tl.Period != "":
-		return validPeriod(tl.Period)
-	}
-	return nil
-}
-
-// tierPolicy is the zone's policy with a tier's quota: the algorithm and
-// max_delay stay, a bucket's burst becomes the tier's events, and a
-// calendar zone's tier keeps its time zone with its own period.
-func tierPolicy(p limiter.Policy, tl TierLimit) limiter.Policy {
-	p.Events, p.Window, p.Burst = tl.MaxEvents, time.Duration(tl.Window), 0
-	if p.Calendar != nil {
-		p.Calendar = &limiter.Calendar{Period: limiter.Period(tl.Period), Location: p.Calendar.Location}
-	}
-	return p
 }
 
 // validateResponseShaped checks count_response and response_cost, which
@@ -397,6 +379,7 @@ func validZoneName(name string) error {
 func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zone, error) {
 	z := &zone{
 		name:     name,
+		clock:    h.clock,
 		keys:     h.keys,
 		missing:  cfg.MissingKey,
 		dryRun:   cfg.DryRun,
@@ -587,18 +570,6 @@ func (z *zone) memories() []*limiter.Memory {
 		}
 	}
 	return mems
-}
-
-// limitFor is the limit that applies to r: a tier's, or the zone's own.
-func (z *zone) limitFor(r *http.Request, repl *caddy.Replacer, claims *jwtClaims) *limit {
-	if z.tierKey != nil {
-		if v, ok := z.tierKey.evaluate(r, repl, claims); ok {
-			if l := z.tiers[v]; l != nil {
-				return l
-			}
-		}
-	}
-	return &z.limit
 }
 
 // storeUp reports whether the zone's stores decide: false while a redis
