@@ -106,9 +106,8 @@ func (req *request) reported() *zoneRecord {
 		return &req.records[req.refusal]
 	}
 	var best *zoneRecord
-	for i := range req.records {
-		rec := &req.records[i]
-		if rec.phase.reports() && (best == nil || rec.adm.Remaining < best.adm.Remaining) {
+	for _, rec := range req.reportedRecords() {
+		if best == nil || rec.adm.Remaining < best.adm.Remaining {
 			best = rec
 		}
 	}
@@ -163,16 +162,8 @@ func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
 	var first *zoneRecord // the one reported, when single
 	if h.headers == headersBoth || h.headers == headersIETF {
 		n := 0
-		for i := range req.records {
-			rec := &req.records[i]
-			if !rec.phase.reports() {
-				continue
-			}
-			if n > 0 {
-				b = append(b, ", "...)
-			}
-			first = rec
-			n++
+		for i, rec := range req.reportedRecords() {
+			b, first, n = appendListSeparator(b, n), rec, n+1
 			b = appendRateLimitItem(b, rec, retry, req.refusal == i)
 		}
 		field(hdrRateLimit, len(b))
@@ -181,15 +172,8 @@ func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
 			field(hdrPolicy, -1)
 		} else {
 			n = 0
-			for i := range req.records {
-				rec := &req.records[i]
-				if !rec.phase.reports() {
-					continue
-				}
-				if n > 0 {
-					b = append(b, ", "...)
-				}
-				n++
+			for _, rec := range req.reportedRecords() {
+				b, n = appendListSeparator(b, n), n+1
 				b = append(b, h.policyItemOf(rec)...)
 			}
 			field(hdrPolicy, len(b))
@@ -206,6 +190,15 @@ func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
 		}
 		hdr[names[i]] = vals[i : i+1 : i+1]
 	}
+}
+
+// appendListSeparator separates a structured-field list's members: it
+// writes ", " before every member but the first (n members written).
+func appendListSeparator(b []byte, n int) []byte {
+	if n > 0 {
+		return append(b, ", "...)
+	}
+	return b
 }
 
 // appendRateLimitItem writes a zone's member of RateLimit:

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"iter"
 	"net/http"
 	"sync"
 	"time"
@@ -137,13 +138,23 @@ func putRequest(req *request) {
 	requests.Put(req)
 }
 
+// reportedRecords yields, in name order, the records reported to the
+// client (phase.reports) with their index.
+func (req *request) reportedRecords() iter.Seq2[int, *zoneRecord] {
+	return func(yield func(int, *zoneRecord) bool) {
+		for i := range req.records {
+			if rec := &req.records[i]; rec.phase.reports() && !yield(i, rec) {
+				return
+			}
+		}
+	}
+}
+
 // reporting counts the records reported to the client.
 func (req *request) reporting() int {
 	n := 0
-	for i := range req.records {
-		if req.records[i].phase.reports() {
-			n++
-		}
+	for range req.reportedRecords() {
+		n++
 	}
 	return n
 }
