@@ -155,8 +155,8 @@ func quotaOf(l *limit) (int64, float64) {
 	return q, w.Seconds()
 }
 
-// keyState is a key's state as inspect answers it.
-type keyState struct {
+// keyReport is a key's state as inspect answers it.
+type keyReport struct {
 	Zone       string  `json:"zone"`
 	Tier       string  `json:"tier,omitempty"`
 	Key        string  `json:"key"`
@@ -191,9 +191,9 @@ func checkTier(z *zone, tier string) error {
 // (zone.resolve): under its override in force, else the limit of the
 // query's tier.
 func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) error {
-	return forKey(w, r, found, func(z *zone, key, tier string) (keyState, error) {
+	return forKey(w, r, found, func(z *zone, key, tier string) (keyReport, error) {
 		res := z.resolve(key, true, tier, nil, time.Time{})
-		st := keyState{Zone: z.name, Tier: tier, Key: key}
+		st := keyReport{Zone: z.name, Tier: tier, Key: key}
 		if res.inForce && res.failed == nil {
 			v := viewOverride(key, res.override, res.at)
 			st.Override = &v
@@ -257,10 +257,10 @@ func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error 
 			state string
 		}
 		l := z.tierLimit(tier)
-		stores := []named{{l.store, key}, {l.local, key}}
+		stores := []named{{l.store, key}, {l.fallback, key}}
 		if res := z.resolve(key, true, tier, nil, time.Time{}); res.verdict == verdictDecide && res.limit != l {
 			// The key's override limit.
-			stores = append(stores, named{res.limit.store, res.state}, named{res.limit.local, res.state})
+			stores = append(stores, named{res.limit.store, res.state}, named{res.limit.fallback, res.state})
 		}
 		existed := false
 		for _, n := range stores {

@@ -170,7 +170,7 @@ type zoneSet struct {
 	zones []*zone
 }
 
-// changed gives back the leases every zone of the set holds for key.
+// changed returns the leases every zone of the set holds for key.
 func (s *zoneSet) changed(key string) {
 	for _, z := range s.zones {
 		z.overrideChanged(key, nil)

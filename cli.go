@@ -339,7 +339,7 @@ func cliZones(api *adminClient, _ caddycmd.Flags, _ []string, out io.Writer) err
 
 func cliInspect(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
 	header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER", "OVERRIDE"}
-	return show(api, out, http.MethodGet, keyURI(fl, args), header, func(s keyState) [][]string {
+	return show(api, out, http.MethodGet, keyURI(fl, args), header, func(s keyReport) [][]string {
 		limit, remaining, reset := strconv.FormatInt(s.Limit, 10), strconv.FormatInt(s.Remaining, 10), seconds(s.ResetAfter)
 		override := "-"
 		if o := s.Override; o != nil {

@@ -158,9 +158,9 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 			rec.phase = failed
 			req.failure = err
 			return true
-		case z.fail == failLocal && l.local != nil:
+		case z.fail == failLocal && l.fallback != nil:
 			rec.fallback = true
-			if rec.adm, rec.err = takeCost(r.Context(), l.local, rec.state, rec.cost); rec.err != nil {
+			if rec.adm, rec.err = takeCost(r.Context(), l.fallback, rec.state, rec.cost); rec.err != nil {
 				rec.phase = undecided
 				return false
 			}

@@ -32,7 +32,7 @@ const (
 )
 
 // inflight counts the requests a handler is serving, from the first
-// decision to the last refund, so Cleanup can tell when the handler is done.
+// decision to the last give-back, so Cleanup can tell when the handler is done.
 type inflight struct{ n atomic.Int64 }
 
 func (f *inflight) enter() { f.n.Add(1) }

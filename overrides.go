@@ -41,8 +41,8 @@ const maxOverrideLimits = 1000
 // it is asked again after an hour, and refused again.
 const blockRetry = time.Hour
 
-// overrideState is a zone's overrides as its requests see them.
-type overrideState struct {
+// overrideRules is a zone's overrides as its requests see them.
+type overrideRules struct {
 	set overrideSet
 	// newLimit builds a store for an override's policy, as the zone's
 	// handler builds its tiers' (Handler.newLimit), with state of its own.
@@ -63,7 +63,7 @@ type overrideState struct {
 // process (or Caddy's storage), a redis zone's from Redis.
 func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) error {
 	name := z.name
-	z.ov = &overrideState{
+	z.ov = &overrideRules{
 		newLimit: func(p limiter.Policy) (limit, error) { return h.newLimit(name, "", true, cfg, p) },
 		block:    blockLimit(name, &z.limit),
 	}
@@ -145,7 +145,7 @@ func quotaOfOverride(o limiter.Override) overrideQuota {
 
 // lookup returns key's override, lapsed or not (the caller asks Active).
 // A zone without overrides pays one atomic load.
-func (st *overrideState) lookup(key string) (limiter.Override, bool) {
+func (st *overrideRules) lookup(key string) (limiter.Override, bool) {
 	if st == nil {
 		return limiter.Override{}, false
 	}
@@ -189,7 +189,7 @@ func (z *zone) overrideLimit(o limiter.Override) (*limit, error) {
 }
 
 // built is the override limits built so far.
-func (st *overrideState) built() map[overrideQuota]*limit {
+func (st *overrideRules) built() map[overrideQuota]*limit {
 	if m := st.limits.Load(); m != nil {
 		return *m
 	}
@@ -227,10 +227,10 @@ func (z *zone) checkOverride(o limiter.Override) error {
 	return nil
 }
 
-// overrideChanged gives back what this instance leased for key under any
+// overrideChanged returns what this instance leased for key under any
 // of the zone's limits, once key's override was set, changed or removed:
 // units leased under one limit are never spent under another. The
-// give-backs run off the caller's path.
+// returns run off the caller's path.
 func (z *zone) overrideChanged(key string, logger *zap.Logger) {
 	var nears []*limiter.NearCache
 	for _, l := range z.limits() {
@@ -246,7 +246,7 @@ func (z *zone) overrideChanged(key string, logger *zap.Logger) {
 		defer cancel()
 		for _, n := range nears {
 			if err := n.ReturnLease(ctx, key); err != nil && logger != nil {
-				logger.Warn("leases of a key whose override changed could not be given back to Redis; they return when its state expires",
+				logger.Warn("leases of a key whose override changed could not be returned to Redis; they return when its state expires",
 					zap.String("zone", z.name), zap.Error(err))
 			}
 		}

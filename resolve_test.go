@@ -46,7 +46,7 @@ func rsPut(t *testing.T, h *Handler, name, key string, o limiter.Override) {
 
 // rsInspect is the admin API's answer about key in zone name (one handler
 // declares it).
-func rsInspect(t *testing.T, name, key, tier string) keyState {
+func rsInspect(t *testing.T, name, key, tier string) keyReport {
 	t.Helper()
 	target := adminPrefix + "zones/" + url.PathEscape(name) + "?key=" + url.QueryEscape(key)
 	if tier != "" {
@@ -56,7 +56,7 @@ func rsInspect(t *testing.T, name, key, tier string) keyState {
 	if err := serveAdmin(w, httptest.NewRequest(http.MethodGet, target, nil)); err != nil {
 		t.Fatalf("inspect %s: %v", target, err)
 	}
-	var st keyState
+	var st keyReport
 	if err := json.Unmarshal(w.Body.Bytes(), &st); err != nil {
 		t.Fatalf("inspect %s: %v in %s", target, err, w.Body)
 	}
@@ -108,7 +108,7 @@ func TestResolveOverridesOnHandlersClock(t *testing.T) {
 		if code, body := adminOverride(t, http.MethodGet, "rs_clock", blocked, ""); code != 200 {
 			t.Errorf("%s: GET of the blocked key's override: %d %s", when, code, body)
 		}
-		if st := rsStatus(t, s, blocked); st != (zoneState{Zone: "rs_clock", Reset: 3600, Window: 3600}) {
+		if st := rsStatus(t, s, blocked); st != (zoneStatus{Zone: "rs_clock", Reset: 3600, Window: 3600}) {
 			t.Errorf("%s: status of the blocked key %+v: want its block", when, st)
 		}
 		if st := rsStatus(t, s, limited); st.Limit != 2 {
@@ -165,7 +165,7 @@ func TestResolveOverridesOnHandlersClock(t *testing.T) {
 
 // rsStatus is rate_limit_status's answer for the client at ip in the one
 // zone s answers for.
-func rsStatus(t *testing.T, s *StatusHandler, ip string) zoneState {
+func rsStatus(t *testing.T, s *StatusHandler, ip string) zoneStatus {
 	t.Helper()
 	got, body := ask(t, s, ip, nil)
 	if len(got) != 1 {
@@ -215,7 +215,7 @@ func TestResolveSameEverywhere(t *testing.T) {
 		w, code := serve(h, r, okHandler)
 		return code, w.Header()
 	}
-	status := func(key, plan string) []zoneState {
+	status := func(key, plan string) []zoneStatus {
 		got, _ := ask(t, s, ip, headers(key, plan))
 		return got
 	}

@@ -88,8 +88,8 @@ func (s *StatusHandler) validate() error {
 	return nil
 }
 
-// zoneState is one zone in the answer.
-type zoneState struct {
+// zoneStatus is one zone in the answer.
+type zoneStatus struct {
 	Zone      string `json:"zone"`
 	Limit     int64  `json:"limit"`
 	Remaining int64  `json:"remaining"`
@@ -102,7 +102,7 @@ type zoneState struct {
 // statusAnswer is the body of the answer; an object, so that fields can
 // be added beside zones.
 type statusAnswer struct {
-	Zones []zoneState `json:"zones"`
+	Zones []zoneStatus `json:"zones"`
 }
 
 // ServeHTTP answers GET and HEAD with the client's state; any other method
@@ -139,8 +139,8 @@ func (s *StatusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cadd
 // name two handlers of the config declare is answered for each, and
 // answers that are the same (two handlers with one limit share its state)
 // once.
-func (s *StatusHandler) states(r *http.Request, repl *caddy.Replacer) []zoneState {
-	out := []zoneState{}
+func (s *StatusHandler) states(r *http.Request, repl *caddy.Replacer) []zoneStatus {
+	out := []zoneStatus{}
 	// Each handler's verifier reads the token once, whatever the number
 	// of its zones.
 	claims := map[*jwtauth.Verifier]*jwtClaims{}
@@ -152,7 +152,7 @@ func (s *StatusHandler) states(r *http.Request, repl *caddy.Replacer) []zoneStat
 				claims[reg.jwt] = c
 			}
 		}
-		st, ok := s.stateIn(r, repl, reg.zone, c)
+		st, ok := s.statusIn(r, repl, reg.zone, c)
 		if ok && !slices.Contains(out, st) {
 			out = append(out, st)
 		}
@@ -174,10 +174,10 @@ func (s *StatusHandler) registered() []registered {
 	return slices.DeleteFunc(list, func(reg registered) bool { return reg.config != s.config })
 }
 
-// stateIn is r's state in z, with claims the token as z's handler verifies
+// statusIn is r's state in z, with claims the token as z's handler verifies
 // it (nil without a jwt block); false when z is left out (see
 // StatusHandler).
-func (s *StatusHandler) stateIn(r *http.Request, repl *caddy.Replacer, z *zone, claims *jwtClaims) (zoneState, bool) {
+func (s *StatusHandler) statusIn(r *http.Request, repl *caddy.Replacer, z *zone, claims *jwtClaims) (zoneStatus, bool) {
 	tier := z.tierValue(r, repl, claims)
 	key, ok := z.key.evaluate(r, repl, claims)
 	// As Handler.match: the key, its override, tier or zone, on the
@@ -187,21 +187,21 @@ func (s *StatusHandler) stateIn(r *http.Request, repl *caddy.Replacer, z *zone, 
 	switch res.verdict {
 	case verdictSkip, verdictDeny, verdictExempt:
 		// No key, or an exempt one: the zone reports nothing of it.
-		return zoneState{}, false
+		return zoneStatus{}, false
 	case verdictBlock:
-		return zoneState{Zone: z.name, Reset: ceilSeconds(res.wait), Window: ceilSeconds(l.window)}, true
+		return zoneStatus{Zone: z.name, Reset: ceilSeconds(res.wait), Window: ceilSeconds(l.window)}, true
 	}
 	d, err := l.store.Peek(r.Context(), state)
-	if err != nil && z.fail == failLocal && l.local != nil {
+	if err != nil && z.fail == failLocal && l.fallback != nil {
 		// What decides the client's requests while the store fails.
-		d, err = l.local.Peek(r.Context(), state)
+		d, err = l.fallback.Peek(r.Context(), state)
 	}
 	if err != nil {
 		s.logger.Debug("rate_limit_status leaves out a zone whose store failed", zap.String("zone", z.name), zap.Error(err))
-		return zoneState{}, false
+		return zoneStatus{}, false
 	}
 	q, _ := l.policy.Quota()
-	return zoneState{
+	return zoneStatus{
 		Zone:      z.name,
 		Limit:     q,
 		Remaining: d.Remaining,

@@ -85,7 +85,7 @@ func statusRequest(method, clientIP string, headers map[string]string) *http.Req
 
 // ask sends a GET for the status of the client at ip with headers and
 // returns the decoded answer and the raw body.
-func ask(t *testing.T, s *StatusHandler, ip string, headers map[string]string) ([]zoneState, string) {
+func ask(t *testing.T, s *StatusHandler, ip string, headers map[string]string) ([]zoneStatus, string) {
 	t.Helper()
 	w := httptest.NewRecorder()
 	if err := s.ServeHTTP(w, statusRequest(http.MethodGet, ip, headers), nil); err != nil {
@@ -119,10 +119,10 @@ func spend(t *testing.T, h *Handler, n int, ip string, headers map[string]string
 	}
 }
 
-func wantStates(t *testing.T, what string, got []zoneState, want ...zoneState) {
+func wantStates(t *testing.T, what string, got []zoneStatus, want ...zoneStatus) {
 	t.Helper()
 	if want == nil {
-		want = []zoneState{}
+		want = []zoneStatus{}
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("%s: answered %+v, want %+v", what, got, want)
@@ -157,8 +157,8 @@ func TestStatusConsumesNothing(t *testing.T) {
 	// 45 minutes remain of the fixed window; the bucket refills three
 	// tokens in 3 × 12 s.
 	wantStates(t, "after three requests", first,
-		zoneState{Zone: "st_bucket", Limit: 5, Remaining: 2, Reset: 36, Window: 60},
-		zoneState{Zone: "st_fixed", Limit: 10, Remaining: 7, Reset: 2700, Window: 3600},
+		zoneStatus{Zone: "st_bucket", Limit: 5, Remaining: 2, Reset: 36, Window: 60},
+		zoneStatus{Zone: "st_fixed", Limit: 10, Remaining: 7, Reset: 2700, Window: 3600},
 	)
 	for _, secret := range []string{apiKey, ip} {
 		if strings.Contains(body, secret) {
@@ -180,8 +180,8 @@ func TestStatusConsumesNothing(t *testing.T) {
 	// Another client is untouched.
 	other, _ := ask(t, s, "198.51.100.62", map[string]string{"X-API-Key": "k-other"})
 	wantStates(t, "another client", other,
-		zoneState{Zone: "st_bucket", Limit: 5, Remaining: 5, Reset: 0, Window: 60},
-		zoneState{Zone: "st_fixed", Limit: 10, Remaining: 10, Reset: 0, Window: 3600},
+		zoneStatus{Zone: "st_bucket", Limit: 5, Remaining: 5, Reset: 0, Window: 60},
+		zoneStatus{Zone: "st_fixed", Limit: 10, Remaining: 10, Reset: 0, Window: 3600},
 	)
 }
 
@@ -211,8 +211,8 @@ func TestStatusNamedZones(t *testing.T) {
 	for range 2 {
 		got, _ := ask(t, s, "198.51.100.63", nil)
 		wantStates(t, "named", got,
-			zoneState{Zone: "st_b", Limit: 6, Remaining: 6, Window: 3600},
-			zoneState{Zone: "st_a", Limit: 4, Remaining: 4, Window: 3600},
+			zoneStatus{Zone: "st_b", Limit: 6, Remaining: 6, Window: 3600},
+			zoneStatus{Zone: "st_a", Limit: 4, Remaining: 4, Window: 3600},
 		)
 	}
 	var warned []string
@@ -318,7 +318,7 @@ func TestStatusMissingKey(t *testing.T) {
 	spend(t, h, 1, "198.51.100.66", map[string]string{"X-API-Key": "k-miss"})
 	s := provisionStatus(t, ctx, "rate_limit_status")
 	got, _ := ask(t, s, "198.51.100.66", nil)
-	wantStates(t, "keyless", got, zoneState{Zone: "st_miss_ip", Limit: 5, Remaining: 5, Window: 3600})
+	wantStates(t, "keyless", got, zoneStatus{Zone: "st_miss_ip", Limit: 5, Remaining: 5, Window: 3600})
 	got, _ = ask(t, s, "198.51.100.66", map[string]string{"X-API-Key": "k-miss"})
 	if len(got) != 3 {
 		t.Fatalf("with a key: %+v, want all three zones", got)
@@ -392,7 +392,7 @@ func TestStatusStoreFails(t *testing.T) {
 	}
 	got, _ := ask(t, s, "198.51.100.68", nil)
 	// The refused request took nothing from the fallback.
-	wantStates(t, "redis down", got, zoneState{Zone: "st_red_local", Limit: 5, Remaining: 5, Window: 3600})
+	wantStates(t, "redis down", got, zoneStatus{Zone: "st_red_local", Limit: 5, Remaining: 5, Window: 3600})
 }
 
 // TestStatusMethods: HEAD answers the headers alone; other methods than

@@ -73,7 +73,7 @@ type zone struct {
 	placeholder any
 	// ov is the zone's runtime overrides (see overrides.go); nil only in
 	// tests that build zones by hand.
-	ov *overrideState
+	ov *overrideRules
 	// clock is its handler's (Handler.clock; nil is the system clock):
 	// every judgment of time about the zone's overrides (in force,
 	// lapsed, swept) is made on it, on the request path, in the admin
@@ -108,8 +108,9 @@ type limit struct {
 	policyItem string
 	// calendar, for a calendar limit, makes its policyItem per window.
 	calendar *calendarPolicy
-	// local decides for a redis zone with `fail local` while Redis is away.
-	local limiter.Store
+	// fallback decides for a redis zone with `fail local` while Redis is away:
+	// a memory store of the same policy on this instance.
+	fallback limiter.Store
 	// remote is set when store answers over the network, so a request
 	// matching several such zones waits for their decisions together.
 	remote bool
@@ -513,7 +514,7 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 			MaxKeys:       h.MaxKeys,
 			Clock:         h.clock,
 			OnGiveBackError: func(err error) {
-				logger.Warn("unspent lease units could not be given back to Redis; they return when the key's state expires", zap.Error(err))
+				logger.Warn("unspent lease units could not be returned to Redis; they return when the key's state expires", zap.Error(err))
 			},
 		})
 		if err != nil {
@@ -526,7 +527,7 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 		if err != nil {
 			return limit{}, err
 		}
-		l.local, l.poolKeys = mem, []string{key}
+		l.fallback, l.poolKeys = mem, []string{key}
 	}
 	return l, nil
 }
@@ -541,7 +542,7 @@ func (z *zone) limits() []*limit {
 	return append(ls, z.overrideLimits()...)
 }
 
-// release gives back what provisionZone acquired: leases go back to Redis
+// release lets go of what provisionZone acquired: leases go back to Redis
 // (within nearCloseTimeout), memory stores to their pool. The zone still
 // decides afterwards, as Caddy may route requests on old connections to a
 // handler after its Cleanup.
@@ -563,7 +564,7 @@ func (z *zone) release() {
 func (z *zone) memories() []*limiter.Memory {
 	var mems []*limiter.Memory
 	for _, l := range z.limits() {
-		for _, s := range []limiter.Store{l.store, l.local} {
+		for _, s := range []limiter.Store{l.store, l.fallback} {
 			if m, ok := s.(*limiter.Memory); ok {
 				mems = append(mems, m)
 			}

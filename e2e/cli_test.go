@@ -140,7 +140,7 @@ func TestCLI(t *testing.T) {
 		for _, zone := range []string{"mem", "red", "api/v1"} {
 			left := map[string]int64{"mem": 0, "red": 0, "api/v1": 2}[zone]
 			wantRow(t, zone, cliTable(t, inst, "inspect", zone, key), map[string]string{"ZONE": zone, "TIER": "-", "KEY": key, "LIMIT": "3", "REMAINING": strconv.FormatInt(left, 10)})
-			var st keyState
+			var st keyReport
 			cliJSON(t, inst, &st, "inspect", zone, key)
 			if st.Zone != zone || st.Key != key || st.Limit != 3 || st.Remaining != left || st.ResetAfter <= 0 {
 				t.Errorf("inspect %s --json: %+v", zone, st)
@@ -164,7 +164,7 @@ func TestCLI(t *testing.T) {
 		if reset != (keyReset{Zone: "tiered", Tier: "gold", Key: "k", Reset: true}) {
 			t.Errorf("reset --tier gold --json: %+v", reset)
 		}
-		var st keyState
+		var st keyReport
 		cliJSON(t, inst, &st, "inspect", "tiered", "k", "--tier", "gold")
 		if st.Tier != "gold" || st.Limit != 5 || st.Remaining != 5 {
 			t.Errorf("inspect --tier gold --json after its reset: %+v", st)
@@ -175,7 +175,7 @@ func TestCLI(t *testing.T) {
 		if rows := cliTable(t, inst, "inspect", "shared", "s"); len(rows) != 2 {
 			t.Errorf("inspect of a zone two handlers declare: %v, want a row each", rows)
 		}
-		var all []keyState
+		var all []keyReport
 		cliJSON(t, inst, &all, "inspect", "shared", "s")
 		if len(all) != 2 {
 			t.Errorf("inspect --json of a zone two handlers declare: %+v, want an array of 2", all)

@@ -527,9 +527,9 @@ func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out 
 	return adminSend(t, inst, method, path, "", out)
 }
 
-// keyState is a key's state as inspect answers it (the README's Admin
+// keyReport is a key's state as inspect answers it (the README's Admin
 // API section shows its fields).
-type keyState struct {
+type keyReport struct {
 	Zone       string  `json:"zone"`
 	Tier       string  `json:"tier"`
 	Key        string  `json:"key"`

@@ -24,7 +24,7 @@ import (
 // nothing.
 func takenInRedis(t *testing.T, observer *caddyproc.Instance, zone string) int64 {
 	t.Helper()
-	var st keyState
+	var st keyReport
 	if code := adminCall(t, observer, http.MethodGet, "/rate_limit/zones/"+url.PathEscape(zone)+"?key=global", &st); code != http.StatusOK {
 		t.Fatalf("inspect %s global: %d %+v", zone, code, st)
 	}

@@ -191,9 +191,9 @@ func TestOverridesGiveBackLeases(t *testing.T) {
 	observer := startObserver(t, fleetSite(srv.Addr(), "observer", zoneExtra, ""))
 	c := newClient(t)
 	const key = "leased"
-	inspect := func() keyState {
+	inspect := func() keyReport {
 		t.Helper()
-		var st keyState
+		var st keyReport
 		if code := adminCall(t, observer, http.MethodGet, "/rate_limit/zones/fleet?key="+key, &st); code != http.StatusOK {
 			t.Fatalf("inspect: %d", code)
 		}
@@ -356,7 +356,7 @@ func TestRedisOverrideRefundAfterFreshState(t *testing.T) {
 		t.Fatalf("D after B and C spent the fresh L2 of 2: %d, want 429 (A's uncounted unit went back into the fresh state)", r.code)
 	}
 	// X, once it has applied the last PUT, sees the same spent state.
-	var st keyState
+	var st keyReport
 	deadline := time.Now().Add(5 * time.Second)
 	for adminCall(t, x, http.MethodGet, "/rate_limit/zones/fresh?key="+key, &st); st.Limit != 2 || st.Remaining != 0; adminCall(t, x, http.MethodGet, "/rate_limit/zones/fresh?key="+key, &st) {
 		if time.Now().After(deadline) {

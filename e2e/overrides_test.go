@@ -123,7 +123,7 @@ type overrideRemoval struct {
 
 // inspected is inspect's answer with the override it reports.
 type inspected struct {
-	keyState
+	keyReport
 	Override *overrideView `json:"override"`
 }
 
@@ -296,7 +296,7 @@ func TestOverrideBlock(t *testing.T) {
 		t.Errorf("inspect of a blocked key: override %+v", st.Override)
 	}
 	if st.Limit != 0 || st.Remaining != 0 || st.ResetAfter <= 28 || st.ResetAfter > 30 {
-		t.Errorf("inspect of a key blocked for 30s: %+v, want limit 0, remaining 0, reset_after about 30", st.keyState)
+		t.Errorf("inspect of a key blocked for 30s: %+v, want limit 0, remaining 0, reset_after about 30", st.keyReport)
 	}
 	got, _ := askStatus(t, c, inst.URL("/status"), nil, "X-Client", "y")
 	if z := got["plan"]; z.Limit != 0 || z.Remaining != 0 || z.Reset != 3600 || z.Window != 3600 {
@@ -345,7 +345,7 @@ func TestOverrideExempt(t *testing.T) {
 
 	st := inspectKey(t, inst, "ex", "e")
 	if st.Override == nil || st.Override.Action != "exempt" || st.Limit != 0 {
-		t.Errorf("inspect of an exempt key: %+v %+v", st.keyState, st.Override)
+		t.Errorf("inspect of an exempt key: %+v %+v", st.keyReport, st.Override)
 	}
 	got, _ := askStatus(t, c, inst.URL("/status"), nil, "X-Client", "e")
 	if _, ok := got["ex"]; ok {
@@ -414,7 +414,7 @@ func TestOverrideExpiresExactly(t *testing.T) {
 		t.Errorf("lapsed overrides are listed: %+v", l)
 	}
 	if st := inspectKey(t, inst, "plan", "rel"); st.Override != nil || st.Limit != 3 || st.Remaining != 2 {
-		t.Errorf("inspect after the expiry: %+v %+v, want the zone's state and no override", st.keyState, st.Override)
+		t.Errorf("inspect after the expiry: %+v %+v, want the zone's state and no override", st.keyReport, st.Override)
 	}
 	if code := adminCall(t, inst, http.MethodGet, overridesPath("plan", "rel"), nil); code != http.StatusNotFound {
 		t.Errorf("GET of a lapsed override: %d, want 404", code)
@@ -442,7 +442,7 @@ func TestOverrideReflected(t *testing.T) {
 
 	st := inspectKey(t, inst, "plan", "h")
 	if st.Limit != 8 || st.Remaining != 6 || st.ResetAfter <= 0 || st.ResetAfter > 1800 {
-		t.Errorf("inspect: %+v, want limit 8, remaining 6", st.keyState)
+		t.Errorf("inspect: %+v, want limit 8, remaining 6", st.keyReport)
 	}
 	if st.Override == nil || *st.Override != (overrideView{Key: "h", Action: "limit", Limit: 8, Window: "30m0s"}) {
 		t.Errorf("inspect's override: %+v", st.Override)
@@ -542,7 +542,7 @@ func TestOverrideIPKeyMasked(t *testing.T) {
 	wantLimit(t, "192.0.2.250", sequence(t, c, 1, url, "X-Forwarded-For", "192.0.2.250"), "ip", 6, 200)
 	wantLimit(t, "198.51.100.1", sequence(t, c, 1, url, "X-Forwarded-For", "198.51.100.1"), "ip", 3, 200)
 	if st := inspectKey(t, inst, "ip", "192.0.2.1"); st.Key != "192.0.2.0" || st.Limit != 6 || st.Remaining != 3 {
-		t.Errorf("inspect of 192.0.2.1: %+v, want 192.0.2.0 at 3 of 6", st.keyState)
+		t.Errorf("inspect of 192.0.2.1: %+v, want 192.0.2.0 at 3 of 6", st.keyReport)
 	}
 	var one zoneOverride
 	if code := adminCall(t, inst, http.MethodGet, overridesPath("ip", "192.0.2.200"), &one); code != 200 || one.Override.Key != "192.0.2.0" {

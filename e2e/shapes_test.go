@@ -316,7 +316,7 @@ http://{{http}} {
 	if resp.StatusCode != 200 || resp.Header.Get("X-Tokens-Used") != "" {
 		t.Fatalf("tokens: status %d, X-Tokens-Used %q", resp.StatusCode, resp.Header.Get("X-Tokens-Used"))
 	}
-	var st keyState
+	var st keyReport
 	waitFor := func(want int64) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)

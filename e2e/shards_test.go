@@ -149,7 +149,7 @@ func TestRedisShardsAccuracyAcrossInstances(t *testing.T) {
 	}
 
 	// The admin API inspects and resets a key on whichever shard it is.
-	var st keyState
+	var st keyReport
 	if code := adminCall(t, insts[1], http.MethodGet, "/rate_limit/zones/fw?key=key-0", &st); code != 200 || st.Remaining != 0 || st.Limit != limit {
 		t.Errorf("inspect key-0: %d %+v, want limit %d with nothing left", code, st, limit)
 	}
