@@ -397,3 +397,29 @@ func TestCountResponseSettlesAcrossReload(t *testing.T) {
 		t.Fatalf("remaining %s after the held request's 200 settled, want 2 (its unit given back)", got)
 	}
 }
+
+// TestRequestCostCheckedBeforeAnyZoneDecides: every applying zone's cost
+// is read before any zone decides, so a bad cost is answered 400 whether
+// or not another zone would refuse, and whatever store the zones use.
+func TestRequestCostCheckedBeforeAnyZoneDecides(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone a_first {
+			key {remote_host}
+			rate 1/1h
+		}
+		zone b_cost {
+			key {remote_host}
+			rate 10/1h
+			cost {http.request.header.X-Cost}
+		}
+	}`)
+	for i, tc := range []struct {
+		cost string
+		want int
+	}{{"1", 200}, {"abc", 400}, {"1", 429}, {"11", 400}} {
+		r, _ := newKeyRequest("198.51.100.90", map[string]string{"X-Cost": tc.cost})
+		if _, code := serve(h, r, okHandler); code != tc.want {
+			t.Fatalf("request %d (cost %q): status %d, want %d", i, tc.cost, code, tc.want)
+		}
+	}
+}
