@@ -14,6 +14,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/nearcache"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // overrideSet is where one zone name's overrides are kept and changed:
@@ -235,8 +237,8 @@ func (z *zone) checkOverride(o limiter.Override) error {
 		return fmt.Errorf("the zone's cost %d exceeds what this limit can ever admit (%d)", z.cost, op.MaxCost())
 	}
 	if z.limit.remote {
-		// The Redis scripts' exactness bounds (limiter.NewRedis).
-		if err := limiter.CheckRedisPolicy(op); err != nil {
+		// The Redis scripts' exactness bounds (redisstore.New).
+		if err := redisstore.CheckPolicy(op); err != nil {
 			return err
 		}
 	}
@@ -254,7 +256,7 @@ func (z *zone) checkOverride(o limiter.Override) error {
 // units leased under one limit are never spent under another. The
 // give-backs run off the caller's path.
 func (z *zone) overrideChanged(key string, logger *zap.Logger) {
-	var nears []*limiter.NearCache
+	var nears []*nearcache.Cache
 	for _, l := range z.limits() {
 		if l.near != nil {
 			nears = append(nears, l.near)

@@ -11,15 +11,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
-// redisOverrideSources shares one limiter.RedisOverrides (its
+// redisOverrideSources shares one redisstore.Overrides (its
 // subscriptions and refreshes) among the handlers on one Redis client,
 // key prefix and refresh interval, so a reload keeps them.
 var redisOverrideSources = caddy.NewUsagePool()
 
-// pooledOverrides is a shared limiter.RedisOverrides.
-type pooledOverrides struct{ *limiter.RedisOverrides }
+// pooledOverrides is a shared redisstore.Overrides.
+type pooledOverrides struct{ *redisstore.Overrides }
 
 // Destruct stops its subscriptions once no config uses it.
 func (p pooledOverrides) Destruct() error { return p.Close() }
@@ -31,7 +32,7 @@ const overridesLoadTimeout = time.Second
 
 // redisOverrideSet is a redis zone's overrides, shared through Redis.
 type redisOverrideSet struct {
-	ro   *limiter.RedisOverrides
+	ro   *redisstore.Overrides
 	zone string
 	t    *limiter.OverrideTable
 }
@@ -72,9 +73,9 @@ func (h *Handler) redisOverrides(ctx caddy.Context, zone string) (overrideSet, e
 	return redisOverrideSet{ro: h.overrides, zone: zone, t: t}, nil
 }
 
-// loadRedisOverrides returns the shared RedisOverrides of h's client,
+// loadRedisOverrides returns the shared redisstore.Overrides of h's client,
 // prefix and refresh, with the key to release it by.
-func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
+func loadRedisOverrides(h *Handler) (*redisstore.Overrides, string, error) {
 	cfg := h.Redis
 	raw, err := json.Marshal([]any{h.redisKey, cfg.KeyPrefix, cfg.OverridesRefresh})
 	if err != nil {
@@ -85,7 +86,7 @@ func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
 	client := h.redis.UniversalClient
 	v, _, err := redisOverrideSources.LoadOrNew(key, func() (caddy.Destructor, error) {
 		var errorLogged atomic.Int64
-		ro, err := limiter.NewRedisOverrides(client, limiter.RedisOverridesOptions{
+		ro, err := redisstore.NewOverrides(client, redisstore.OverridesOptions{
 			Prefix:   cfg.KeyPrefix,
 			Refresh:  time.Duration(cfg.OverridesRefresh),
 			OnChange: func(zone, key string) { overrideChangedEverywhere(zone, key, logger) },
@@ -108,7 +109,7 @@ func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("redis overrides: %w", err)
 	}
-	return v.(pooledOverrides).RedisOverrides, key, nil
+	return v.(pooledOverrides).Overrides, key, nil
 }
 
 // overrideChangedEverywhere gives back, in every zone of that name whose
@@ -129,7 +130,7 @@ func overrideChangedEverywhere(zone, key string, logger *zap.Logger) {
 // releaseRedisOverrides releases the zones a handler opened in ro, so a
 // zone no config uses any more stops its subscription, and then ro itself
 // by its pool key.
-func releaseRedisOverrides(ro *limiter.RedisOverrides, key string, zones []string) {
+func releaseRedisOverrides(ro *redisstore.Overrides, key string, zones []string) {
 	if ro != nil {
 		for _, z := range zones {
 			ro.Release(z)
