@@ -3,6 +3,7 @@ package storetest
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,4 +142,16 @@ func (s Shards) Addrs() []string {
 		a[i] = srv.Addr()
 	}
 	return a
+}
+
+// OverrideTableOf is a table of n limit overrides, keys "user-<100000+i>",
+// built as a load builds it.
+func OverrideTableOf(n int) *limiter.OverrideTable {
+	m := make(map[string]limiter.Override, n)
+	for i := range n {
+		m[fmt.Sprintf("user-%d", 100_000+i)] = limiter.Override{Action: limiter.OverrideLimit, Events: 1000, Window: time.Minute, Expires: time.UnixMilli(1_900_000_000_000)}
+	}
+	t := limiter.NewOverrideTable()
+	t.Replace(m)
+	return t
 }
