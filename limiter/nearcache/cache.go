@@ -1,3 +1,7 @@
+// Package nearcache keeps leases and refusals of a shared store (the Redis
+// store) in this process: a Cache in front of any limiter.Leaser decides
+// most requests of a busy limit without a round trip, while every unit it
+// admits is still taken from the shared store first.
 package nearcache
 
 import (

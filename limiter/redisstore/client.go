@@ -26,7 +26,7 @@ type Config struct {
 	MasterName string
 	// Shards are host:port pairs of standalone servers over which keys
 	// are spread by consistent hashing (a go-redis Ring; see
-	// redis_shards.go), instead of URL or Addresses. Every instance must
+	// shards.go), instead of URL or Addresses. Every instance must
 	// list the same shards, in any order: a shard is named by its address.
 	Shards []string
 	// Username and Password authenticate to the data nodes; when set they

@@ -46,7 +46,7 @@ func (r *Store) load(ctx context.Context) error {
 	}
 	if ring, ok := r.client.(*redis.Ring); ok {
 		// Every shard, whatever the others do: no shard ever counts as
-		// down (see redis_shards.go).
+		// down (see shards.go).
 		return ring.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
 			if err := load(ctx, c); err != nil {
 				return fmt.Errorf("shard %s: %w", c.Options().Addr, err)

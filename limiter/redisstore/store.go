@@ -1,3 +1,11 @@
+// Package redisstore is the Redis store: a limiter.Store (and Leaser and
+// Charger) that keeps every key's state in Redis, so all instances sharing
+// a Redis (standalone, Cluster, Sentinel or shards) enforce one limit
+// together. Each decision is one Lua script run (the scripts are in the
+// module's lua/ directory), timed by the server's clock. Beside the store
+// are its client (Config), the breaker that stops asking a failing Redis,
+// per-decision deadlines, shards, concurrency slots, the server clock and
+// runtime overrides kept in Redis (Overrides).
 package redisstore
 
 import (
@@ -61,7 +69,7 @@ type Options struct {
 	Keys *limiter.KeyHasher
 
 	// OnRenewError, when set, hears of a failed renewal of the
-	// concurrency slots the store holds (see redis_slots.go), so the
+	// concurrency slots the store holds (see slots.go), so the
 	// caller can log it: two in a row and a slot lapses under its request.
 	OnRenewError func(error)
 
@@ -74,7 +82,7 @@ type Options struct {
 	Clock limiter.Clock
 }
 
-// Redis keeps the state of every key in Redis, so all instances that share a
+// Store keeps the state of every key in Redis, so all instances that share a
 // Redis (standalone, Cluster or Sentinel) enforce one limit together. Each
 // decision is one script run, atomic in Redis and timed by the server's
 // clock, so instances with skewed clocks still agree; on a server that
@@ -99,7 +107,7 @@ type Store struct {
 	// shards, on a Ring (the redis block's shards), are a pipeline per
 	// shard by address, and shardOf names the shard of a Redis key, so a
 	// shard that fails or stalls holds up only its own keys (see
-	// redis_shards.go). Both are nil on any other client.
+	// shards.go). Both are nil on any other client.
 	shards  map[string]*pipeliner
 	shardOf func(redisKey string) string
 	// breaker answers at once while Redis keeps failing.
