@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // overrideBody is the body of PUT /rate_limit/zones/<zone>/overrides:
@@ -279,7 +280,7 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 			switch {
 			case errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides):
 				status = http.StatusBadRequest
-			case errors.Is(err, limiter.ErrOverrideConflict):
+			case errors.Is(err, redisstore.ErrOverrideConflict):
 				status = http.StatusConflict
 			}
 			return adminError(status, "zone %q: %v", name, err)

@@ -6,8 +6,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // The ranges of the numeric options, each defined once. The validate of
@@ -151,7 +150,7 @@ var (
 	ipv6PrefixBound = intBound{"ipv6_prefix", 1, 128}
 	maxKeysBound    = intBound{"max_keys", 1, maxCount}
 	poolSizeBound   = intBound{"pool_size", 1, maxCount}
-	// dbBound is limiter.RedisConfig.Validate's range of db, which checks
+	// dbBound is redisstore.Config.Validate's range of db, which checks
 	// it in JSON, for the parser to report at the option's line.
-	dbBound = intBound{"db", 0, limiter.MaxRedisDB}
+	dbBound = intBound{"db", 0, redisstore.MaxDB}
 )

@@ -15,7 +15,7 @@ import (
 // TestDesignNamesExist keeps docs/design.md honest: every Go identifier it
 // writes in backticks (a name such as `mustScripts`, a member such as
 // `Store.Refund`, a call such as `admission()`, a qualified name of one of
-// this module's packages such as `limiter.NearCache`) must be declared in
+// this module's packages such as `nearcache.Cache`) must be declared in
 // the module's code, tests included. Operator words (`local_quota`), Redis
 // commands (`TIME`), paths and other packages' names (`time.Now`) are not
 // checked; a lower-case word (`burst`, `now`) passes if the code declares
@@ -250,8 +250,9 @@ func (c codeNames) missing(span string) string {
 }
 
 // TestDesignLayoutComplete keeps the layout tree of docs/design.md whole:
-// every source file of the root package, limiter and lua is listed, and
-// every file the tree names exists.
+// every source file of the root package, of limiter and the packages
+// beside it, and of lua is listed under its own directory, and every file
+// the tree names exists.
 func TestDesignLayoutComplete(t *testing.T) {
 	text, err := os.ReadFile("docs/design.md")
 	if err != nil {
@@ -262,40 +263,86 @@ func TestDesignLayoutComplete(t *testing.T) {
 	if tree == "" {
 		t.Fatal(`docs/design.md has no tree under "## Package layout"`)
 	}
-	listed := map[string]bool{}
-	for _, f := range regexp.MustCompile(`[A-Za-z0-9_]+\.(go|lua)\b`).FindAllString(tree, -1) {
-		listed[f] = true
-	}
-	exists := map[string]bool{}
-	for _, dir := range []string{".", "limiter", "lua"} {
-		entries, err := os.ReadDir(dir)
+	entries := layoutEntries(tree)
+	for _, dir := range []string{".", "limiter", "limiter/redisstore", "limiter/nearcache", "limiter/internal/storetest", "lua"} {
+		files, err := os.ReadDir(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, e := range entries {
+		for _, e := range files {
 			name := e.Name()
 			if e.IsDir() || strings.HasSuffix(name, "_test.go") || (filepath.Ext(name) != ".go" && filepath.Ext(name) != ".lua") {
 				continue
 			}
-			exists[name] = true
-			if !listed[name] {
-				t.Errorf("%s is missing from the layout in docs/design.md", filepath.Join(dir, name))
+			if path := filepath.ToSlash(filepath.Join(dir, name)); !entries[path] {
+				t.Errorf("%s is missing from the layout in docs/design.md", path)
 			}
 		}
 	}
-	for name := range listed {
-		if exists[name] || strings.HasPrefix(name, "_") { // *_test.go
+	for path := range entries {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("docs/design.md's layout lists %s, which no longer exists", path)
+		}
+	}
+	// Files a description names (internal/testutil's clock.go) must exist
+	// somewhere.
+	for _, f := range regexp.MustCompile(`[A-Za-z0-9_]+\.(go|lua)\b`).FindAllString(tree, -1) {
+		if strings.HasPrefix(f, "_") { // *_test.go
 			continue
 		}
 		found := false
 		for _, pattern := range []string{"", "*/", "*/*/", "*/*/*/"} {
-			m, _ := filepath.Glob(pattern + name)
+			m, _ := filepath.Glob(pattern + f)
 			found = found || len(m) > 0
 		}
 		if !found {
-			t.Errorf("docs/design.md's layout lists %s, which no longer exists", name)
+			t.Errorf("docs/design.md's layout names %s, which no longer exists", f)
 		}
 	}
+}
+
+// layoutEntries reads a layout tree: the path of every .go and .lua file
+// an entry names (an entry's first words, "a.lua, b.lua" naming two, on
+// its own line or continuing the entries above it at their depth), from
+// the directories it is drawn under, four columns a level.
+func layoutEntries(tree string) map[string]bool {
+	entryRE := regexp.MustCompile(`^[A-Za-z0-9_./*-]+(, [A-Za-z0-9_./*-]+)*`)
+	paths := map[string]bool{}
+	var dirs []string // dirs[d] is the directory entries at depth d+1 are in
+	last := -1        // the column of the last entry's name
+	for line := range strings.SplitSeq(tree, "\n") {
+		runes := []rune(line)
+		col := 0
+		for col < len(runes) && strings.ContainsRune("│├└─ ", runes[col]) {
+			col++
+		}
+		rest := string(runes[col:])
+		branch := strings.ContainsAny(line, "├└")
+		if rest == "" || !branch && col != last {
+			continue // a description's continuation
+		}
+		last = col
+		depth := col / 4
+		names := entryRE.FindString(rest)
+		if names == "" {
+			continue
+		}
+		for name := range strings.SplitSeq(names, ", ") {
+			if depth == 0 {
+				continue // the root, "."
+			}
+			dirs = dirs[:min(len(dirs), depth-1)]
+			parent := strings.Join(dirs, "")
+			if strings.HasSuffix(name, "/") {
+				dirs = append(dirs, name)
+				continue
+			}
+			if ext := filepath.Ext(name); (ext == ".go" || ext == ".lua") && !strings.HasPrefix(name, "*") {
+				paths[parent+name] = true
+			}
+		}
+	}
+	return paths
 }
 
 // TestREADMEIncludesExamples: every example Caddyfile under examples/,

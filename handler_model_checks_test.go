@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // The bounds the checks hold each algorithm to, from README.md:
@@ -370,7 +370,7 @@ func (r *hmRun) finalRedis() {
 		z     *hmZone
 		key   string
 		l     hmLimit
-		redis *limiter.Redis
+		redis *redisstore.Store
 		state string
 		inst  int
 	}

@@ -51,7 +51,7 @@ import (
 // is skewed from Redis's TIME (this machine's clock) by 20 to 150 ms
 // (less than 3/4 of the redis window), behind or ahead, drawn per
 // schedule: its pooled ServerClock sends its scripts that clock
-// (limiter.ServerClock.SetInstanceClock), and the checks place its
+// (redisstore.ServerClock.SetInstanceClock), and the checks place its
 // admissions, timed in real time like the others', by it (hmModel.offset)
 // and hold each algorithm to what README.md says skew costs it ("Servers
 // that refuse TIME in scripts"). Its edge step ("edge") tries a fixed

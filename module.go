@@ -15,6 +15,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/jwtauth"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 func init() {
@@ -113,7 +114,7 @@ type Handler struct {
 	// overrides are the runtime overrides of the handler's redis zones,
 	// shared with every handler on the same Redis and prefix, released by
 	// overridesKey.
-	overrides    *limiter.RedisOverrides
+	overrides    *redisstore.Overrides
 	overridesKey string
 	// overrideZones are the zone names the handler opened in overrides,
 	// each released once when it is cleaned up.

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/nearcache"
 )
 
 // overrideSet is where one zone name's overrides are kept and changed:
@@ -232,7 +233,7 @@ func (z *zone) checkOverride(o limiter.Override) error {
 // units leased under one limit are never spent under another. The
 // returns run off the caller's path.
 func (z *zone) overrideChanged(key string, logger *zap.Logger) {
-	var nears []*limiter.NearCache
+	var nears []*nearcache.Cache
 	for _, l := range z.limits() {
 		if l.near != nil {
 			nears = append(nears, l.near)

@@ -13,15 +13,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
-// redisOverrideSources shares one limiter.RedisOverrides (its
+// redisOverrideSources shares one redisstore.Overrides (its
 // subscriptions and refreshes) among the handlers on one Redis client,
 // key prefix and refresh interval, so a reload keeps them.
 var redisOverrideSources = caddy.NewUsagePool()
 
-// pooledOverrides is a shared limiter.RedisOverrides.
-type pooledOverrides struct{ *limiter.RedisOverrides }
+// pooledOverrides is a shared redisstore.Overrides.
+type pooledOverrides struct{ *redisstore.Overrides }
 
 // Destruct stops its subscriptions once no config uses it.
 func (p pooledOverrides) Destruct() error { return p.Close() }
@@ -33,7 +34,7 @@ const overridesLoadTimeout = time.Second
 
 // redisOverrideSet is a redis zone's overrides, shared through Redis.
 type redisOverrideSet struct {
-	ro   *limiter.RedisOverrides
+	ro   *redisstore.Overrides
 	zone string
 	t    *limiter.OverrideTable
 }
@@ -84,7 +85,7 @@ func (h *Handler) redisOverrides(ctx caddy.Context, zone string) (overrideSet, e
 // prefix, refresh and clock, with the key to release it by. Handlers on
 // different clocks (tests' fake clocks) never share one: it judges what
 // has lapsed on its handlers' clock.
-func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
+func loadRedisOverrides(h *Handler) (*redisstore.Overrides, string, error) {
 	cfg := h.Redis
 	raw, err := json.Marshal([]any{h.redisKey, cfg.KeyPrefix, cfg.OverridesRefresh, clockID(h.clock)})
 	if err != nil {
@@ -95,7 +96,7 @@ func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
 	client := h.redis.UniversalClient
 	v, _, err := redisOverrideSources.LoadOrNew(key, func() (caddy.Destructor, error) {
 		var errorLogged atomic.Int64
-		ro, err := limiter.NewRedisOverrides(client, limiter.RedisOverridesOptions{
+		ro, err := redisstore.NewOverrides(client, redisstore.OverridesOptions{
 			Prefix:  cfg.KeyPrefix,
 			Refresh: time.Duration(cfg.OverridesRefresh),
 			// What has lapsed is judged on the handlers' clock.
@@ -120,7 +121,7 @@ func loadRedisOverrides(h *Handler) (*limiter.RedisOverrides, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("redis overrides: %w", err)
 	}
-	return v.(pooledOverrides).RedisOverrides, key, nil
+	return v.(pooledOverrides).Overrides, key, nil
 }
 
 // overrideChangedEverywhere gives back, in every zone of that name whose
@@ -141,7 +142,7 @@ func overrideChangedEverywhere(zone, key string, logger *zap.Logger) {
 // releaseRedisOverrides releases the zones a handler opened in ro, so a
 // zone no config uses any more stops its subscription, and then ro itself
 // by its pool key.
-func releaseRedisOverrides(ro *limiter.RedisOverrides, key string, zones []string) {
+func releaseRedisOverrides(ro *redisstore.Overrides, key string, zones []string) {
 	if ro != nil {
 		for _, z := range zones {
 			ro.Release(z)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // TestOverrideRecordWithoutGenKeepsBareKeyState: a redis zone's override
@@ -45,7 +46,7 @@ func TestOverrideRecordWithoutGenKeepsBareKeyState(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The older instance spends the key's limit under the bare key.
-	older, err := limiter.NewRedis(srv.Client(t), old.Policy(z.limit.policy), limiter.RedisOptions{Zone: name, Override: true, Timeout: 2 * time.Second})
+	older, err := redisstore.New(srv.Client(t), old.Policy(z.limit.policy), redisstore.Options{Zone: name, Override: true, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

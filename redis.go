@@ -13,10 +13,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
-
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // RedisConfig is the `redis` block: where zones with `store redis` keep
@@ -92,7 +91,7 @@ type RedisConfig struct {
 }
 
 // validate refuses a block that names no server or contradicts itself
-// (limiter.RedisConfig.Validate, the one check of the client's fields,
+// (redisstore.Config.Validate, the one check of the client's fields,
 // run on the block as written: resolving its placeholders changes none
 // of what it checks), and a timing or size outside its bound (bounds.go).
 // Its messages do not say "redis": the caller does.
@@ -129,8 +128,8 @@ const defaultDialTimeout = time.Second
 // redisPoolKey is what identifies a shared client: its settings and its
 // breaker's, so a reload that changes either gets a client of its own.
 type redisPoolKey struct {
-	Client  limiter.RedisConfig
-	Breaker limiter.BreakerOptions
+	Client  redisstore.Config
+	Breaker redisstore.BreakerOptions
 	// TLSFiles stands for what the tls block's files hold, so a reload
 	// after a certificate is renewed in place gets a client that
 	// presents the new one.
@@ -142,7 +141,7 @@ func (c *RedisConfig) poolKey() redisPoolKey {
 	client := c.resolved()
 	return redisPoolKey{
 		Client:   client,
-		Breaker:  limiter.BreakerOptions{After: time.Duration(c.BreakerAfter), OpenFor: time.Duration(c.BreakerOpenFor)},
+		Breaker:  redisstore.BreakerOptions{After: time.Duration(c.BreakerAfter), OpenFor: time.Duration(c.BreakerOpenFor)},
 		TLSFiles: filesDigest(client.TLSOptions.CAFile, client.TLSOptions.CertFile, client.TLSOptions.KeyFile),
 	}
 }
@@ -265,7 +264,7 @@ func redactUserinfo(s string) string {
 
 // resolved is c's client settings with placeholders replaced, in the
 // limiter's terms, and the default dial timeout applied.
-func (c *RedisConfig) resolved() limiter.RedisConfig {
+func (c *RedisConfig) resolved() redisstore.Config {
 	repl := caddy.NewReplacer()
 	r := c.clientConfig(func(s string) string { return repl.ReplaceKnown(s, "") })
 	if r.DialTimeout == 0 && !urlSetsDialTimeout(r.URL) {
@@ -276,8 +275,8 @@ func (c *RedisConfig) resolved() limiter.RedisConfig {
 
 // clientConfig is c's client settings in the limiter's terms, each text
 // passed through replace.
-func (c *RedisConfig) clientConfig(replace func(string) string) limiter.RedisConfig {
-	r := limiter.RedisConfig{
+func (c *RedisConfig) clientConfig(replace func(string) string) redisstore.Config {
+	r := redisstore.Config{
 		URL:                replace(c.URL),
 		MasterName:         replace(c.MasterName),
 		Username:           replace(c.Username),
@@ -287,7 +286,7 @@ func (c *RedisConfig) clientConfig(replace func(string) string) limiter.RedisCon
 		DB:                 c.DB,
 		TLS:                c.TLS,
 		InsecureSkipVerify: c.InsecureSkipVerify,
-		TLSOptions: limiter.RedisTLS{
+		TLSOptions: redisstore.TLS{
 			CAFile:     replace(c.TLSCA),
 			CertFile:   replace(c.TLSCert),
 			KeyFile:    replace(c.TLSKey),
@@ -322,8 +321,8 @@ var redisClients = caddy.NewUsagePool()
 // clock (a server that refuses TIME in scripts refuses it to every zone).
 type pooledRedis struct {
 	redis.UniversalClient
-	breaker *limiter.Breaker
-	clock   *limiter.ServerClock
+	breaker *redisstore.Breaker
+	clock   *redisstore.ServerClock
 }
 
 // Destruct closes the client once no config uses it.
@@ -340,7 +339,7 @@ func loadRedisClient(cfg redisPoolKey, logger *zap.Logger) (pooledRedis, string,
 	}
 	key := string(raw)
 	v, _, err := redisClients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		b, err := limiter.NewBreakerWith(cfg.Breaker)
+		b, err := redisstore.NewBreakerWith(cfg.Breaker)
 		if err != nil {
 			return nil, err
 		}
@@ -348,7 +347,7 @@ func loadRedisClient(cfg redisPoolKey, logger *zap.Logger) (pooledRedis, string,
 		if err != nil {
 			return nil, err
 		}
-		return pooledRedis{c, b, limiter.NewServerClock(c, func(instance bool) { logClockSwitch(logger, instance) })}, nil
+		return pooledRedis{c, b, redisstore.NewServerClock(c, func(instance bool) { logClockSwitch(logger, instance) })}, nil
 	})
 	if err != nil {
 		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
@@ -388,7 +387,7 @@ func (c *RedisConfig) options() map[string]option {
 			}
 			// A url with a placeholder is parsed once it is resolved.
 			if !strings.Contains(v, "{") {
-				if err := limiter.CheckRedisURL(v); err != nil {
+				if err := redisstore.CheckURL(v); err != nil {
 					return err
 				}
 			}

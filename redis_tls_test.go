@@ -12,9 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 	"go.uber.org/zap"
-
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // TestCaddyfileRedisTLS: the tls block's options adapt to their JSON
@@ -59,7 +58,7 @@ func TestCaddyfileRedisTLS(t *testing.T) {
 				t.Errorf("adapted %+v, want %+v (JSON %s)", *got, want, out)
 			}
 			key := got.poolKey().Client
-			if key.TLSOptions != (limiter.RedisTLS{CAFile: want.TLSCA, CertFile: want.TLSCert, KeyFile: want.TLSKey, ServerName: want.TLSServerName}) {
+			if key.TLSOptions != (redisstore.TLS{CAFile: want.TLSCA, CertFile: want.TLSCert, KeyFile: want.TLSKey, ServerName: want.TLSServerName}) {
 				t.Errorf("client settings %+v", key.TLSOptions)
 			}
 		})

@@ -8,10 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
-
-	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // warmBudget bounds the warm start of a config's Redis stores in total,
@@ -29,9 +28,9 @@ const warmBudget = time.Second
 // (a wrong password, none where one is required, a Cluster node given as
 // a standalone server) is logged as an error naming the fix, since waiting
 // will not mend it, and ends the warm-up. A TLS connection the server
-// reset names no cause; limiter.ProbeTLSRefusal asks the server for it.
+// reset names no cause; redisstore.ProbeTLSRefusal asks the server for it.
 func (h *Handler) warmRedis() {
-	var stores []*limiter.Redis
+	var stores []*redisstore.Store
 	for _, z := range h.zones {
 		for _, l := range z.limits() {
 			if l.redis != nil {
@@ -54,7 +53,7 @@ func (h *Handler) warmRedis() {
 			h.logger.Error(fix, zap.Error(err))
 			return
 		}
-		if alert := limiter.ProbeTLSRefusal(ctx, h.redis.UniversalClient, err); alert != nil {
+		if alert := redisstore.ProbeTLSRefusal(ctx, h.redis.UniversalClient, err); alert != nil {
 			if fix := tlsConfigFix(alert); fix != "" {
 				h.logger.Error(fix, zap.Error(err), zap.NamedError("server_alert", alert))
 				return

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // This file says, once, what applies to a key in a zone: which limit and
@@ -209,7 +210,7 @@ type variantZone struct {
 	perRequest bool
 	// remote is set for a redis zone whose variant limits are checked
 	// against the Redis scripts' exactness bounds here. (A tier's Redis
-	// store checks its policy itself when it is opened, limiter.NewRedis.)
+	// store checks its policy itself when it is opened, redisstore.New.)
 	remote bool
 }
 
@@ -237,8 +238,8 @@ func (v variant) check(z variantZone) error {
 		return fmt.Errorf("cost %d exceeds what the tier can ever admit (%d)", z.cost, vp.MaxCost())
 	}
 	if z.remote {
-		// The Redis scripts' exactness bounds (limiter.NewRedis).
-		if err := limiter.CheckRedisPolicy(vp); err != nil {
+		// The Redis scripts' exactness bounds (redisstore.New).
+		if err := redisstore.CheckPolicy(vp); err != nil {
 			return err
 		}
 	}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/hotkeys"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/nearcache"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // Zone option values.
@@ -117,10 +119,10 @@ type limit struct {
 	// poolKeys name the memory stores this limit holds in memoryStores.
 	poolKeys []string
 	// redis is the limit's Redis store, behind near when there is one.
-	redis *limiter.Redis
+	redis *redisstore.Store
 	// near is the redis store's near cache (leases, denial cache), which
 	// release closes so its leases go back to Redis.
-	near *limiter.NearCache
+	near *nearcache.Cache
 }
 
 // policy builds the limiter policy the zone describes.
@@ -488,7 +490,7 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 		l.store, l.poolKeys = mem, []string{key}
 		return l, nil
 	}
-	rs, err := limiter.NewRedis(h.redis.UniversalClient, p, limiter.RedisOptions{
+	rs, err := redisstore.New(h.redis.UniversalClient, p, redisstore.Options{
 		Prefix:   h.Redis.KeyPrefix,
 		Zone:     name,
 		Tier:     tier,
@@ -508,7 +510,7 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 	l.store, l.redis, l.remote = rs, rs, true
 	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
 		logger := h.logger.With(zap.String("zone", name))
-		near, err := limiter.NewNearCache(rs, p, limiter.NearCacheOptions{
+		near, err := nearcache.New(rs, p, nearcache.Options{
 			LeaseFraction: cfg.LocalQuota,
 			DenyFor:       deny,
 			MaxKeys:       h.MaxKeys,
@@ -585,7 +587,7 @@ func (z *zone) storeUp() bool {
 }
 
 // instanceClock reports whether the zone's Redis refuses TIME in scripts,
-// so its stores decide by this instance's clock (limiter.ServerClock).
+// so its stores decide by this instance's clock (redisstore.ServerClock).
 func (z *zone) instanceClock() bool {
 	return z.limit.redis != nil && z.limit.redis.InstanceClock()
 }
@@ -598,7 +600,7 @@ func (z *zone) keysHeld() int {
 		switch s := l.store.(type) {
 		case *limiter.Memory:
 			n += s.Len()
-		case *limiter.NearCache:
+		case *nearcache.Cache:
 			n += s.Len()
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testpki"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
 // callers is how many goroutines call the limiter at once.
@@ -174,14 +175,14 @@ func BenchmarkCompare(b *testing.B) {
 				if alg == limiter.TokenBucket || alg == limiter.LeakyBucket {
 					p.Burst = int64(set.burst)
 				}
-				store, err := limiter.NewRedis(client, p, limiter.RedisOptions{Zone: "bench-" + set.name, Timeout: storeTimeout})
+				store, err := redisstore.New(client, p, redisstore.Options{Zone: "bench-" + set.name, Timeout: storeTimeout})
 				if err != nil {
 					b.Fatal(err)
 				}
 				parallel(b, client, set.callers, func(ctx context.Context, key string) error {
 					d, err := store.Take(ctx, key, 1)
 					if err == nil && alg == limiter.Concurrency && d.Allowed {
-						_, err = store.Refund(ctx, key, 1, d)
+						_, err = d.Release(ctx)
 					}
 					return err
 				})
@@ -279,7 +280,7 @@ func TestMemoryPerKey(t *testing.T) {
 	}
 	for i, pol := range policies {
 		// Zone names of one length, so key names weigh the same.
-		store, err := limiter.NewRedis(client, pol.p, limiter.RedisOptions{Zone: fmt.Sprintf("zone%d", i), Timeout: storeTimeout})
+		store, err := redisstore.New(client, pol.p, redisstore.Options{Zone: fmt.Sprintf("zone%d", i), Timeout: storeTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -43,7 +43,7 @@ type Receipt struct {
 	Mark int64
 	// Slot names the concurrency slot a Redis admission holds.
 	Slot string
-	// Lease numbers the NearCache lease the units were spent from; zero
+	// Lease numbers the nearcache.Cache lease the units were spent from; zero
 	// for any other admission.
 	Lease uint64
 	// Granted is how many units the admission took: its cost, for a lease

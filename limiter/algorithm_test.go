@@ -6,21 +6,14 @@ import (
 )
 
 // TestAlgorithmTable checks that the table describes every algorithm once
-// and completely, since the stores read it without checking.
+// and completely, since the stores read it without checking (the Redis
+// store's own table is checked by its TestAlgorithmTable).
 func TestAlgorithmTable(t *testing.T) {
 	var names []Algorithm
-	suffixes := map[string]Algorithm{}
 	for _, alg := range algorithmTable {
 		names = append(names, alg.name)
-		if alg.newTables == nil || alg.redisArgs == nil || alg.scripts.one == "" || alg.scripts.batch == "" || alg.keySuffix == "" {
+		if alg.newTables == nil {
 			t.Errorf("%s: incomplete entry", alg.name)
-		}
-		if other, dup := suffixes[alg.keySuffix]; dup {
-			t.Errorf("%s and %s share the Redis key suffix %q", alg.name, other, alg.keySuffix)
-		}
-		suffixes[alg.keySuffix] = alg.name
-		if alg.holdsSlots && alg.refundArg == nil {
-			t.Errorf("%s: admissions hold slots but a refund names none", alg.name)
 		}
 	}
 	if !slices.Equal(names, Algorithms) {

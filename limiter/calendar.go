@@ -154,62 +154,63 @@ func (c Calendar) longest() int64 {
 	return days * 24 * time.Hour.Microseconds()
 }
 
-// calendarWindows is a compiled Calendar: the window the clock is in,
-// remembered, so a decision inside it does no time zone arithmetic (an
+// CalendarWindows is a compiled Calendar (Compiled.Windows): the window
+// the clock is in, remembered, so a decision inside it does no time zone arithmetic (an
 // atomic load and two comparisons, where the window algorithms' plain
 // windows divide). It is shared by every goroutine deciding for one
 // store; a decision in another window computes that one and remembers it.
-type calendarWindows struct {
+type CalendarWindows struct {
 	cal Calendar
-	cur atomic.Pointer[calendarWindow]
+	cur atomic.Pointer[CalendarWindow]
 }
 
-// calendarWindow is one calendar window [start, end) in µs, with the
-// starts of the windows around it and their boundaries boxed once for
-// the Redis script's arguments (see Redis.callOn).
-type calendarWindow struct {
-	prev, start, end, next int64
-	args                   [4]any
+// CalendarWindow is one calendar window [Start, End) in µs, with the
+// starts of the windows before and after it (Prev, Next), and the four
+// boxed once in Args for the Redis script's arguments (see
+// limiter/redisstore), so that a decision boxes none.
+type CalendarWindow struct {
+	Prev, Start, End, Next int64
+	Args                   [4]any
 }
 
-func newCalendarWindows(c Calendar) *calendarWindows {
-	return &calendarWindows{cal: c}
+func newCalendarWindows(c Calendar) *CalendarWindows {
+	return &CalendarWindows{cal: c}
 }
 
-// around is the window us falls in, with its neighbours.
-func (cw *calendarWindows) around(us int64) *calendarWindow {
-	if w := cw.cur.Load(); w != nil && us >= w.start && us < w.end {
+// Around is the window us falls in, with its neighbours.
+func (cw *CalendarWindows) Around(us int64) *CalendarWindow {
+	if w := cw.cur.Load(); w != nil && us >= w.Start && us < w.End {
 		return w
 	}
 	start, end := cw.cal.bounds(us)
 	prev, _ := cw.cal.bounds(start - 1)
 	_, next := cw.cal.bounds(end)
-	w := &calendarWindow{prev: prev, start: start, end: end, next: next}
-	w.args = [4]any{prev, start, end, next}
+	w := &CalendarWindow{Prev: prev, Start: start, End: end, Next: next}
+	w.Args = [4]any{prev, start, end, next}
 	// Remember the latest window seen: a clock stepped back (only a test's)
 	// must not pin an old one.
-	if old := cw.cur.Load(); old == nil || start >= old.start {
+	if old := cw.cur.Load(); old == nil || start >= old.Start {
 		cw.cur.Store(w)
 	}
 	return w
 }
 
-// at is the window us falls in, [start, end) in µs.
-func (cw *calendarWindows) at(us int64) (start, end int64) {
-	w := cw.around(us)
-	return w.start, w.end
+// At is the window us falls in, [start, end) in µs.
+func (cw *CalendarWindows) At(us int64) (start, end int64) {
+	w := cw.Around(us)
+	return w.Start, w.End
 }
 
 // endOf is the end of the window that begins at start.
-func (cw *calendarWindows) endOf(start int64) int64 {
+func (cw *CalendarWindows) endOf(start int64) int64 {
 	if w := cw.cur.Load(); w != nil {
 		switch start {
-		case w.start:
-			return w.end
-		case w.prev:
-			return w.start
-		case w.end:
-			return w.next
+		case w.Start:
+			return w.End
+		case w.Prev:
+			return w.Start
+		case w.End:
+			return w.Next
 		}
 	}
 	_, end := cw.cal.bounds(start)

@@ -8,7 +8,6 @@ import (
 	"time"
 	_ "time/tzdata" // every zone below, whatever the OS has
 
-	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
@@ -102,7 +101,7 @@ func TestCalendarWindowsTileTime(t *testing.T) {
 					if s, e := cal.bounds(us); s != start || e != end {
 						t.Fatalf("%s: %s placed in [%d, %d), want [%d, %d)", cal, time.UnixMicro(us).In(loc), s, e, start, end)
 					}
-					if s, e := cw.at(us); s != start || e != end {
+					if s, e := cw.At(us); s != start || e != end {
 						t.Fatalf("%s: compiled windows place %d in [%d, %d), want [%d, %d)", cal, us, s, e, start, end)
 					}
 				}
@@ -173,99 +172,6 @@ func TestPolicyCalendar(t *testing.T) {
 		if q, w := ok.QuotaAt(at); q != 10_000 || w != c.w {
 			t.Errorf("QuotaAt(%s) = %d, %v; want 10000, %v", c.t, q, w, c.w)
 		}
-	}
-}
-
-// TestCalendarLeaseEndsWithItsWindow: a lease granted just before local
-// midnight is spent from only until midnight, and the first request of
-// the new day goes to the store.
-func TestCalendarLeaseEndsWithItsWindow(t *testing.T) {
-	ctx := context.Background()
-	p := Policy{Algorithm: FixedWindow, Events: 100, Calendar: &Calendar{Period: Day, Location: mustLoad(t, "Europe/Berlin")}}
-	midnight := time.Date(2026, 3, 30, 0, 0, 0, 0, mustLoad(t, "Europe/Berlin"))
-	clock := testutil.NewClock(midnight.Add(-LeaseLifetime / 2))
-	cache, store := newTestCache(t, p, clock, NearCacheOptions{LeaseFraction: 0.2})
-	take := func() Decision { t.Helper(); return mustAdmit(t, cache, "k").Decision }
-	for range 4 { // leases of 1 and 2 used up, then one of 4
-		take()
-	}
-	if d := take(); d.Source != SourceLease || d.ResetAfter != LeaseLifetime/2 {
-		t.Fatalf("%+v: want a lease decision resetting at midnight, %v away", d, LeaseLifetime/2)
-	}
-	clock.Advance(LeaseLifetime/2 - time.Microsecond)
-	if d := take(); d.Source != SourceLease {
-		t.Fatalf("just before midnight: source %v, want lease", d.Source)
-	}
-	clock.Advance(time.Microsecond)
-	d := take()
-	if d.Source != SourceStore || d.ResetAfter != 24*time.Hour {
-		t.Fatalf("at midnight: %+v; want the store's decision, 24h to the next midnight", d)
-	}
-	if err := cache.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := store.Memory.Take(ctx, "k", 1); st.Remaining != 100-2 {
-		t.Fatalf("the new day has %d left after Close, want 98", st.Remaining)
-	}
-}
-
-// TestCalendarRedisServerTime: with Redis's TIME as the clock, a calendar
-// day is counted and reset at the coming UTC midnight, and its key lives
-// exactly until then.
-func TestCalendarRedisServerTime(t *testing.T) {
-	s := redistest.Start(t)
-	client := s.Client(t)
-	ctx := context.Background()
-	p := Policy{Algorithm: FixedWindow, Events: 2, Calendar: &Calendar{Period: Day}}
-	r := newTestRedis(t, client, p, RedisOptions{Zone: "cal", Timeout: 5 * time.Second})
-	for i, want := range []bool{true, true, false} {
-		d, err := r.Take(ctx, "k", 1)
-		if err != nil || d.Allowed != want {
-			t.Fatalf("take %d: %+v, %v; want allowed %v", i, d, err, want)
-		}
-		end := d.At().Add(d.ResetAfter)
-		if end.UTC().Format(time.TimeOnly) != "00:00:00" || end.Sub(d.At()) > 24*time.Hour {
-			t.Fatalf("take %d resets at %s, want the coming UTC midnight", i, end.UTC())
-		}
-	}
-	ttl, err := client.PTTL(ctx, r.Key("k")).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, end := p.Calendar.Window(time.Now())
-	if left := time.Until(end); ttl < left-2*time.Second || ttl > left+2*time.Second {
-		t.Fatalf("key lives %v, the window %v more", ttl, left)
-	}
-}
-
-// TestCalendarRedisWindowsAroundTheInstance: the script decides in the
-// window, among those the instance sent, that holds Redis's TIME, so an
-// instance whose clock is already in the next day still counts in
-// Redis's day; one whose windows hold no part of Redis's time gets an
-// error, for the fail mode, not a decision in a window nobody named.
-func TestCalendarRedisWindowsAroundTheInstance(t *testing.T) {
-	s := redistest.Start(t)
-	client := s.Client(t)
-	ctx := context.Background()
-	p := Policy{Algorithm: FixedWindow, Events: 5, Calendar: &Calendar{Period: Day}}
-	r := newTestRedis(t, client, p, RedisOptions{Zone: "cal", Timeout: 5 * time.Second})
-	cw := newCalendarWindows(*p.Calendar)
-	run := func(instance time.Time) ([]int64, error) {
-		w := cw.around(instance.UnixMicro())
-		args := append([]any{1, "", p.Events}, w.args[:]...)
-		return r.script.Run(ctx, client, []string{r.Key("skewed")}, args...).Int64Slice()
-	}
-	now := time.Now()
-	reply, err := run(now.Add(24 * time.Hour)) // the instance a day ahead
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, end := p.Calendar.Window(time.UnixMicro(reply[4]))
-	if reply[0] != 1 || reply[1] != 4 || reply[2] != end.Sub(time.UnixMicro(reply[4])).Microseconds() {
-		t.Fatalf("reply %v: want an admission with 4 left, counted in Redis's day ending %s", reply, end)
-	}
-	if _, err := run(now.Add(3 * 24 * time.Hour)); err == nil || !strings.Contains(err.Error(), "not within the windows") {
-		t.Fatalf("windows three days ahead: %v, want an error", err)
 	}
 }
 

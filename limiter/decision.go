@@ -10,7 +10,7 @@ type Decision struct {
 	// Allowed is true when the request's units were taken.
 	Allowed bool
 	// Source says where the decision was made: by the store, or by a
-	// NearCache from memory without asking it. (Beside Allowed, so the
+	// nearcache.Cache from memory without asking it. (Beside Allowed, so the
 	// two bytes share one word: a Decision is copied on every request.)
 	Source Source
 	// Remaining is how many unit requests would pass right now, never negative.
@@ -37,9 +37,9 @@ type Source uint8
 const (
 	// SourceStore: the store decided (for Redis, a round trip).
 	SourceStore Source = iota
-	// SourceLease: a NearCache spent units of a lease in memory.
+	// SourceLease: a nearcache.Cache spent units of a lease in memory.
 	SourceLease
-	// SourceDenyCache: a NearCache repeated a refusal of the store.
+	// SourceDenyCache: a nearcache.Cache repeated a refusal of the store.
 	SourceDenyCache
 )
 

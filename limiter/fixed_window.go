@@ -14,7 +14,7 @@ func windowIndex(p *params, now int64) int64 {
 // Either name grows with time, which is all roll needs of it.
 func windowOf(p *params, now int64) (win, end int64) {
 	if p.cal != nil {
-		return p.cal.at(now)
+		return p.cal.At(now)
 	}
 	win = windowIndex(p, now)
 	return win, (win + 1) * p.w

@@ -104,7 +104,7 @@ func (m *Memory) Sharing(p Policy) (*Memory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("memory store: %w", err)
 	}
-	if !params.alg.holdsSlots || !m.p.alg.holdsSlots {
+	if !params.alg.ReleasesOnFinish || !m.p.alg.ReleasesOnFinish {
 		return nil, fmt.Errorf("memory store: only concurrency limits share their state, not %s and %s", m.policy.Algorithm, p.Algorithm)
 	}
 	return &Memory{policy: p, maxCost: p.MaxCost(), p: params, clock: m.clock, seed: m.seed, tables: m.tables}, nil
@@ -523,3 +523,8 @@ func (sh *shard[S, PS]) remove(key uint64, i uint32) {
 	sh.cells[i] = cell[S]{next: sh.free}
 	sh.free = i + 1
 }
+
+var (
+	_ Leaser  = (*Memory)(nil)
+	_ Charger = (*Memory)(nil)
+)

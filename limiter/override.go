@@ -98,11 +98,11 @@ func NewOverrideGen() int64 { return 1 + rand.Int64N(MaxOverrideGen) }
 // key's state carries on under it (only the expiry changes).
 type KeepGen func(old Override) bool
 
-// withGen is o with the Gen its write gives it, when the key held old
+// WithGen is o with the Gen its write gives it, when the key held old
 // (had): old's when keep says the limit is the same, a new one otherwise.
 // A block or an exemption keeps no state and has none; a nil keep leaves
 // o's as given.
-func (o Override) withGen(old Override, had bool, keep KeepGen) Override {
+func (o Override) WithGen(old Override, had bool, keep KeepGen) Override {
 	switch {
 	case keep == nil:
 	case o.Action != OverrideLimit:
@@ -295,7 +295,7 @@ func (t *OverrideTable) PutWithin(key string, o Override, most int, keep KeepGen
 	if !had && len(t.m) >= most {
 		return Override{}, fmt.Errorf("%w: the zone holds %d already", ErrTooManyOverrides, len(t.m))
 	}
-	o = o.withGen(old, had, keep)
+	o = o.WithGen(old, had, keep)
 	t.m[key] = o
 	t.n.Store(int64(len(t.m)))
 	return o, nil
@@ -374,3 +374,13 @@ func (t *OverrideTable) Len() int {
 
 // MaxOverrides bounds how many overrides one zone holds.
 const MaxOverrides = 1_000_000
+
+// ErrInvalidOverride is wrapped by the errors of Set and Delete that refuse
+// their arguments (a key that is empty or too long, an override Check
+// refuses, an expiry already past), so a caller can tell them from
+// failures of Redis.
+var ErrInvalidOverride = errors.New("invalid override")
+
+// ErrTooManyOverrides is wrapped by Set's error when the zone holds
+// MaxOverrides already and the key is a new one.
+var ErrTooManyOverrides = errors.New("too many overrides")

@@ -49,7 +49,37 @@ type params struct {
 	maxAhead int64
 	// cal, for a policy with a Calendar, gives its windows; w is then a
 	// bound on their length, for the exactness checks only.
-	cal *calendarWindows
+	cal *CalendarWindows
+}
+
+// Compiled is a Policy compiled into the integers the algorithms compute
+// with: what a store outside this package (limiter/redisstore,
+// limiter/nearcache) needs of a policy, checked once by Compile. Its
+// fields are read only.
+type Compiled struct {
+	// Policy is the policy compiled.
+	Policy Policy
+	// L is Events; W is Window in µs (for a calendar policy, a bound on
+	// its windows' length, which only exactness checks read); B is the
+	// bucket capacity, Events unless Burst sets it.
+	L, W, B int64
+	// MaxDelay is a leaky bucket's longest hold, in µs scaled by L (zero
+	// for the other algorithms).
+	MaxDelay int64
+	// MaxAhead bounds how far a bucket's tat may lie ahead of now, in µs,
+	// so a clock stepped backwards cannot overflow the scaled arithmetic.
+	MaxAhead int64
+	// Windows gives a calendar policy's windows; nil without a Calendar.
+	Windows *CalendarWindows
+}
+
+// Compile checks p as Validate does and compiles it.
+func (p Policy) Compile() (Compiled, error) {
+	c, err := p.compile()
+	if err != nil {
+		return Compiled{}, err
+	}
+	return Compiled{Policy: p, L: c.l, W: c.w, B: c.b, MaxDelay: c.maxDelay, MaxAhead: c.maxAhead, Windows: c.cal}, nil
 }
 
 // Validate reports why p cannot be enforced, or nil.
@@ -117,7 +147,7 @@ const maxCalendarEvents = 1 << 51
 // window forms no product of events and window, so only the counts' own
 // bound applies.
 func (p Policy) compileCalendar(alg *algorithm) (params, error) {
-	if alg.calendarScripts.one == "" {
+	if !alg.calendar {
 		return params{}, fmt.Errorf("a calendar applies only to %s, not %s", FixedWindow, p.Algorithm)
 	}
 	if err := p.Calendar.Validate(); err != nil {

@@ -49,7 +49,7 @@ func (s *slidingLogState) take(p *params, now, cost int64) Admission {
 // takeUpTo takes what the window has left, up to want, when it has at
 // least cost: a lease, logged as one admission of every unit granted. A
 // lease of more than the request's cost is logged LeaseLifetime ahead, at
-// the latest time a NearCache may spend it: logged at its grant, a unit
+// the latest time a nearcache.Cache may spend it: logged at its grant, a unit
 // spent up to a lifetime later would leave the window that much early,
 // and instances together could admit more than L in a window-long span
 // (by up to a lease per instance). Logged ahead, every unit is in the log

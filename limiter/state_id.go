@@ -11,9 +11,9 @@ import "strings"
 // escaped, so no zone or tier name can collide with another's or move a key
 // to another hash slot.
 func StateID(zone, tier string) string {
-	id := escapeKeyPart(zone)
+	id := EscapeKeyPart(zone)
 	if tier != "" {
-		id += "#tier=" + escapeKeyPart(tier)
+		id += "#tier=" + EscapeKeyPart(tier)
 	}
 	return id
 }
@@ -24,15 +24,15 @@ func StateID(zone, tier string) string {
 // escaped. Two override limits of one zone differ in their policy, which
 // the stores' keys carry too.
 func OverrideStateID(zone string) string {
-	return escapeKeyPart(zone) + "#override"
+	return EscapeKeyPart(zone) + "#override"
 }
 
-// keyPartEscapes percent-encodes what escapeKeyPart must.
+// keyPartEscapes percent-encodes what EscapeKeyPart must.
 var keyPartEscapes = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D", "#", "%23")
 
-// escapeKeyPart percent-encodes a part of a key name: an operator's prefix,
+// EscapeKeyPart percent-encodes a part of a key name: an operator's prefix,
 // a zone or a tier name.
-func escapeKeyPart(s string) string {
+func EscapeKeyPart(s string) string {
 	if !strings.ContainsAny(s, "{}%#") {
 		return s
 	}

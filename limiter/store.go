@@ -29,7 +29,7 @@ type Store interface {
 }
 
 // Leaser is a shared store that can grant several units in one decision,
-// so a NearCache in front of it can spend them without asking again. The
+// so a nearcache.Cache in front of it can spend them without asking again. The
 // algorithms whose Traits say Leases implement it.
 type Leaser interface {
 	Store
@@ -51,6 +51,11 @@ type Leaser interface {
 	ReturnMany(ctx context.Context, returns []Return) error
 }
 
+// LeaseLifetime is the longest a lease is spent from: its unspent units
+// then go back to the shared store, so quota is stranded on one instance
+// for at most this long.
+const LeaseLifetime = time.Second
+
 // Charger is a store that can take units past its limit. A request whose
 // real cost is known only after its response (the tokens an upstream
 // reports using) was admitted on an estimate; the rest of its cost has
@@ -66,7 +71,7 @@ type Charger interface {
 	// quota (Policy.MaxCost) beyond its limit, so the debt stays bounded
 	// and its arithmetic exact: the part of a charge beyond that is
 	// forgiven, and Granted is less than cost. cost is from 1 to MaxCost.
-	// An error means nothing was charged, except through a NearCache,
+	// An error means nothing was charged, except through a nearcache.Cache,
 	// where the part its lease paid was.
 	Charge(ctx context.Context, key string, cost int64) (Admission, error)
 }

@@ -51,7 +51,7 @@ var overrideSet string
 // OverrideSet is the source of the script that writes or deletes one
 // runtime override in its zone's set, changes the set's version and
 // publishes the change, atomically, so every instance learns of exactly
-// the writes the set holds (see limiter/redis_overrides.go).
+// the writes the set holds (see limiter/redisstore/overrides.go).
 func OverrideSet() string { return overrideSet }
 
 // Script is the source of one script: prelude.lua followed by the named

@@ -97,5 +97,5 @@ go test -race -count=1 -timeout 25m ./...
 
 # The packages whose tests start a server (they import internal/redistest),
 # again against Valkey.
-echo "== go test -race ./limiter/ ./e2e/ ./internal/redistest/ ($(valkey-server --version | sed -E 's/.*v=([^ ]*).*/valkey-server \1/'), FLOODGATE_REDIS_SERVER=valkey)"
-FLOODGATE_REDIS_SERVER=valkey go test -race -count=1 -timeout 25m ./limiter/ ./e2e/ ./internal/redistest/
+echo "== go test -race ./limiter/... ./e2e/ ./internal/redistest/ ($(valkey-server --version | sed -E 's/.*v=([^ ]*).*/valkey-server \1/'), FLOODGATE_REDIS_SERVER=valkey)"
+FLOODGATE_REDIS_SERVER=valkey go test -race -count=1 -timeout 25m ./limiter/... ./e2e/ ./internal/redistest/

@@ -1,0 +1,860 @@
+// Package nearcache keeps leases and refusals of a shared store (the Redis
+// store) in this process: a Cache in front of any limiter.Leaser decides
+// most requests of a busy limit without a round trip, while every unit it
+// admits is still taken from the shared store first.
+package nearcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// nearShards is how many independently locked tables a Cache splits
+// its keys over.
+const nearShards = 32
+
+// Options configures a Cache.
+type Options struct {
+	// LeaseFraction is the largest share of the quota one lease may
+	// hold, in (0, 1]: a lease holds at most ⌈LeaseFraction × Q⌉ units,
+	// where Q is the policy's quota (Burst for a token bucket, else
+	// Events). Zero takes no leases.
+	LeaseFraction float64
+	// DenyFor is the longest a refusal from the shared store is repeated
+	// from memory (the denial cache); zero repeats none.
+	DenyFor time.Duration
+	// MaxKeys bounds the keys the cache remembers; a key beyond it is
+	// decided by the shared store alone. Zero means DefaultMaxKeys.
+	MaxKeys int
+	// Clock is read on every decision; nil means the system clock.
+	Clock limiter.Clock
+	// OnGiveBackError, when set, hears of unspent units a give-back could
+	// not return (they stay taken in the shared store until its state
+	// expires), so the caller can log it.
+	OnGiveBackError func(error)
+
+	// manualSweep keeps the janitor from starting, so a test decides
+	// when sweeps run (Cache.sweep) and schedules stay deterministic.
+	manualSweep bool
+}
+
+// Cache keeps leases and refusals in this process in front of a shared
+// store (a near cache), so most decisions of a busy limit need no round
+// trip while every admitted unit is still taken from the shared store
+// first:
+//
+//   - Leases: when a key's lease cannot cover a request, the cache takes
+//     units for it with one Leaser.TakeUpTo, starting at the request's
+//     cost and doubling while leases are used up within a second of their
+//     grant, up to ⌈LeaseFraction × Q⌉; later requests spend them in
+//     memory. A lease lives at most LeaseLifetime (a fixed window's never
+//     past its window's end, a calendar window's included); then, and at
+//     Close, its unspent units are given back to the store: by the
+//     janitor, every quarter of a lifetime, many in one call
+//     (Leaser.ReturnMany), or by the call that takes the key's next lease
+//     (Leaser.Renew) when a request comes first.
+//   - Denial cache: a refusal from the store is repeated from memory, its
+//     times counted down, until the smaller of its RetryAfter and DenyFor
+//     has passed.
+//
+// Across any number of instances admissions therefore never exceed the
+// limit; under-admission is bounded by what other instances hold in leases,
+// for at most LeaseLifetime. docs/design.md says more.
+type Cache struct {
+	store limiter.Leaser
+	// charger is store as a Charger, nil when it cannot charge.
+	charger  limiter.Charger
+	leasing  bool
+	maxLease int64
+	quota    int64
+	// window, when set, is the aligned window (µs) a lease must not
+	// outlive: see leaseTraits.endsWithWindow. cal is set instead for
+	// a calendar policy, whose windows it gives.
+	window int64
+	cal    *limiter.CalendarWindows
+	// logsLeasesAhead: see leaseTraits.logsAhead.
+	logsLeasesAhead bool
+	denyFor         int64 // µs
+	maxKeys         int64
+	keys            atomic.Int64
+	clock           clock
+	seed            maphash.Seed
+	shards          [nearShards]nearShard
+	// gens numbers the leases the cache grants (nearKey.gen).
+	gens            atomic.Uint64
+	onGiveBackError func(error)
+
+	closed   atomic.Bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	stopped  chan struct{} // closed when the janitor has returned
+	// givingBack counts the give-backs under way, so Close returns only
+	// when nothing is left to refund.
+	givingBack sync.WaitGroup
+}
+
+type nearShard struct {
+	mu   sync.Mutex
+	keys map[string]*nearKey
+	// resets counts the admin resets of the shard's keys, so a refusal
+	// the store made before one is not cached after it (takeFromStore):
+	// a key decided without leases may not be remembered while its take
+	// is under way. Per shard, not per key: a reset of another key costs
+	// a refusal of this one its caching, no more.
+	resets uint64
+	// backs orders give-backs against admin resets: held for reading by
+	// every call that returns units of the shard's keys to the store (the
+	// janitor's and Close's ReturnMany, GiveBack's, a renewal), from the
+	// check that their key was not reset since the units left its lease
+	// until the store has answered; for writing by Reset, around the
+	// store's reset. So units taken before a reset reach the store before
+	// it, into the state it erases, or not at all: never into the fresh
+	// state, which never counted them. Never acquired with mu held.
+	backs sync.RWMutex
+}
+
+// nearBack is units of a lease on their way back to the store: their
+// return, the key they came from and its shard's index.
+type nearBack struct {
+	limiter.Return
+	k     *nearKey
+	shard int
+}
+
+// nearKey is what the cache knows of one key. Its fields are guarded by its
+// shard's lock.
+type nearKey struct {
+	// units is the lease's unspent units, spendable until expires (µs).
+	units   int64
+	expires int64
+	// grant is the store's decision that granted the lease, at grantAt
+	// (µs) on the cache's clock; gen names the lease among every lease
+	// the cache ever granted (from Cache.gens, zero before the first),
+	// so a refund finds the lease its units came from and no other: not
+	// the lease of a key forgotten and remembered since, nor one granted
+	// after a reset.
+	grant   limiter.Admission
+	grantAt int64
+	gen     uint64
+	// size is the next lease's size, before the cost floor.
+	size int64
+	// denial is the store's refusal repeated until deniedUntil (µs); it
+	// was made at deniedAt.
+	denial      limiter.Decision
+	deniedAt    int64
+	deniedUntil int64
+	// refill is the lease request under way, which requests that find
+	// the lease short wait for instead of asking the store again.
+	refill *nearRefill
+	// forgotten is set when an admin reset drops the key (Cache.forget)
+	// while a refill may be under way: what the store answers it was
+	// decided before the reset, so it is neither spent nor cached; and
+	// units of the key not yet given back are not given back.
+	forgotten bool
+	// pendingBacks counts give-backs of the key's units collected and not
+	// yet sent (nearBack): the janitor keeps the key while any is, so a
+	// reset meanwhile finds it and marks it forgotten.
+	pendingBacks int
+	// used is when the key was last decided (µs), for the janitor.
+	used int64
+}
+
+// nearRefill is a lease request under way.
+type nearRefill struct {
+	done chan struct{}
+	d    limiter.Admission
+	err  error
+	// again is set when a reset forgot the key before the request was
+	// sent: the requests waiting for it ask afresh.
+	again bool
+}
+
+// New puts a Cache in front of store, enforcing p (the
+// store's policy). Close it to give back its leases.
+func New(store limiter.Leaser, p limiter.Policy, opts Options) (*Cache, error) {
+	params, err := p.Compile()
+	if err != nil {
+		return nil, fmt.Errorf("near cache: %w", err)
+	}
+	f := opts.LeaseFraction
+	if f < 0 || f > 1 || math.IsNaN(f) {
+		return nil, fmt.Errorf("near cache: lease fraction %v outside (0, 1]", f)
+	}
+	if f > 0 && !p.Algorithm.Traits().Leases {
+		return nil, fmt.Errorf("near cache: %s does not lease", p.Algorithm)
+	}
+	if opts.DenyFor < 0 {
+		return nil, fmt.Errorf("near cache: negative deny duration %v", opts.DenyFor)
+	}
+	q, _ := p.Quota()
+	c := &Cache{
+		store:           store,
+		leasing:         f > 0,
+		maxLease:        int64(math.Ceil(f * float64(q))),
+		quota:           q,
+		denyFor:         opts.DenyFor.Microseconds(),
+		maxKeys:         int64(opts.MaxKeys),
+		clock:           clock{opts.Clock},
+		seed:            maphash.MakeSeed(),
+		onGiveBackError: opts.OnGiveBackError,
+		stop:            make(chan struct{}),
+		stopped:         make(chan struct{}),
+	}
+	if p.Algorithm.Traits().Charges {
+		c.charger, _ = store.(limiter.Charger)
+	}
+	lt := leaseTraitsOf[p.Algorithm]
+	if lt.endsWithWindow {
+		if params.Windows != nil {
+			c.cal = params.Windows
+		} else {
+			c.window = params.W
+		}
+	}
+	c.logsLeasesAhead = lt.logsAhead
+	if c.maxKeys <= 0 {
+		c.maxKeys = limiter.DefaultMaxKeys
+	}
+	for i := range c.shards {
+		c.shards[i].keys = make(map[string]*nearKey)
+	}
+	if opts.manualSweep {
+		close(c.stopped)
+	} else {
+		go c.janitor()
+	}
+	return c, nil
+}
+
+func (c *Cache) shard(key string) *nearShard {
+	return &c.shards[c.shardIndex(key)]
+}
+
+func (c *Cache) shardIndex(key string) int {
+	return int(maphash.String(c.seed, key) % nearShards)
+}
+
+// Take implements Store: from the key's lease or its cached refusal when
+// they answer, else from the store.
+func (c *Cache) Take(ctx context.Context, key string, cost int64) (limiter.Admission, error) {
+	if c.closed.Load() {
+		return c.store.Take(ctx, key, cost)
+	}
+	sh := c.shard(key)
+	for {
+		now := c.clock.now()
+		sh.mu.Lock()
+		k := sh.keys[key]
+		if k != nil {
+			k.used = now
+			if now < k.deniedUntil {
+				d := k.cachedDenial(now)
+				sh.mu.Unlock()
+				return limiter.Admission{Decision: d}, nil
+			}
+			if k.units >= cost && now < k.expires {
+				k.units -= cost
+				a := c.leaseAdmission(k, now)
+				sh.mu.Unlock()
+				a = holding(a, c, key, cost)
+				return a, nil
+			}
+			if r := k.refill; r != nil {
+				// Another request is asking the store for this key: wait
+				// for its answer rather than ask again.
+				sh.mu.Unlock()
+				select {
+				case <-r.done:
+				case <-ctx.Done():
+					return limiter.Admission{}, fmt.Errorf("near cache: waiting for a lease: %w", ctx.Err())
+				}
+				if r.again {
+					continue
+				}
+				if r.err != nil {
+					return limiter.Admission{}, r.err
+				}
+				if !r.d.Allowed {
+					return r.d, nil
+				}
+				continue // spend from the new lease, or ask for the next
+			}
+		}
+		if !c.leasing {
+			resets := sh.resets
+			sh.mu.Unlock()
+			return c.takeFromStore(ctx, sh, key, cost, resets)
+		}
+		if k == nil {
+			if k = c.remember(sh, key, now); k == nil {
+				sh.mu.Unlock()
+				return c.store.Take(ctx, key, cost)
+			}
+		}
+		if a, again, err := c.refill(ctx, sh, k, key, cost, now); !again {
+			return a, err
+		}
+	}
+}
+
+// remember starts remembering key in sh, whose lock is held, unless the
+// cache already holds MaxKeys keys: then it returns nil, and the key is
+// decided by the store alone.
+func (c *Cache) remember(sh *nearShard, key string, now int64) *nearKey {
+	if c.keys.Load() >= c.maxKeys {
+		return nil
+	}
+	k := &nearKey{used: now}
+	sh.keys[key] = k
+	c.keys.Add(1)
+	return k
+}
+
+// takeFromStore asks the store alone (no leases) and caches a refusal,
+// unless a key of sh was reset since resets (sh.resets when the request
+// was sent) was read: the refusal may be of the state the reset forgot.
+func (c *Cache) takeFromStore(ctx context.Context, sh *nearShard, key string, cost int64, resets uint64) (limiter.Admission, error) {
+	d, err := c.store.Take(ctx, key, cost)
+	if err != nil || d.Allowed || c.denyFor == 0 {
+		return d, err
+	}
+	now := c.clock.now()
+	sh.mu.Lock()
+	if sh.resets != resets {
+		sh.mu.Unlock()
+		return d, nil
+	}
+	k := sh.keys[key]
+	if k == nil {
+		k = c.remember(sh, key, now)
+	}
+	if k != nil {
+		k.used = now
+		k.cacheDenial(d.Decision, now, c.denyFor)
+	}
+	sh.mu.Unlock()
+	return d, nil
+}
+
+// refill asks the store for a new lease for k, whose shard is locked and
+// is unlocked on return, and spends cost from it. now is when the request
+// was sent, read before the store's clock decided: the lease's lifetime
+// (and a window's end) is measured from it, not from when the answer
+// came, so however slow the reply, the lease is spent only while the
+// store's clock is within a lifetime of the grant and, for the window
+// counters, within the grant's window. It reports again, having asked
+// nothing, when a reset forgot the key before the request could be sent:
+// the caller asks afresh.
+func (c *Cache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d limiter.Admission, again bool, err error) {
+	// Size: doubled when the last lease was used up within a lifetime of
+	// its grant, restarted at the cost when the key was not leased
+	// recently, else kept.
+	life := limiter.LeaseLifetime.Microseconds()
+	switch {
+	case k.gen == 0 || now-k.grantAt >= 2*life:
+		k.size = cost
+	case k.units < cost && now-k.grantAt < life:
+		k.size = min(2*k.size, c.maxLease)
+	}
+	want := min(max(k.size, cost), max(c.maxLease, cost))
+	leftover, grant := k.units, k.grant
+	k.units, k.expires = 0, 0
+	r := &nearRefill{done: make(chan struct{})}
+	k.refill = r
+	sh.mu.Unlock()
+
+	// Not cancelled with the request that asks: others may wait for the
+	// answer. The store bounds the call with its own timeout. What the
+	// last lease left goes back in the same call, before the take.
+	ctx = context.WithoutCancel(ctx)
+	if leftover > 0 {
+		// A give-back, ordered against resets (nearShard.backs): if one
+		// forgot the key since the units left its lease, it erased them,
+		// and the request starts afresh.
+		sh.backs.RLock()
+		sh.mu.Lock()
+		gone := k.forgotten
+		if gone {
+			k.refill = nil
+			r.again = true
+		}
+		sh.mu.Unlock()
+		if gone {
+			sh.backs.RUnlock()
+			close(r.done)
+			return limiter.Admission{}, true, nil
+		}
+		d, err = c.store.Renew(ctx, limiter.Return{Key: key, Units: leftover, Taken: grant.Receipt}, cost, want)
+		sh.backs.RUnlock()
+		if err != nil && c.onGiveBackError != nil {
+			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
+		}
+	} else {
+		d, err = c.store.TakeUpTo(ctx, key, cost, want)
+	}
+	sent := now
+	now = c.clock.now()
+
+	sh.mu.Lock()
+	k.refill = nil
+	r.d, r.err = d, err
+	switch {
+	case err != nil:
+	case k.forgotten:
+		// An admin reset ran while the store answered: the grant or
+		// refusal was decided on the state it forgot (or, if the store
+		// decided after its reset, on the fresh state: the units are then
+		// stranded until the window or state ends, an under-admission).
+		// The request itself was decided before the reset ended and
+		// stands; the rest of the lease is neither spent nor given back,
+		// since giving it back would credit the fresh state with units it
+		// never counted.
+		if d.Allowed {
+			d = holding(d, c.store, key, cost)
+			d.Receipt.Granted = cost
+			d.Source = limiter.SourceStore
+		}
+	case !d.Allowed:
+		if c.denyFor > 0 {
+			k.cacheDenial(d.Decision, now, c.denyFor)
+		}
+	default:
+		k.gen = c.gens.Add(1)
+		// The decision's times count on from the answer (the store
+		// decided no later), its lifetime from the send.
+		k.grant, k.grantAt = d, now
+		k.units = d.Receipt.Granted - cost
+		k.expires = sent + life
+		if c.window > 0 && d.Time > 0 {
+			k.expires = min(k.expires, sent+c.window-d.Time%c.window)
+		}
+		if c.cal != nil && d.Time > 0 {
+			_, end := c.cal.At(d.Time)
+			k.expires = min(k.expires, sent+end-d.Time)
+		}
+		d = c.leaseAdmission(k, now)
+		d = holding(d, c, key, cost)
+		d.Source = limiter.SourceStore
+	}
+	if c.closed.Load() && k.units > 0 {
+		// Close ran while the store answered: give back now, on this
+		// request, as Close may have stopped waiting for give-backs.
+		back := nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, c.shardIndex(key)}
+		k.units, k.expires = 0, 0
+		k.pendingBacks++
+		defer c.giveBackNow([]nearBack{back})
+	}
+	sh.mu.Unlock()
+	close(r.done)
+	if err != nil {
+		return limiter.Admission{}, false, err
+	}
+	return d, false, nil
+}
+
+// leaseAdmission is the admission of a request spent from k's lease at
+// now, holding nothing yet: the store's remaining when it granted the
+// lease plus what the lease still holds (this instance's best knowledge,
+// never above the quota), and the store's reset counted down. Its receipt
+// names the lease and the grant, whose window or log entry its units
+// belong to.
+func (c *Cache) leaseAdmission(k *nearKey, now int64) limiter.Admission {
+	elapsed := max(0, now-k.grantAt)
+	a := limiter.Admission{Decision: limiter.Decision{
+		Allowed:    true,
+		Remaining:  min(c.quota, k.grant.Remaining+k.units),
+		ResetAfter: max(0, k.grant.ResetAfter-microseconds(elapsed)),
+		Source:     limiter.SourceLease,
+		Time:       k.grant.Time,
+	}, Receipt: limiter.Receipt{At: k.grant.Receipt.At, Mark: k.grant.Receipt.Name(), Lease: k.gen}}
+	if a.Time != 0 {
+		a.Time += elapsed
+		a.Receipt.At += elapsed
+	}
+	return a
+}
+
+// cacheDenial remembers the store's refusal d, made at now, for the
+// smaller of its RetryAfter and denyFor.
+func (k *nearKey) cacheDenial(d limiter.Decision, now, denyFor int64) {
+	k.denial, k.deniedAt = d, now
+	k.deniedUntil = now + min(d.RetryAfter.Microseconds(), denyFor)
+}
+
+// cachedDenial is the remembered refusal as it stands at now: its times
+// counted down.
+func (k *nearKey) cachedDenial(now int64) limiter.Decision {
+	elapsed := now - k.deniedAt
+	d := k.denial
+	d.ResetAfter = max(0, d.ResetAfter-microseconds(elapsed))
+	d.RetryAfter = max(time.Microsecond, d.RetryAfter-microseconds(elapsed))
+	d.Source = limiter.SourceDenyCache
+	if d.Time != 0 {
+		d.Time += elapsed
+	}
+	return d
+}
+
+// GiveBack implements Store. Units spent from a lease go back into it
+// while it lasts, so a request another zone refused costs no round trip;
+// else they go back to the store. A sliding log's lease takes them back
+// only if the store logged it a lifetime ahead: a grant of the request's
+// cost alone is logged at its time, and a unit of it spent again up to a
+// lifetime later would leave the window that much early.
+func (c *Cache) GiveBack(ctx context.Context, key string, units int64, taken limiter.Receipt) (limiter.Decision, error) {
+	if taken.Lease != 0 && !c.closed.Load() {
+		now := c.clock.now()
+		sh := c.shard(key)
+		sh.mu.Lock()
+		if k := sh.keys[key]; c.takesBack(k, taken, now) {
+			k.units += units
+			a := c.leaseAdmission(k, now)
+			sh.mu.Unlock()
+			return a.Decision, nil
+		}
+		sh.mu.Unlock()
+	}
+	return c.store.GiveBack(ctx, key, units, taken)
+}
+
+// takesBack reports whether a give-back of taken goes back into k's lease
+// at now (see GiveBack); k's shard is locked.
+func (c *Cache) takesBack(k *nearKey, taken limiter.Receipt, now int64) bool {
+	if k == nil || taken.Lease == 0 || k.gen != taken.Lease || now >= k.expires {
+		return false
+	}
+	return !c.logsLeasesAhead || k.grant.Receipt.Name()-k.grant.Receipt.At >= limiter.LeaseLifetime.Microseconds()
+}
+
+// Charge implements Charger. The units the key's lease here still holds
+// pay first: the store counted them when it granted the lease, so spending
+// them on the charge owes nothing, as spending them on requests would not,
+// and a charge the lease covers costs no round trip. The rest is taken
+// from the store directly, past its limit if need be (an overdraft, which
+// a lease never holds), so every instance sees the debt at its next
+// round trip; a later lease is refused until time has repaid it. Units
+// other instances hold in leases were counted before the charge and stay
+// theirs to spend: with the charge they are what the store admits in the
+// window. An error from the store means the lease's part was charged and
+// the rest was not.
+func (c *Cache) Charge(ctx context.Context, key string, cost int64) (limiter.Admission, error) {
+	if c.charger == nil {
+		return limiter.Admission{}, errors.New("near cache: the store cannot charge past its limit")
+	}
+	var paid int64
+	if c.leasing && cost > 0 && !c.closed.Load() {
+		now := c.clock.now()
+		sh := c.shard(key)
+		sh.mu.Lock()
+		if k := sh.keys[key]; k != nil && k.units > 0 && now < k.expires {
+			k.used = now
+			paid = min(k.units, cost)
+			k.units -= paid
+			if paid == cost {
+				a := c.leaseAdmission(k, now)
+				a.Receipt.Granted = paid
+				sh.mu.Unlock()
+				return a, nil
+			}
+		}
+		sh.mu.Unlock()
+	}
+	a, err := c.charger.Charge(ctx, key, cost-paid)
+	if err != nil {
+		return limiter.Admission{}, fmt.Errorf("near cache: %w", err)
+	}
+	a.Receipt.Granted += paid
+	return a, nil
+}
+
+// Peek implements Store: the store's state plus what this instance's
+// lease of the key still holds, as a lease decision reports it.
+func (c *Cache) Peek(ctx context.Context, key string) (limiter.Decision, error) {
+	d, err := c.store.Peek(ctx, key)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	now := c.clock.now()
+	sh := c.shard(key)
+	sh.mu.Lock()
+	if k := sh.keys[key]; k != nil && now < k.expires {
+		d.Remaining = min(c.quota, d.Remaining+k.units)
+	}
+	sh.mu.Unlock()
+	return d, nil
+}
+
+// Reset implements Store: it forgets this instance's lease and cached
+// refusal of key, then the store's state, then again whatever the cache
+// learned of the key meanwhile. The lease's units are dropped, not given
+// back: they belong to the state being forgotten. So is every answer the
+// store sent before its reset ended: a lease or refusal whose request was
+// under way is never spent or repeated after the reset (a request sent to
+// the store between the two forgets may have been decided before the
+// store's reset). Leases other instances hold are given back into the
+// fresh state when they lapse, so right after a reset up to that many
+// units more may pass. It reports that state existed when the store held
+// some, or this instance a lease's units or a refusal still in force.
+func (c *Cache) Reset(ctx context.Context, key string) (bool, error) {
+	// No give-back of the shard's units is under way from here on: those
+	// sent have reached the store, and those not sent are dropped if they
+	// are key's (nearShard.backs).
+	sh := c.shard(key)
+	sh.backs.Lock()
+	defer sh.backs.Unlock()
+	held := c.forget(key)
+	existed, err := c.store.Reset(ctx, key)
+	// Even when the store's reset failed: it may have run, and dropping
+	// a lease costs an under-admission at most.
+	c.forget(key)
+	return existed || held, err
+}
+
+// forget drops key for an admin reset (see Reset): its lease, its cached
+// refusal, and what a refill under way brings back (nearKey.forgotten). It
+// reports whether the key held a lease's units or a refusal in force.
+func (c *Cache) forget(key string) bool {
+	now := c.clock.now()
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.resets++
+	k := sh.keys[key]
+	if k == nil {
+		return false
+	}
+	held := k.units > 0 || now < k.deniedUntil
+	// Removed even while a refill is under way: requests that come after
+	// the reset must not wait for an answer decided before it, but ask
+	// the store afresh. The refill still wakes those already waiting.
+	delete(sh.keys, key)
+	c.keys.Add(-1)
+	k.units, k.expires, k.deniedUntil = 0, 0, 0
+	k.forgotten = true
+	return held
+}
+
+// giveBack refunds leases' unspent units to the store, off the request
+// path, in as few calls as the store allows. Each refund's Taken is the
+// decision that granted the lease, which names the window or log entry its
+// units belong to. The caller has added one to givingBack for it, before
+// it took the units out of their leases, so that whoever sees the leases
+// empty and then waits for givingBack also waits for their give-back.
+func (c *Cache) giveBack(backs []nearBack) {
+	go func() {
+		defer c.givingBack.Done()
+		c.giveBackNow(backs)
+	}()
+}
+
+// giveBackNow sends backs to the store, but for those of keys a reset has
+// forgotten since their units left the lease (the reset erased them). It
+// holds the backs lock of every shard involved (in order, each once) until
+// the store has answered, so no reset of their keys runs meanwhile.
+func (c *Cache) giveBackNow(backs []nearBack) {
+	var involved [nearShards]bool
+	for _, b := range backs {
+		involved[b.shard] = true
+	}
+	for i, in := range involved {
+		if in {
+			c.shards[i].backs.RLock()
+		}
+	}
+	defer func() {
+		for i, in := range involved {
+			if in {
+				c.shards[i].backs.RUnlock()
+			}
+		}
+	}()
+	returns := make([]limiter.Return, 0, len(backs))
+	for _, b := range backs {
+		sh := &c.shards[b.shard]
+		sh.mu.Lock()
+		b.k.pendingBacks--
+		gone := b.k.forgotten
+		sh.mu.Unlock()
+		if !gone {
+			returns = append(returns, b.Return)
+		}
+	}
+	if len(returns) == 0 {
+		return
+	}
+	if err := c.store.ReturnMany(context.Background(), returns); err != nil && c.onGiveBackError != nil {
+		var units int64
+		for _, b := range returns {
+			units += b.Units
+		}
+		c.onGiveBackError(fmt.Errorf("returning %d unspent units of %d leases: %w", units, len(returns), err))
+	}
+}
+
+// janitor gives back the units of expired leases and forgets keys that
+// have nothing left to remember, every quarter of a lease's lifetime.
+func (c *Cache) janitor() {
+	defer close(c.stopped)
+	tick := time.NewTicker(limiter.LeaseLifetime / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+			c.sweep(false)
+		}
+	}
+}
+
+// sweep gives back expired leases (every lease when all is set, as Close
+// does) and forgets idle keys. It locks one shard at a time.
+func (c *Cache) sweep(all bool) {
+	idleFor := 2 * limiter.LeaseLifetime.Microseconds()
+	var backs []nearBack
+	for i := range c.shards {
+		sh := &c.shards[i]
+		now := c.clock.now()
+		sh.mu.Lock()
+		for key, k := range sh.keys {
+			if k.units > 0 && (all || now >= k.expires) {
+				if len(backs) == 0 {
+					c.givingBack.Add(1) // see giveBack
+				}
+				backs = append(backs, nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, i})
+				k.units, k.expires = 0, 0
+				k.pendingBacks++
+			}
+			if k.units == 0 && k.refill == nil && k.pendingBacks == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
+				delete(sh.keys, key)
+				c.keys.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if len(backs) > 0 {
+		c.giveBack(backs)
+	}
+}
+
+// Close gives back every lease's unspent units and stops the cache's
+// goroutine; it waits for the give-backs until ctx is done. The cache
+// still decides afterwards, by the store alone: Caddy may route requests
+// on old connections to a handler after its Cleanup.
+func (c *Cache) Close(ctx context.Context) error {
+	c.closed.Store(true)
+	c.stopOnce.Do(func() { close(c.stop) })
+	<-c.stopped // no sweep runs after this one
+	c.sweep(true)
+	done := make(chan struct{})
+	go func() {
+		c.givingBack.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return errors.Join(errors.New("near cache: leases still being given back"), ctx.Err())
+	}
+}
+
+// Len is how many keys the cache remembers.
+func (c *Cache) Len() int { return int(c.keys.Load()) }
+
+var _ limiter.Store = (*Cache)(nil)
+var _ limiter.Charger = (*Cache)(nil)
+
+// ReturnLease returns the unspent units of key's lease to the store and
+// forgets its cached refusal, because key's requests are now decided by
+// another limit (an override was set, changed or removed): units leased
+// under one limit are never spent under another. It waits for the
+// return until ctx is done.
+func (c *Cache) ReturnLease(ctx context.Context, key string) error {
+	sh := c.shard(key)
+	// Held from before the units leave the lease until the store has
+	// them, so no reset runs between (nearShard.backs).
+	sh.backs.RLock()
+	defer sh.backs.RUnlock()
+	var back []limiter.Return
+	sh.mu.Lock()
+	if k := sh.keys[key]; k != nil {
+		if k.units > 0 {
+			back = []limiter.Return{{Key: key, Units: k.units, Taken: k.grant.Receipt}}
+		}
+		k.units, k.expires, k.deniedUntil = 0, 0, 0
+	}
+	sh.mu.Unlock()
+	if len(back) == 0 {
+		return nil
+	}
+	if err := c.store.ReturnMany(ctx, back); err != nil {
+		return fmt.Errorf("returning %d unspent units of key's lease: %w", back[0].Units, err)
+	}
+	return nil
+}
+
+// leaseTraits is what the cache must know of how the stores count an
+// algorithm's leases.
+type leaseTraits struct {
+	// endsWithWindow is set when a lease must not outlive the aligned
+	// window it was granted in: the counters' units belong to that window,
+	// and spent in the next one they would join that window's own L.
+	endsWithWindow bool
+	// logsAhead is set when the stores log a lease's units a lifetime
+	// ahead of its grant (the sliding log), so a unit must not be spent
+	// from a lease that was not: see Cache.GiveBack.
+	logsAhead bool
+}
+
+// leaseTraitsOf describes the algorithms that lease (limiter.Traits.Leases);
+// the others have none.
+var leaseTraitsOf = map[limiter.Algorithm]leaseTraits{
+	limiter.FixedWindow:          {endsWithWindow: true},
+	limiter.SlidingWindowLog:     {logsAhead: true},
+	limiter.SlidingWindowCounter: {endsWithWindow: true},
+}
+
+// holding is a when it refused; when it admitted, a holding held units of
+// key in s, the store its units go back to.
+func holding(a limiter.Admission, s limiter.Store, key string, held int64) limiter.Admission {
+	if !a.Allowed {
+		return a
+	}
+	return limiter.NewAdmission(s, key, held, a.Decision, a.Receipt)
+}
+
+// Start of the process on both clocks; see clock.now.
+var (
+	processStart   = time.Now()
+	processStartUs = processStart.UnixMicro()
+)
+
+// clock is the cache's Options.Clock, read as the memory store reads its
+// own: see now.
+type clock struct{ c limiter.Clock }
+
+// now is the cache's time in µs. Without an injected clock it is the wall
+// clock at process start advanced by the monotonic clock, as in the
+// memory store: time.Since reads one clock where time.Now reads two, and
+// not following steps of the wall clock keeps leases from lapsing early
+// or late when it is set.
+func (mc *clock) now() int64 {
+	if mc.c == nil {
+		return processStartUs + time.Since(processStart).Microseconds()
+	}
+	return mc.c.Now().UnixMicro()
+}
+
+// microseconds converts a count of µs to a Duration.
+func microseconds(us int64) time.Duration {
+	return time.Duration(us) * time.Microsecond
+}

@@ -1,0 +1,150 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// A nearcache.Cache gives units back to Redis in bulk: leases lapse by the
+// thousand on a busy instance, and one script call per lease would cost
+// Redis as much as the decisions the leases saved. The batch script
+// (lua.Batch) runs any number of one algorithm's operations in one atomic
+// EVALSHA, in order, and replies with the last one's reply. ReturnMany sends
+// up to redisMaxReturns returns per call; Renew sends a lapsed lease's
+// give-back and the next lease's take for one key together.
+//
+// On a Cluster every client key is in a hash slot of its own (its hash tag
+// is the key's digest), and a script may only touch keys of one slot, so
+// ReturnMany sends there one script per give-back, pipelined as concurrent
+// decisions are. On shards a script runs on the shard of its first key, so
+// ReturnMany sends each shard's returns in calls of their own (byShard).
+// Renew names one key and works everywhere.
+
+// redisReturnTimeout bounds one call of ReturnMany's. Give-backs run off
+// the request path, so they may wait far longer than a decision does; one
+// that fails leaves its units taken until the key's state expires.
+const redisReturnTimeout = time.Second
+
+// redisMaxReturns bounds the returns of one script call, so that it
+// holds Redis, which runs one script at a time, about as long as a
+// pipeline of decisions does (see redisMaxPipeline).
+const redisMaxReturns = redisMaxPipeline
+
+// Renew implements Leaser with one call of the batch script: the return,
+// then the lease.
+func (r *Store) Renew(ctx context.Context, back limiter.Return, cost, want int64) (limiter.Admission, error) {
+	if err := r.checkLease(cost, want); err != nil {
+		return limiter.Admission{}, err
+	}
+	if err := r.checkCost(back.Units); err != nil {
+		return limiter.Admission{}, err
+	}
+	ctx = r.deadlines.bound(ctx, r.timeout)
+	key := r.Key(back.Key) // the refund and the take name the same key
+	reply, err := r.runBatch(ctx, []*scriptCall{
+		r.callOn(ctx, key, -back.Units, r.refundArg(back.Taken)),
+		r.callOn(ctx, key, cost, want),
+	})
+	if err != nil {
+		return limiter.Admission{}, fmt.Errorf("redis store for zone %q: renewing a lease: %w", r.zone, err)
+	}
+	a, err := decodeReply(reply)
+	if err != nil {
+		return limiter.Admission{}, err
+	}
+	a = holding(a, r, back.Key, a.Receipt.Granted)
+	return a, nil
+}
+
+// ReturnMany implements Leaser: up to redisMaxReturns returns per script
+// call, or on a Cluster one per refund, each call bounded by
+// redisReturnTimeout.
+func (r *Store) ReturnMany(ctx context.Context, returns []limiter.Return) error {
+	for _, rf := range returns {
+		if err := r.checkCost(rf.Units); err != nil {
+			return err
+		}
+	}
+	var failed int
+	var errs []error
+	fail := func(n int, err error) {
+		failed += n
+		if len(errs) < 3 { // enough to say why, not one per key
+			errs = append(errs, err)
+		}
+	}
+	if r.reloadHashSlots != nil {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, rf := range returns {
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
+				defer cancel()
+				if _, err := r.runCall(r.newCall(cctx, rf.Key, -rf.Units, r.refundArg(rf.Taken))); err != nil {
+					mu.Lock()
+					fail(1, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	} else {
+		// On shards, each shard's returns go to it in calls of their
+		// own, all shards at once.
+		var mu sync.Mutex
+		groups := byShard(r, returns, func(rf limiter.Return) string { return r.Key(rf.Key) })
+		eachGroup(groups, func(returns []limiter.Return) {
+			calls := make([]*scriptCall, 0, min(len(returns), redisMaxReturns))
+			for start := 0; start < len(returns); start += redisMaxReturns {
+				calls = calls[:0]
+				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
+				for _, rf := range returns[start:min(len(returns), start+redisMaxReturns)] {
+					calls = append(calls, r.newCall(cctx, rf.Key, -rf.Units, r.refundArg(rf.Taken)))
+				}
+				if _, err := r.runBatch(cctx, calls); err != nil {
+					mu.Lock()
+					fail(len(calls), err)
+					mu.Unlock()
+				}
+				cancel()
+			}
+		})
+	}
+	if failed > 0 {
+		return fmt.Errorf("redis store for zone %q: %d of %d returns failed: %w", r.zone, failed, len(returns), errors.Join(errs...))
+	}
+	return nil
+}
+
+// runBatch runs calls, each a decision as newCall builds it, in one call
+// of the batch script, and returns the last one's reply.
+// The keys must all be on one server: on shards, the first key's shard
+// runs the script (see byShard).
+func (r *Store) runBatch(ctx context.Context, calls []*scriptCall) ([]int64, error) {
+	b := r.breakerFor(calls[0].key)
+	if b.open() {
+		return nil, ErrUnavailable
+	}
+	keys := make([]string, len(calls))
+	for i, c := range calls {
+		keys[i] = c.key
+	}
+	run := func() ([]int64, error) {
+		var args []any
+		for _, c := range calls {
+			args = append(args, len(c.args))
+			args = append(args, c.args...)
+		}
+		return r.batchScript.Run(ctx, r.client, keys, args...).Int64Slice()
+	}
+	reply, err := run()
+	if err != nil && r.onInstanceClock(ctx, err, calls...) {
+		reply, err = run()
+	}
+	return reply, r.outcome(b, err)
+}
