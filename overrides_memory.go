@@ -22,14 +22,6 @@ import (
 // within memory an operator can plan for (see the README's figures).
 const maxOverrides = limiter.MaxOverrides
 
-// memoryOverrideSets keeps the memory zones' overrides by zone name for the
-// life of the process, so a reload finds them as they were; each is also
-// saved in Caddy's storage, so a restart does.
-var memoryOverrideSets = struct {
-	mu     sync.Mutex
-	byName map[string]*memoryOverrides
-}{byName: map[string]*memoryOverrides{}}
-
 // memoryOverrides is one memory zone name's overrides: this instance's
 // alone, saved in Caddy's storage (by default the data directory) after
 // every change.

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -14,8 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 )
 
 // RedisConfig is the `redis` block: where zones with `store redis` keep
@@ -309,66 +306,6 @@ func (c *RedisConfig) clientConfig(replace func(string) string) redisstore.Confi
 func urlSetsDialTimeout(raw string) bool {
 	u, err := url.Parse(raw)
 	return err == nil && u.Query().Has("dial_timeout")
-}
-
-// redisClients shares one client among every handler whose redis block
-// resolves to the same settings, so a config reload that keeps the block
-// keeps its connections, and the last config to let go closes it.
-var redisClients = caddy.NewUsagePool()
-
-// pooledRedis is a shared client, the breaker of the stores that use it
-// (an outage or a recovery is the client's, not one zone's) and their
-// clock (a server that refuses TIME in scripts refuses it to every zone).
-type pooledRedis struct {
-	redis.UniversalClient
-	breaker *redisstore.Breaker
-	clock   *redisstore.ServerClock
-}
-
-// Destruct closes the client once no config uses it.
-func (p pooledRedis) Destruct() error { return p.Close() }
-
-// loadRedisClient returns the shared client for cfg, with its breaker and
-// clock, and the key to release it by. The client connects lazily: an
-// unreachable Redis does not stop Caddy from starting; the zones' fail
-// modes apply until it answers. logger hears when the clock switches.
-func loadRedisClient(cfg redisPoolKey, logger *zap.Logger) (pooledRedis, string, error) {
-	raw, err := json.Marshal(cfg)
-	if err != nil {
-		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
-	}
-	key := string(raw)
-	v, _, err := redisClients.LoadOrNew(key, func() (caddy.Destructor, error) {
-		b, err := redisstore.NewBreakerWith(cfg.Breaker)
-		if err != nil {
-			return nil, err
-		}
-		c, err := cfg.Client.NewClient()
-		if err != nil {
-			return nil, err
-		}
-		return pooledRedis{c, b, redisstore.NewServerClock(c, func(instance bool) { logClockSwitch(logger, instance) })}, nil
-	})
-	if err != nil {
-		return pooledRedis{}, "", fmt.Errorf("redis: %w", err)
-	}
-	return v.(pooledRedis), key, nil
-}
-
-// logClockSwitch says, once per switch, which clock the zones on a Redis
-// now decide by.
-func logClockSwitch(logger *zap.Logger, instance bool) {
-	if instance {
-		logger.Warn("this Redis refuses TIME inside scripts (AWS ElastiCache Serverless does): its zones now decide by each instance's own clock, so keep the instances' clocks in sync (NTP); skew between them moves window edges and refills by the skew")
-		return
-	}
-	logger.Info("this Redis allows TIME inside scripts again: its zones decide by Redis's clock")
-}
-
-func releaseRedisClient(key string) {
-	if key != "" {
-		_, _ = redisClients.Delete(key)
-	}
 }
 
 // UnmarshalCaddyfile parses the `redis` block; the dispenser is on `redis`.
