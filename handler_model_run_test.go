@@ -219,10 +219,7 @@ func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals
 		keys:     []string{"k0", "k1", "k2"}[:2+rng.IntN(2)],
 		features: map[string]bool{},
 		byZone:   map[string]int{},
-		steps:    hmDefaultSteps,
-	}
-	if *hmStepsFlag > 0 {
-		r.steps = *hmStepsFlag
+		steps:    hmFlags.Steps(),
 	}
 	r.mixed = !hmSkips("mixed") && rng.IntN(2) == 0
 	r.m = newHMModel(r)

@@ -1,18 +1,15 @@
 package ratelimit
 
 import (
-	"flag"
 	"fmt"
-	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // TestHandlerModel is the handler-level companion of the limiter's
@@ -60,7 +57,7 @@ func TestHandlerModel(t *testing.T) {
 	if !redistest.Available() {
 		t.Skip("no redis-server")
 	}
-	schedules, seed, replay := hmSettings(t)
+	schedules, seed, replay := hmFlags.Settings(t)
 	srv := redistest.Start(t)
 	// An ACL user without TIME: its instance's scripts decide by the
 	// instance's own clock (README.md "Servers that refuse TIME in
@@ -78,7 +75,7 @@ func TestHandlerModel(t *testing.T) {
 			failed++
 			if failed == 1 {
 				t.Errorf("seed %d (replay: go test -race -count=1 -run '^TestHandlerModel$' . -handler-model.seed=%d%s): %s\nlast steps:\n%s",
-					s, s, hmSkipArg(), run.failure, strings.Join(run.log[max(0, len(run.log)-hmLogTail):], "\n"))
+					s, s, hmFlags.SkipArg(), run.failure, strings.Join(run.log[max(0, len(run.log)-hmLogTail):], "\n"))
 			} else {
 				t.Errorf("seed %d also fails: %s", s, run.failure)
 			}
@@ -87,13 +84,13 @@ func TestHandlerModel(t *testing.T) {
 	t.Log(totals.report(failed))
 }
 
-var (
-	hmSeedFlag      = flag.Uint64("handler-model.seed", 0, "TestHandlerModel: replay only this schedule seed")
-	hmBaseFlag      = flag.Uint64("handler-model.base", 0, "TestHandlerModel: the base seed schedule seeds derive from (0: the fixed default; 1: a fresh random one)")
-	hmSchedulesFlag = flag.Int("handler-model.schedules", 0, "TestHandlerModel: how many schedules (0: the CI default)")
-	hmStepsFlag     = flag.Int("handler-model.steps", 0, "TestHandlerModel: steps per schedule (0: the default)")
-	hmSkipFlag      = flag.String("handler-model.skip", "", "TestHandlerModel: step kinds to leave out, comma-separated: "+strings.Join(hmStepKinds, ","))
-)
+// hmFlags are -handler-model.seed, .base, .schedules, .steps and .skip,
+// with FLOODGATE_HANDLER_MODEL_SEED, _BASE and _SCHEDULES.
+var hmFlags = testutil.NewModelFlags(testutil.ModelConfig{
+	Test: "TestHandlerModel", Flag: "handler-model", Env: "FLOODGATE_HANDLER_MODEL", Log: "handler model",
+	Schedules: hmDefaultSchedules, ShortSchedules: 4, Steps: hmDefaultSteps, Base: hmDefaultBase,
+	Kinds: hmStepKinds,
+})
 
 // hmStepKinds are the kinds of step -handler-model.skip can leave out.
 // Each of the known failure modes has a kind of its own, so that one can
@@ -108,17 +105,7 @@ var (
 var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed", "edge"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
-func hmSkips(kind string) bool {
-	return slices.Contains(strings.Split(*hmSkipFlag, ","), kind)
-}
-
-// hmSkipArg repeats -handler-model.skip for a replay line.
-func hmSkipArg() string {
-	if *hmSkipFlag == "" {
-		return ""
-	}
-	return " -handler-model.skip=" + *hmSkipFlag
-}
+func hmSkips(kind string) bool { return hmFlags.Skips(kind) }
 
 const (
 	hmInstances        = 3
@@ -129,39 +116,6 @@ const (
 	hmNoTimeUser       = "hmnotime"
 	hmNoTimePassword   = "hm-no-time"
 )
-
-// hmSettings reads the flags and their environment variables.
-func hmSettings(t *testing.T) (schedules int, seed uint64, replay bool) {
-	fromEnv := func(v uint64, env string) uint64 {
-		if s := os.Getenv(env); v == 0 && s != "" {
-			n, err := strconv.ParseUint(s, 10, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", env, err)
-			}
-			return n
-		}
-		return v
-	}
-	if seed = fromEnv(*hmSeedFlag, "FLOODGATE_HANDLER_MODEL_SEED"); seed != 0 {
-		return 1, seed, true
-	}
-	schedules = int(fromEnv(uint64(max(0, *hmSchedulesFlag)), "FLOODGATE_HANDLER_MODEL_SCHEDULES"))
-	if schedules <= 0 {
-		schedules = hmDefaultSchedules
-		if testing.Short() {
-			schedules = 4
-		}
-	}
-	switch seed = fromEnv(*hmBaseFlag, "FLOODGATE_HANDLER_MODEL_BASE"); seed {
-	case 0:
-		// A plain run, as CI's, tries the same schedules every time.
-		seed = hmDefaultBase
-	case 1:
-		seed = rand.Uint64()>>1 | 1
-	}
-	t.Logf("handler model base seed %d (rerun every schedule with -handler-model.base=%d)", seed, seed)
-	return schedules, seed, false
-}
 
 // hmSeedFor is schedule i's seed under base.
 func hmSeedFor(i int, base uint64) uint64 {
