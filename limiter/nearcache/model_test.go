@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,14 +44,14 @@ import (
 // a failure. The log ends with a line per case, "model slack ...", and
 // the totals.
 func TestModel(t *testing.T) {
-	schedules, seed, replay := modelSettings(t)
+	schedules, seed, replay := modelFlags.Settings(t)
 	var totals modelTotals
 	t.Cleanup(func() {
 		t.Logf("model totals: %d schedules, %d steps, %d admissions, %d failed schedules, %v",
 			totals.schedules.Load(), totals.steps.Load(), totals.admissions.Load(), totals.failed.Load(), time.Since(totals.start).Round(time.Millisecond))
 		t.Logf("model charges: %d (%d paid from a lease, %d overdrawn in the store, %d cut short by the cap); %d partial refunds",
 			totals.charges.Load(), totals.paid.Load(), totals.overdrawn.Load(), totals.capped.Load(), totals.partial.Load())
-		if !replay && *modelSkipFlag == "" && (totals.paid.Load() == 0 || totals.overdrawn.Load() == 0 || totals.capped.Load() == 0 || totals.partial.Load() == 0) {
+		if !replay && !modelFlags.Skipping() && (totals.paid.Load() == 0 || totals.overdrawn.Load() == 0 || totals.capped.Load() == 0 || totals.partial.Load() == 0) {
 			t.Error("the schedules should charge from leases, overdraw, reach the cap and refund in part")
 		}
 	})
@@ -94,22 +92,22 @@ func TestModel(t *testing.T) {
 	}
 }
 
-var (
-	modelSeedFlag      = flag.Uint64("model.seed", 0, "TestModel: replay only this schedule seed (0: a fresh seed per run)")
-	modelBaseFlag      = flag.Uint64("model.base", 0, "TestModel: the base seed every case's schedule seeds derive from (0: the fixed default; 1: a fresh random one)")
-	modelSchedulesFlag = flag.Int("model.schedules", 0, "TestModel: schedules per case (0: the CI default)")
-	modelStepsFlag     = flag.Int("model.steps", 0, "TestModel: steps per schedule (0: the default)")
-	modelBackFlag      = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
-	modelSkipFlag      = flag.String("model.skip", "", "TestModel: step kinds to leave out, comma-separated, to isolate a failure: "+strings.Join(modelStepKinds, ","))
-)
+// modelFlags are -model.seed, .base, .schedules, .steps and .skip, with
+// FLOODGATE_MODEL_SEED, _BASE and _SCHEDULES.
+var modelFlags = testutil.NewModelFlags(testutil.ModelConfig{
+	Test: "TestModel", Flag: "model", Env: "FLOODGATE_MODEL", Log: "model",
+	Per: "case", Schedules: modelDefaultSchedules, ShortSchedules: 3, Steps: modelDefaultSteps, Base: modelDefaultBase,
+	Kinds: modelStepKinds,
+})
+
+// modelBackFlag bounds the clock's steps back (see modelBackFor).
+var modelBackFlag = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
 
 // modelStepKinds are the steps -model.skip can leave out.
 var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor"}
 
 // modelSkips reports whether -model.skip leaves out kind.
-func modelSkips(kind string) bool {
-	return slices.Contains(strings.Split(*modelSkipFlag, ","), kind)
-}
+func modelSkips(kind string) bool { return modelFlags.Skips(kind) }
 
 const (
 	modelInstances        = 3
@@ -144,50 +142,6 @@ func modelBackFor(alg limiter.Algorithm) time.Duration {
 		return *modelBackFlag
 	}
 	return modelDefaultBack
-}
-
-// modelSettings reads the flags and their environment variables.
-func modelSettings(t *testing.T) (schedules int, seed uint64, replay bool) {
-	schedules = *modelSchedulesFlag
-	if v := os.Getenv("FLOODGATE_MODEL_SCHEDULES"); v != "" && schedules == 0 {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("FLOODGATE_MODEL_SCHEDULES: %v", err)
-		}
-		schedules = n
-	}
-	if schedules <= 0 {
-		schedules = modelDefaultSchedules
-		if testing.Short() {
-			schedules = 3
-		}
-	}
-	// flagOrEnv is the flag's value, or when it is unset the variable's.
-	flagOrEnv := func(flag uint64, env string) uint64 {
-		v := os.Getenv(env)
-		if flag != 0 || v == "" {
-			return flag
-		}
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", env, err)
-		}
-		return n
-	}
-	if seed = flagOrEnv(*modelSeedFlag, "FLOODGATE_MODEL_SEED"); seed != 0 {
-		return 1, seed, true
-	}
-	seed = flagOrEnv(*modelBaseFlag, "FLOODGATE_MODEL_BASE")
-	switch seed {
-	case 0:
-		// The suite is deterministic: a plain run, as CI's, tries the
-		// same schedules every time. Longer runs pick other bases.
-		seed = modelDefaultBase
-	case 1:
-		seed = rand.Uint64()>>1 | 1
-	}
-	t.Logf("model base seed %d (rerun every schedule with -model.base=%d)", seed, seed)
-	return schedules, seed, false
 }
 
 // modelDefaultBase is the base seed of a plain run.
@@ -346,6 +300,28 @@ type modelAdmission struct {
 	charged, overdrawn bool
 }
 
+// decidedByStore times a, an admission of the store that reported the
+// time at (0 if none) and answered at decided, for a key last decided at
+// prev. It counts at the store's own time of decision (see
+// modelAdmission), not when the reply arrived: a reply's latency is not
+// the limiter's slack. The bucket scripts report no time but for a lease;
+// the clock when the store answered is theirs. Other than a window
+// store's, it never counts before prev; a window store's decision time is
+// already in the window it counted in (a time before its stored window is
+// decided at that window's start), and a key it forgot counts afresh at
+// the clock (see modelRun.stepBack).
+func (a *modelAdmission) decidedByStore(at, decided, prev int64, alg limiter.Algorithm) {
+	a.spend = at
+	if a.spend == 0 {
+		a.spend = decided
+	}
+	a.raw = a.spend
+	if alg != limiter.FixedWindow && alg != limiter.SlidingWindowCounter {
+		a.spend = max(a.spend, prev)
+	}
+	a.store = a.spend
+}
+
 // modelKeyState is what the reference keeps per policy generation and key.
 type modelKeyState struct {
 	epoch   int
@@ -443,12 +419,11 @@ type modelGrant struct {
 // the answer (a lease, a refusal) is on its way; not during a renewal,
 // whose give-back a reset waits for (see nearShard.backs).
 type modelSlowLeaser struct {
-	limiter.Leaser
-	m        *modelRun
-	delay    time.Duration
-	decided  int64
-	resetMid *modelMidReset
-	renewing bool
+	replyHook // calls answered
+	m         *modelRun
+	delay     time.Duration
+	decided   int64
+	resetMid  *modelMidReset
 }
 
 // modelMidReset is the reset a take's answer waits for: on instance inst
@@ -458,10 +433,10 @@ type modelMidReset struct {
 	key       string
 }
 
-func (s *modelSlowLeaser) answered() {
+func (s *modelSlowLeaser) answered(renew bool) {
 	s.decided = s.m.clock.Now().UnixMicro()
 	s.m.observe()
-	if r := s.resetMid; r != nil && !s.renewing {
+	if r := s.resetMid; r != nil && !renew {
 		s.resetMid = nil
 		s.m.logf("gen %d inst %d: the store decided; its answer waits for a reset", r.gen, r.inst)
 		s.m.reset(r.gen, r.inst, r.key)
@@ -472,26 +447,6 @@ func (s *modelSlowLeaser) answered() {
 	}
 }
 
-func (s *modelSlowLeaser) Take(ctx context.Context, key string, cost int64) (limiter.Admission, error) {
-	d, err := s.Leaser.Take(ctx, key, cost)
-	s.answered()
-	return d, err
-}
-
-func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (limiter.Admission, error) {
-	d, err := s.Leaser.TakeUpTo(ctx, key, cost, want)
-	s.answered()
-	return d, err
-}
-
-func (s *modelSlowLeaser) Renew(ctx context.Context, back limiter.Return, cost, want int64) (limiter.Admission, error) {
-	d, err := s.Leaser.Renew(ctx, back, cost, want)
-	s.renewing = true
-	s.answered()
-	s.renewing = false
-	return d, err
-}
-
 // Charge makes the slow leaser a Charger, as the store it stands for is.
 func (s *modelSlowLeaser) Charge(ctx context.Context, key string, cost int64) (limiter.Admission, error) {
 	ch, ok := s.Leaser.(limiter.Charger)
@@ -499,7 +454,7 @@ func (s *modelSlowLeaser) Charge(ctx context.Context, key string, cost int64) (l
 		return limiter.Admission{}, fmt.Errorf("a %T cannot charge", s.Leaser)
 	}
 	d, err := ch.Charge(ctx, key, cost)
-	s.answered()
+	s.answered(false)
 	return d, err
 }
 
@@ -581,10 +536,7 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 	if err := m.addGen(p); err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
-	steps := *modelStepsFlag
-	if steps <= 0 {
-		steps = modelDefaultSteps
-	}
+	steps := modelFlags.Steps()
 	for m.step = 1; m.step <= steps && m.failure == ""; m.step++ {
 		m.doStep()
 		if m.failure == "" {
@@ -667,7 +619,8 @@ func (m *modelRun) addGen(p limiter.Policy) error {
 			g.redis = append(g.redis, r)
 			inner = r
 		}
-		s := &modelSlowLeaser{Leaser: inner, m: m}
+		s := &modelSlowLeaser{m: m}
+		s.replyHook = replyHook{Leaser: inner, answered: s.answered}
 		g.stores = append(g.stores, s)
 		if p.Algorithm == limiter.Concurrency {
 			continue
@@ -1004,23 +957,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 			m.fail("gen %d instance %d: a decision of the store that never asked it", gi, inst)
 			return
 		}
-		// At the store's own time of decision (see modelAdmission), not
-		// when the reply arrived: a reply's latency is not the limiter's
-		// slack. The bucket scripts report no time but for a lease; the
-		// clock when the store answered is theirs.
-		a.spend = d.Time
-		if a.spend == 0 {
-			a.spend = st.decided
-		}
-		a.raw = a.spend
-		if g.p.Algorithm != limiter.FixedWindow && g.p.Algorithm != limiter.SlidingWindowCounter {
-			// A window store's decision time is already in the window
-			// it counted in (a time before its stored window is decided
-			// at that window's start); a key it forgot counts afresh at
-			// the clock (see modelRun.stepBack).
-			a.spend = max(a.spend, prev)
-		}
-		a.store = a.spend
+		a.decidedByStore(d.Time, st.decided, prev, g.p.Algorithm)
 		if d.Receipt.Lease != 0 {
 			g.grants[modelGrant{inst, key, d.Receipt.Lease}] = a.store
 			g.rawGrants[modelGrant{inst, key, d.Receipt.Lease}] = a.raw
@@ -1131,15 +1068,7 @@ func (m *modelRun) charge(gi, inst int, key string) {
 		a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: over, d: d, epoch: ks.epoch, charged: true, overdrawn: true}
 		m.nextID++
 		// As a take the store decided (modelRun.take).
-		a.spend = d.Time
-		if a.spend == 0 {
-			a.spend = st.decided
-		}
-		a.raw = a.spend
-		if g.p.Algorithm != limiter.FixedWindow && g.p.Algorithm != limiter.SlidingWindowCounter {
-			a.spend = max(a.spend, prev)
-		}
-		a.store = a.spend
+		a.decidedByStore(d.Time, st.decided, prev, g.p.Algorithm)
 		m.adm = append(m.adm, a)
 		note = append(note, fmt.Sprintf("#%d: %d from the store at %s", a.id, over, m.rel(a.spend)))
 	}

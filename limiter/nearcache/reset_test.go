@@ -18,7 +18,7 @@ import (
 // until the test lets it go: a reply still on its way while the test does
 // something else, deterministically.
 type heldReply struct {
-	limiter.Leaser
+	replyHook
 	replyGate
 }
 
@@ -38,6 +38,28 @@ func (h *replyGate) arm() {
 	h.mu.Unlock()
 }
 
+// waitCalled waits for the armed call to come, failing with why after
+// 5 s.
+func (h *replyGate) waitCalled(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case <-h.decided:
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
+	}
+}
+
+// resetAsync resets key on cache in a goroutine; the channel gets its
+// error.
+func resetAsync(ctx context.Context, cache *Cache, key string) chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := cache.Reset(ctx, key)
+		done <- err
+	}()
+	return done
+}
+
 func (h *replyGate) hold() {
 	h.mu.Lock()
 	armed := h.armed
@@ -50,21 +72,36 @@ func (h *replyGate) hold() {
 	}
 }
 
-func (h *heldReply) Take(ctx context.Context, key string, cost int64) (limiter.Admission, error) {
+// newHeldReply is a heldReply in front of l.
+func newHeldReply(l limiter.Leaser) *heldReply {
+	h := &heldReply{}
+	h.replyHook = replyHook{Leaser: l, answered: func(bool) { h.hold() }}
+	return h
+}
+
+// replyHook is a shared store that calls answered once the store has
+// decided a Take, TakeUpTo or Renew (renew: it was a Renew), before its
+// answer goes back.
+type replyHook struct {
+	limiter.Leaser
+	answered func(renew bool)
+}
+
+func (h replyHook) Take(ctx context.Context, key string, cost int64) (limiter.Admission, error) {
 	d, err := h.Leaser.Take(ctx, key, cost)
-	h.hold()
+	h.answered(false)
 	return d, err
 }
 
-func (h *heldReply) TakeUpTo(ctx context.Context, key string, cost, want int64) (limiter.Admission, error) {
+func (h replyHook) TakeUpTo(ctx context.Context, key string, cost, want int64) (limiter.Admission, error) {
 	d, err := h.Leaser.TakeUpTo(ctx, key, cost, want)
-	h.hold()
+	h.answered(false)
 	return d, err
 }
 
-func (h *heldReply) Renew(ctx context.Context, back limiter.Return, cost, want int64) (limiter.Admission, error) {
+func (h replyHook) Renew(ctx context.Context, back limiter.Return, cost, want int64) (limiter.Admission, error) {
 	d, err := h.Leaser.Renew(ctx, back, cost, want)
-	h.hold()
+	h.answered(true)
 	return d, err
 }
 
@@ -87,16 +124,8 @@ func resetDuringReply(t *testing.T, cache *Cache, h *heldReply, key string) limi
 		d, err := cache.Take(ctx, key, 1)
 		done <- result{d, err}
 	}()
-	select {
-	case <-h.decided:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the take never reached the store")
-	}
-	resetDone := make(chan error, 1)
-	go func() {
-		_, err := cache.Reset(ctx, key)
-		resetDone <- err
-	}()
+	h.waitCalled(t, "the take never reached the store")
+	resetDone := resetAsync(ctx, cache, key)
 	select {
 	case err := <-resetDone:
 		resetDone <- err
@@ -149,7 +178,7 @@ func TestNearCacheResetDropsLeaseInFlight(t *testing.T) {
 		for _, path := range []string{"lease", "renewal"} {
 			t.Run(name+"/"+path, func(t *testing.T) {
 				clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-				h := &heldReply{Leaser: backend(t, p, clock)}
+				h := newHeldReply(backend(t, p, clock))
 				cache := edgeCaches(t, h, p, clock, 1, 1)[0]
 				// Leases of 1 and 2, each used up at once: the next is 4.
 				// For a renewal, the second lapses with a unit unspent,
@@ -197,7 +226,7 @@ func TestNearCacheResetForgetsRefusalInFlight(t *testing.T) {
 			}
 			t.Run(label, func(t *testing.T) {
 				clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-				h := &heldReply{Leaser: backend(t, p, clock)}
+				h := newHeldReply(backend(t, p, clock))
 				cache, err := New(h, p, Options{LeaseFraction: fraction, DenyFor: time.Second, Clock: clock, manualSweep: true})
 				if err != nil {
 					t.Fatal(err)
@@ -253,16 +282,8 @@ func TestNearCacheResetOrdersGiveBacks(t *testing.T) {
 			clock.Advance(limiter.LeaseLifetime)
 			h.arm()
 			cache.sweep(false) // gives the lapsed lease's unit back
-			select {
-			case <-h.decided:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the sweep gave nothing back")
-			}
-			resetDone := make(chan error, 1)
-			go func() {
-				_, err := cache.Reset(ctx, "k")
-				resetDone <- err
-			}()
+			h.waitCalled(t, "the sweep gave nothing back")
+			resetDone := resetAsync(ctx, cache, "k")
 			var after int64 // admitted once the reset has returned
 			reset := false
 			select {
