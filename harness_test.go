@@ -297,11 +297,17 @@ func eachStore(t *testing.T, f func(t *testing.T, store string)) {
 // (the zone's set, then the give-back of leases).
 func setOverride(t testing.TB, h *Handler, name, key string, o limiter.Override) {
 	t.Helper()
+	setOverrideAt(t, h, name, key, o, time.Now())
+}
+
+// setOverrideAt is setOverride with the give-back of leases decided at now.
+func setOverrideAt(t testing.TB, h *Handler, name, key string, o limiter.Override, now time.Time) {
+	t.Helper()
 	z := handlerZone(t, h, name)
 	if err := z.checkOverride(o); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, time.Now())); err != nil {
+	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, now)); err != nil {
 		t.Fatal(err)
 	}
 	z.overrideChanged(key, nil)

@@ -25,23 +25,7 @@ import (
 // and removes it when the test ends.
 func rsPut(t *testing.T, h *Handler, name, key string, o limiter.Override) {
 	t.Helper()
-	var z *zone
-	for _, hz := range h.zones {
-		if hz.name == name {
-			z = hz
-		}
-	}
-	if z == nil {
-		t.Fatalf("no zone %q", name)
-	}
-	if err := z.checkOverride(o); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := z.ov.set.put(context.Background(), key, o, keepGen([]*zone{z}, o, h.now())); err != nil {
-		t.Fatal(err)
-	}
-	z.overrideChanged(key, nil)
-	t.Cleanup(func() { z.ov.set.table().Remove(key) })
+	setOverrideAt(t, h, name, key, o, h.now())
 }
 
 // rsInspect is the admin API's answer about key in zone name (one handler
