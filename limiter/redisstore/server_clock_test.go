@@ -185,10 +185,7 @@ func TestEveryInstanceGoesBackToRedisClock(t *testing.T) {
 		c := s.Client(t) // an instance's own client
 		clock := NewServerClock(c, nil)
 		clock.recheckEvery = reprobeAfter // not 10 s, in a test
-		r := newTestRedis(t, c, p, Options{Zone: "back", Timeout: time.Second, ServerClock: clock})
-		if err := r.Preload(ctx); err != nil {
-			t.Fatal(err)
-		}
+		r := newPreloadedRedis(t, c, p, Options{Zone: "back", Timeout: time.Second, ServerClock: clock})
 		if !r.InstanceClock() {
 			t.Fatalf("%s: not on the instance's clock on a server refusing TIME", name)
 		}
@@ -233,11 +230,8 @@ func TestErrorReplyProbesWithinTheTimeout(t *testing.T) {
 	ring := shards.ring(t)
 	ctx := context.Background()
 	const timeout = 20 * time.Millisecond
-	r := newTestRedis(t, ring, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 10, Window: time.Hour},
+	r := newPreloadedRedis(t, ring, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 10, Window: time.Hour},
 		Options{Zone: "probe", Timeout: timeout})
-	if err := r.Preload(ctx); err != nil {
-		t.Fatal(err)
-	}
 	key := r.Key("k")
 	for _, s := range shards {
 		if s.Addr() == r.shardOf(key) {

@@ -11,31 +11,21 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 	"github.com/floodgatehq/caddy-ratelimit/limiter/internal/storetest"
 )
 
-// testShards are standalone servers for a sharded store.
-type testShards []*redistest.Server
+// testShards are standalone servers for a sharded store
+// (storetest.Shards, with the helpers these tests add).
+type testShards storetest.Shards
 
 // startShards starts n standalone servers.
 func startShards(t *testing.T, n int) testShards {
 	t.Helper()
-	s := make(testShards, n)
-	for i := range s {
-		s[i] = redistest.Start(t)
-	}
-	return s
+	return testShards(storetest.StartShards(t, n))
 }
 
-func (s testShards) addrs() []string {
-	a := make([]string, len(s))
-	for i, srv := range s {
-		a[i] = srv.Addr()
-	}
-	return a
-}
+func (s testShards) addrs() []string { return storetest.Shards(s).Addrs() }
 
 // ring is a client over the shards as Config.NewClient makes it,
 // closed by t.Cleanup.
@@ -120,10 +110,7 @@ func TestRedisShardsSpreadKeys(t *testing.T) {
 	shards := startShards(t, 3)
 	ring := shards.ring(t)
 	ctx := context.Background()
-	r := newTestRedis(t, ring, limiter.Policy{Algorithm: limiter.SlidingWindowCounter, Events: 10, Window: time.Minute}, Options{Zone: "spread", Timeout: time.Second})
-	if err := r.Preload(ctx); err != nil {
-		t.Fatal(err)
-	}
+	r := newPreloadedRedis(t, ring, limiter.Policy{Algorithm: limiter.SlidingWindowCounter, Events: 10, Window: time.Minute}, Options{Zone: "spread", Timeout: time.Second})
 	for _, s := range shards {
 		ok, err := s.Client(t).ScriptExists(ctx, r.script.Hash(), r.batchScript.Hash()).Result()
 		if err != nil || !ok[0] || !ok[1] {
@@ -252,10 +239,7 @@ func TestRedisShardsNoScript(t *testing.T) {
 	shards := startShards(t, 3)
 	ring := shards.ring(t)
 	ctx := context.Background()
-	r := newTestRedis(t, ring, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 100, Window: time.Hour}, Options{Zone: "noscript", Timeout: time.Second})
-	if err := r.Preload(ctx); err != nil {
-		t.Fatal(err)
-	}
+	r := newPreloadedRedis(t, ring, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 100, Window: time.Hour}, Options{Zone: "noscript", Timeout: time.Second})
 	if err := shards[0].Client(t).ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -280,10 +264,7 @@ func TestRedisShardsSlotsRenewed(t *testing.T) {
 	shards := startShards(t, 3)
 	ring := shards.ring(t)
 	ctx := context.Background()
-	r := newTestRedis(t, ring, limiter.Policy{Algorithm: limiter.Concurrency, Events: 2, Window: time.Hour}, Options{Zone: "slots", Timeout: time.Second})
-	if err := r.Preload(ctx); err != nil {
-		t.Fatal(err)
-	}
+	r := newPreloadedRedis(t, ring, limiter.Policy{Algorithm: limiter.Concurrency, Events: 2, Window: time.Hour}, Options{Zone: "slots", Timeout: time.Second})
 	for i := range 30 {
 		storetest.MustAdmit(t, r, fmt.Sprint("c", i))
 	}

@@ -69,6 +69,16 @@ func newTestRedis(t testing.TB, client redis.UniversalClient, p limiter.Policy, 
 	return r
 }
 
+// newPreloadedRedis is newTestRedis with its scripts loaded (Preload).
+func newPreloadedRedis(t testing.TB, client redis.UniversalClient, p limiter.Policy, opts Options) *Store {
+	t.Helper()
+	r := newTestRedis(t, client, p, opts)
+	if err := r.Preload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // scanKeys lists every key of the client's database (every master's, for a
 // Cluster, every shard's, for shards).
 func scanKeys(t *testing.T, client redis.UniversalClient) []string {
@@ -909,10 +919,8 @@ func TestRedisRefundManyAndRenew(t *testing.T) {
 		{"shards", startShards(t, 3).ring(t)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newTestRedis(t, tc.client, p, Options{Zone: "many", Timeout: 5 * time.Second})
-			if err := r.Preload(ctx); err != nil { // no NOSCRIPT retry in the count
-				t.Fatal(err)
-			}
+			// Preloaded: no NOSCRIPT retry in the count.
+			r := newPreloadedRedis(t, tc.client, p, Options{Zone: "many", Timeout: 5 * time.Second})
 			const keys = 150
 			backs := make([]limiter.Return, keys)
 			for i := range backs {
