@@ -115,10 +115,7 @@ func TestCalendarJSONRefusals(t *testing.T) {
 // window's end, and RateLimit-Policy gives the current window's length:
 // 23 hours on the day Berlin springs forward, 24 the day after.
 func TestCalendarHeaders(t *testing.T) {
-	berlin, err := time.LoadLocation("Europe/Berlin")
-	if err != nil {
-		t.Fatal(err)
-	}
+	berlin := testutil.MustLoad(t, "Europe/Berlin")
 	clock := testutil.NewClock(time.Date(2026, 3, 29, 12, 0, 0, 0, berlin)) // CEST, 12 h to midnight
 	h := provisionHandlerAt(t, `rate_limit {
 		zone cal_headers {
@@ -181,10 +178,7 @@ func BenchmarkHandlerCalendarWindow(b *testing.B) {
 // response as any fixed window does; a key that owes is refused until
 // its local day ends, and the next day starts at zero.
 func TestCalendarResponseCost(t *testing.T) {
-	tokyo, err := time.LoadLocation("Asia/Tokyo")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokyo := testutil.MustLoad(t, "Asia/Tokyo")
 	clock := testutil.NewClock(time.Date(2026, 6, 1, 22, 0, 0, 0, tokyo))
 	h := provisionHandlerAt(t, `rate_limit {
 		zone cal_tokens {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // calendarZone picks a time zone whose local midnight is at least an hour
@@ -19,10 +20,7 @@ import (
 func calendarZone(t *testing.T) (name string, start, end time.Time) {
 	t.Helper()
 	for _, name := range []string{"Europe/Berlin", "America/New_York", "Asia/Tokyo", "Pacific/Honolulu"} {
-		loc, err := time.LoadLocation(name)
-		if err != nil {
-			t.Fatal(err)
-		}
+		loc := testutil.MustLoad(t, name)
 		now := time.Now().In(loc)
 		start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, loc)
 		end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, loc)
@@ -142,10 +140,7 @@ func TestExampleCalendarQuota(t *testing.T) {
 		{"key-initech", "monthly_us", "America/New_York", 10_000},
 		{"key-unknown", "monthly_eu", "Europe/Berlin", 10_000},
 	} {
-		loc, err := time.LoadLocation(tc.tz)
-		if err != nil {
-			t.Fatal(err)
-		}
+		loc := testutil.MustLoad(t, tc.tz)
 		before := time.Now().In(loc)
 		r := get(t, c, inst.URL("/"), "X-API-Key", tc.key)
 		after := time.Now().In(loc)

@@ -229,10 +229,7 @@ func BenchmarkMemoryFixedWindow(b *testing.B) {
 // more ns/op than the plain window, as the current window is remembered
 // and a decision does no time zone arithmetic.
 func BenchmarkMemoryCalendarWindow(b *testing.B) {
-	berlin, err := time.LoadLocation("Europe/Berlin")
-	if err != nil {
-		b.Fatal(err)
-	}
+	berlin := testutil.MustLoad(b, "Europe/Berlin")
 	benchTakes(b, Policy{Algorithm: FixedWindow, Events: 1_000_000, Calendar: &Calendar{Period: Day, Location: berlin}})
 }
 

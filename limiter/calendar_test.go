@@ -11,15 +11,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
-func mustLoad(t testing.TB, name string) *time.Location {
-	t.Helper()
-	loc, err := time.LoadLocation(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return loc
-}
-
 // TestCalendarWindow: windows begin at local midnight, on Monday, on the
 // 1st, and last what the calendar makes them last. The expected instants
 // are written with their UTC offsets by hand.
@@ -52,7 +43,7 @@ func TestCalendarWindow(t *testing.T) {
 	for _, c := range cases {
 		var loc *time.Location
 		if c.zone != "" {
-			loc = mustLoad(t, c.zone)
+			loc = testutil.MustLoad(t, c.zone)
 		}
 		cal := Calendar{Period: c.period, Location: loc}
 		start, end := cal.Window(at(c.t))
@@ -76,7 +67,7 @@ func TestCalendarWindowsTileTime(t *testing.T) {
 	from := time.Date(2010, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
 	to := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
 	for _, name := range zones {
-		loc := mustLoad(t, name)
+		loc := testutil.MustLoad(t, name)
 		for _, period := range Periods {
 			cal := Calendar{Period: period, Location: loc}
 			cw := newCalendarWindows(cal)
@@ -117,7 +108,7 @@ func TestCalendarWindowsTileTime(t *testing.T) {
 // TestPolicyCalendar: a calendar is a fixed window's alone, replaces its
 // window, and is part of the policy's identity.
 func TestPolicyCalendar(t *testing.T) {
-	berlin := mustLoad(t, "Europe/Berlin")
+	berlin := testutil.MustLoad(t, "Europe/Berlin")
 	month := &Calendar{Period: Month, Location: berlin}
 	ok := Policy{Algorithm: FixedWindow, Events: 10_000, Calendar: month}
 	if err := ok.Validate(); err != nil {
@@ -180,7 +171,7 @@ func TestPolicyCalendar(t *testing.T) {
 // Reset reports state only while the window holds some.
 func TestCalendarMemorySweepAndReset(t *testing.T) {
 	ctx := context.Background()
-	ny := mustLoad(t, "America/New_York")
+	ny := testutil.MustLoad(t, "America/New_York")
 	clock := testutil.NewClock(time.Date(2026, 12, 31, 23, 0, 0, 0, ny))
 	m, err := NewMemory(Policy{Algorithm: FixedWindow, Events: 3, Calendar: &Calendar{Period: Month, Location: ny}}, MemoryOptions{Clock: clock})
 	if err != nil {

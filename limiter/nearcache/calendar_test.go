@@ -15,8 +15,8 @@ import (
 // the new day goes to the store.
 func TestCalendarLeaseEndsWithItsWindow(t *testing.T) {
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Calendar: &limiter.Calendar{Period: limiter.Day, Location: storetest.MustLoad(t, "Europe/Berlin")}}
-	midnight := time.Date(2026, 3, 30, 0, 0, 0, 0, storetest.MustLoad(t, "Europe/Berlin"))
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Calendar: &limiter.Calendar{Period: limiter.Day, Location: testutil.MustLoad(t, "Europe/Berlin")}}
+	midnight := time.Date(2026, 3, 30, 0, 0, 0, 0, testutil.MustLoad(t, "Europe/Berlin"))
 	clock := testutil.NewClock(midnight.Add(-limiter.LeaseLifetime / 2))
 	cache, store := newTestCache(t, p, clock, Options{LeaseFraction: 0.2})
 	take := func() limiter.Decision { t.Helper(); return storetest.MustAdmit(t, cache, "k").Decision }

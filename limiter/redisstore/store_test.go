@@ -731,7 +731,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 		{Algorithm: limiter.SlidingWindowCounter, Events: 11, Window: 1234567 * time.Microsecond},
 		{Algorithm: limiter.SlidingWindowCounter, Events: 20_000, Window: 24 * time.Hour},
 		{Algorithm: limiter.Concurrency, Events: 3, Window: time.Hour},
-		{Algorithm: limiter.FixedWindow, Events: 9, Calendar: &limiter.Calendar{Period: limiter.Day, Location: storetest.MustLoad(t, "Europe/Berlin")}},
+		{Algorithm: limiter.FixedWindow, Events: 9, Calendar: &limiter.Calendar{Period: limiter.Day, Location: testutil.MustLoad(t, "Europe/Berlin")}},
 	}
 	for i, p := range policies {
 		t.Run(p.String(), func(t *testing.T) {

@@ -47,16 +47,6 @@ func NewMemory(t testing.TB, p limiter.Policy, opts limiter.MemoryOptions) (*lim
 	return m, clock
 }
 
-// MustLoad is the time zone name, or fails the test.
-func MustLoad(t testing.TB, name string) *time.Location {
-	t.Helper()
-	loc, err := time.LoadLocation(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return loc
-}
-
 // AwayFromHourEnd waits, when less than 30 s are left of the current
 // hour, until the next one has begun: an hourly window must not turn over
 // while a test counts in it.
