@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // shardsBlock is a redis block naming servers as shards, listed from the
@@ -330,12 +330,7 @@ func TestShardsWarmStartWithShardDown(t *testing.T) {
 	want := infoInt(t, up1, "memory", "number_of_cached_scripts")
 
 	live := redistest.Start(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := l.Addr().String()
-	l.Close()
+	dead := testutil.ClosedAddr(t)
 	inst := caddyproc.Start(t, redisSite(block(live.Addr(), dead), routes...))
 	if got := infoInt(t, live, "memory", "number_of_cached_scripts"); got < want {
 		t.Errorf("with the other shard down, the live shard caches %d scripts after the warm start; with both up a shard caches %d\ncaddy log:\n%s", got, want, inst.Log())

@@ -2,13 +2,13 @@ package redisstore
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
@@ -69,12 +69,7 @@ func TestRedisPreload(t *testing.T) {
 func TestPreloadLoadsLiveShardsWhenOneIsDown(t *testing.T) {
 	live := redistest.Start(t)
 	// A port nobody listens on: a shard that is down at startup.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := l.Addr().String()
-	l.Close()
+	down := testutil.ClosedAddr(t)
 	ring := newShardsClient(t, Config{Shards: []string{live.Addr(), down}})
 	r := newTestRedis(t, ring, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 10, Window: time.Hour},
 		Options{Zone: "warm", Timeout: time.Second})
