@@ -170,6 +170,20 @@ func (h *Handler) parseZone(d *caddyfile.Dispenser, lines map[string]int) error 
 	return nil
 }
 
+// exclusive makes o refuse to parse, saying why, once an option it cannot
+// be used with has (*other set), and note that it has been used (*used).
+func exclusive(o option, other, used *bool, why string) option {
+	parse := o.parse
+	o.parse = func(d *caddyfile.Dispenser) error {
+		if *other {
+			return errors.New(why)
+		}
+		*used = true
+		return parse(d)
+	}
+	return o
+}
+
 // options is a zone block's option table; block names the zone in the
 // refusals of its matchers, whose parser words its own.
 func (z *Zone) options(block string) map[string]option {
@@ -177,28 +191,12 @@ func (z *Zone) options(block string) map[string]option {
 	// The shorthand rate and the pair events and window set the same
 	// fields: a zone uses one or the other.
 	notWithRate := func(o option) option {
-		parse := o.parse
-		o.parse = func(d *caddyfile.Dispenser) error {
-			if rate {
-				return errors.New("cannot be used together with rate")
-			}
-			eventsOrWindow = true
-			return parse(d)
-		}
-		return o
+		return exclusive(o, &rate, &eventsOrWindow, "cannot be used together with rate")
 	}
 	// A calendar is the zone's window: not with window, nor with rate,
 	// which sets one.
 	notWithCalendar := func(o option) option {
-		parse := o.parse
-		o.parse = func(d *caddyfile.Dispenser) error {
-			if calendar {
-				return errors.New("cannot be used together with calendar, which sets the zone's windows")
-			}
-			window = true
-			return parse(d)
-		}
-		return o
+		return exclusive(o, &calendar, &window, "cannot be used together with calendar, which sets the zone's windows")
 	}
 	return map[string]option{
 		"match": {args: "{ <matchers> }", repeats: true, parse: func(d *caddyfile.Dispenser) error {
