@@ -22,8 +22,10 @@ func (h *Handler) decide(r *http.Request, req *request) {
 	req.askAhead(ctx)
 	for i := range req.records {
 		rec := &req.records[i]
+		h.count(rec)
 		if rec.phase == undecided {
-			req.watches = true // its response_cost field is removed
+			// Its response_cost field is removed.
+			req.watches = req.watches || rec.stripsResponseCost()
 			continue
 		}
 		if h.decideRecord(r, req, rec) {
@@ -33,6 +35,24 @@ func (h *Handler) decide(r *http.Request, req *request) {
 			req.withdrawAfter(i + 1)
 			return
 		}
+	}
+}
+
+// count counts, in rec's turn, what its resolution found (see
+// resolveNotes).
+func (h *Handler) count(rec *zoneRecord) {
+	n, z := &rec.noted, rec.zone
+	if n.override != 0 {
+		z.metrics.override(n.override)
+		if n.overrideErr != nil {
+			z.logOverrideFailure(h.logger, n.overrideErr)
+		}
+	}
+	switch {
+	case n.exempt:
+		z.metrics.count(true, z.dryRun, limiter.SourceStore)
+	case n.badCost:
+		z.metrics.count(false, true, limiter.SourceStore)
 	}
 }
 

@@ -94,6 +94,22 @@ type zoneRecord struct {
 	// reported is the zone's response_cost header as the response header
 	// was written.
 	reported string
+	// noted is what resolution found that counts only once the record's
+	// turn comes (zoneRecord.count): a zone after a refusal is resolved
+	// but never decided, and counts nothing.
+	noted resolveNotes
+}
+
+// resolveNotes are the findings of resolution that metrics and logs count
+// when the request is decided in the record's turn.
+type resolveNotes struct {
+	// override is the action of the key's override in force, 0 for none;
+	// overrideErr is why its limit could not be applied.
+	override    limiter.OverrideAction
+	overrideErr error
+	// exempt counts the request allowed; badCost counts a dry_run zone's
+	// invalid cost as the refusal it would have made.
+	exempt, badCost bool
 }
 
 // decision is what the record reports.

@@ -292,12 +292,6 @@ func (h *Handler) resolveZones(r *http.Request, repl *caddy.Replacer, req *reque
 			req.records = req.records[:len(req.records)-1]
 			continue
 		}
-		if rec.phase == undecided {
-			if rc := z.responseCost; rc == nil || rc.Keep {
-				req.records = req.records[:len(req.records)-1]
-			}
-			continue
-		}
 		if rec.phase == blocked && !z.dryRun {
 			break
 		}
@@ -326,10 +320,7 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 	res := z.resolve(key, ok, tier, r, time.Time{})
 	*c = zoneRecord{zone: z, limit: res.limit, key: res.key, state: res.state, until: res.until}
 	if res.inForce {
-		z.metrics.override(res.override.Action)
-		if res.failed != nil {
-			z.logOverrideFailure(h.logger, res.failed)
-		}
+		c.noted.override, c.noted.overrideErr = res.override.Action, res.failed
 	}
 	switch res.verdict {
 	case verdictSkip:
@@ -339,9 +330,9 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 		c.phase = blocked
 		return true, nil
 	case verdictExempt:
-		// Not limited: the zone writes none of its fields.
-		z.metrics.count(true, z.dryRun, limiter.SourceStore)
-		c.phase = undecided
+		// Not limited: the zone writes none of its fields, and counts the
+		// request allowed when its turn comes (zoneRecord.count).
+		c.phase, c.noted.exempt = undecided, true
 		return false, nil
 	case verdictBlock:
 		c.phase, c.wait = blocked, res.wait
@@ -352,10 +343,9 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 			return false, err
 		}
 		// dry_run never refuses: the 400 is logged (requestCost) and
-		// counted as a refusal the zone would have made, and the zone
-		// does not apply to this request.
-		z.metrics.count(false, true, limiter.SourceStore)
-		c.phase = undecided
+		// counted as a refusal the zone would have made when its turn
+		// comes, and the zone does not apply to this request.
+		c.phase, c.noted.badCost = undecided, true
 		return false, nil
 	}
 	return true, nil

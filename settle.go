@@ -190,12 +190,23 @@ func firstValue(hdr http.Header, key string) string {
 // settle settles, once the handlers after this one are done, what the
 // header did not: a cost sent in a trailer, and everything when no header
 // was written (a handler error, answered by Caddy's error routes with
-// status). It then removes the response_cost trailers the handlers set
-// after the body, unless kept: those of the zones whose cost came in a
-// trailer or not at all (a response that gave its cost in the header is
-// not searched for a second copy), and those of zones that decided
-// nothing.
+// status). Every record reads its cost before any field is removed, since
+// zones may share one field. It then removes the response_cost trailers
+// the handlers set after the body, unless kept: those of the zones whose
+// cost came in a trailer or not at all (a response that gave its cost in
+// the header is not searched for a second copy), and those of zones that
+// decided nothing.
 func (req *request) settle(status int, hdr http.Header) {
+	// Every record reads its cost before any field is removed, since
+	// zones may share one field.
+	for i := range req.records {
+		rec := &req.records[i]
+		if rc := rec.zone.responseCost; rc != nil && rec.reported == "" && (rec.phase == admitted || rec.phase == counted) {
+			if rec.reported = firstValue(hdr, rc.field); rec.reported == "" {
+				rec.reported = firstValue(hdr, rc.trailerField)
+			}
+		}
+	}
 	for i := range req.records {
 		rec := &req.records[i]
 		switch {

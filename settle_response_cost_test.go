@@ -1,18 +1,13 @@
 package ratelimit
 
-// Tests of response_cost: the cost a response reports (a header or a
-// trailer) settles the request's charge, values no int64 holds count as
-// the quota, an aborted stream counts as missing, and the cost field never
-// reaches the client unless kept, whatever the zone decided.
-
 import (
 	"fmt"
 	"net/http"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
 // TestResponseCostHugeValueCountsAsQuota: a reported cost too large for an
@@ -199,6 +194,166 @@ func TestResponseCostFieldRemovedWhenZoneSkips(t *testing.T) {
 			}
 			if v := w.Header().Get("X-Internal-Tokens"); v != "" {
 				t.Fatalf("X-Internal-Tokens: %s reached the client", v)
+			}
+		})
+	}
+}
+
+// TestResponseCostSharedTrailerUndecidedZoneFirst: two zones read
+// the same response_cost field; the first (in name order) decides nothing
+// for the request (its key is missing under missing_key skip), the second
+// admitted it. The cost comes in a trailer: the second zone must be
+// settled by it (2, not the up-front 10) before the field is removed.
+func TestResponseCostSharedTrailerUndecidedZoneFirst(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone a_ru_shared_user {
+			key {http.request.header.X-Api-Key}
+			missing_key skip
+			rate 100/1h
+			cost 10
+			response_cost X-Tokens
+		}
+		zone b_ru_shared_ip {
+			key ip
+			rate 100/1h
+			cost 10
+			response_cost X-Tokens
+		}
+	}`)
+	const ip = "198.51.100.197"
+	for _, trailer := range []bool{false, true} {
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			if !trailer {
+				w.Header().Set("X-Tokens", "2")
+			} else {
+				w.Header().Set("Trailer", "X-Tokens")
+			}
+			w.WriteHeader(200)
+			_, _ = w.Write([]byte("body"))
+			if trailer {
+				w.Header().Set("X-Tokens", "2")
+			}
+			return nil
+		})
+		r, _ := newKeyRequest(ip, nil)
+		if _, code := serve(h, r, next); code != 200 {
+			t.Fatalf("trailer %v: %d", trailer, code)
+		}
+	}
+	r, _ := newKeyRequest(ip, nil)
+	w, _ := serve(h, r, answer(200, "X-Tokens", "10"))
+	if got := remainingIn(t, w.Header(), "b_ru_shared_ip"); got != "86" {
+		t.Fatalf("b remaining %s after responses of 2 (header), 2 (trailer) and 10 up front, want 86 (the trailer's 2 was not read: 78)", got)
+	}
+}
+
+// TestResponseCostSharedTrailerDecidedZones: two zones that both admitted the
+// request read the same response_cost field, sent in a trailer: each is
+// settled by it. The first removes the field after settling, before the
+// second reads it.
+func TestResponseCostSharedTrailerDecidedZones(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone a_ru_shared2_user {
+			key ip
+			rate 100/1h
+			cost 10
+			response_cost X-Tokens
+		}
+		zone b_ru_shared2_ip {
+			key ip
+			rate 100/1h
+			cost 10
+			response_cost X-Tokens
+		}
+	}`)
+	const ip = "198.51.100.198"
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Trailer", "X-Tokens")
+		w.WriteHeader(200)
+		_, _ = w.Write([]byte("body"))
+		w.Header().Set("X-Tokens", "2")
+		return nil
+	})
+	r, _ := newKeyRequest(ip, nil)
+	if _, code := serve(h, r, next); code != 200 {
+		t.Fatalf("first: %d", code)
+	}
+	r, _ = newKeyRequest(ip, nil)
+	w, _ := serve(h, r, answer(200, "X-Tokens", "10"))
+	a, b := remainingIn(t, w.Header(), "a_ru_shared2_user"), remainingIn(t, w.Header(), "b_ru_shared2_ip")
+	if a != "88" || b != "88" {
+		t.Fatalf("remaining a %s b %s after a trailer of 2 and 10 up front, want 88 88", a, b)
+	}
+}
+
+// TestResponseCostUndecidedZonesStripped: a zone that applies but decides
+// nothing (exempt key, missing_key skip, store failed open) has its
+// response_cost removed from the header, the Trailer announcement and the
+// trailer, beside a zone that decided and settles by its own trailer.
+func TestResponseCostUndecidedZonesStripped(t *testing.T) {
+	addr := testutil.ClosedAddr(t)
+	cases := []struct{ name, zone string }{
+		{"exempt", `zone a_ru_st_exempt {
+			key ip
+			rate 100/1h
+			response_cost X-Tokens
+		}`},
+		{"skip", `zone a_ru_st_skip {
+			key {http.request.header.X-Api-Key}
+			missing_key skip
+			rate 100/1h
+			response_cost X-Tokens
+		}`},
+		{"open", `zone a_ru_st_open {
+			key ip
+			rate 100/1h
+			store redis
+			fail open
+			response_cost X-Tokens
+		}
+		redis {
+			addresses ` + addr + `
+			timeout 100ms
+		}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := provisionHandler(t, `rate_limit {
+				`+tc.zone+`
+				zone b_ru_st_`+tc.name+` {
+					key ip
+					rate 100/1h
+					cost 10
+					response_cost X-Other
+				}
+			}`)
+			const ip = "198.51.100.195"
+			if tc.name == "exempt" {
+				setOverride(t, h, "a_ru_st_exempt", ip, limiter.Override{Action: limiter.OverrideExempt})
+			}
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				w.Header().Set("Trailer", "X-Tokens, X-Other, X-Kept")
+				w.WriteHeader(200)
+				_, _ = w.Write([]byte("body"))
+				w.Header().Set("X-Tokens", "3")
+				w.Header().Set("X-Other", "2")
+				w.Header().Set("X-Kept", "1")
+				return nil
+			})
+			for i := range 2 {
+				r, _ := newKeyRequest(ip, nil)
+				w, code := serve(h, r, next)
+				if code != 200 {
+					t.Fatalf("#%d: %d", i, code)
+				}
+				hdr := w.Header()
+				if hdr.Get("X-Tokens") != "" || hdr.Get("X-Other") != "" || hdr.Get("Trailer") != "X-Kept" || hdr.Get("X-Kept") != "1" {
+					t.Fatalf("#%d: X-Tokens %q X-Other %q Trailer %q X-Kept %q", i, hdr.Get("X-Tokens"), hdr.Get("X-Other"), hdr.Get("Trailer"), hdr.Get("X-Kept"))
+				}
+				// b settled by its trailer: 2 per request.
+				if got := remainingIn(t, hdr, "b_ru_st_"+tc.name); got != []string{"90", "88"}[i] {
+					t.Fatalf("#%d: b remaining %s", i, got)
+				}
 			}
 		})
 	}

@@ -423,3 +423,26 @@ func TestRequestCostCheckedBeforeAnyZoneDecides(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestCostNotReadAfterARefusalUnasked: a zone that refuses without
+// asking a store (missing_key deny, an override's block) ends the reading
+// of the zones (README, "Costs from the request"): a bad cost in a zone
+// after it is never read, and the request is refused with 429.
+func TestRequestCostNotReadAfterARefusalUnasked(t *testing.T) {
+	h := provisionHandler(t, `rate_limit {
+		zone a_ru_deny {
+			key {http.request.header.X-Key}
+			missing_key deny
+			rate 10/1h
+		}
+		zone b_ru_badcost {
+			key ip
+			rate 10/1h
+			cost {http.request.header.X-Cost}
+		}
+	}`)
+	r, _ := newKeyRequest("198.51.100.163", map[string]string{"X-Cost": "abc"})
+	if _, code := serve(h, r, okHandler); code != http.StatusTooManyRequests {
+		t.Fatalf("missing key under deny, bad cost in a later zone: %d, want 429 (the deny ends the reading; README)", code)
+	}
+}

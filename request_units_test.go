@@ -15,9 +15,9 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
-// TestReviewRefusedAfterConcurrencyFreesSlotOnce: a concurrency zone that
+// TestRequestUnitsRefusedAfterConcurrencyFreesSlotOnce: a concurrency zone that
 // admitted a request another zone refused frees its slot, once.
-func TestReviewRefusedAfterConcurrencyFreesSlotOnce(t *testing.T) {
+func TestRequestUnitsRefusedAfterConcurrencyFreesSlotOnce(t *testing.T) {
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
 			redis := ""
@@ -25,13 +25,13 @@ func TestReviewRefusedAfterConcurrencyFreesSlotOnce(t *testing.T) {
 				redis = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
 			}
 			h := provisionHandler(t, `rate_limit {
-				zone a_rv_cc_`+store+` {
+				zone a_ru_cc_`+store+` {
 					key ip
 					algorithm concurrency
 					events 2
 					store `+store+`
 				}
-				zone b_rv_rate_`+store+` {
+				zone b_ru_rate_`+store+` {
 					key {http.request.header.X-B}
 					rate 1/1h
 				}
@@ -61,20 +61,20 @@ func TestReviewRefusedAfterConcurrencyFreesSlotOnce(t *testing.T) {
 	}
 }
 
-// TestReviewFailLocalConcurrencyReleased: a fail local fallback admission
+// TestRequestUnitsFailLocalConcurrencyReleased: a fail local fallback admission
 // of a concurrency zone is released when another zone refuses, and when
 // the request finishes.
-func TestReviewFailLocalConcurrencyReleased(t *testing.T) {
+func TestRequestUnitsFailLocalConcurrencyReleased(t *testing.T) {
 	addr := testutil.ClosedAddr(t)
 	h := provisionHandler(t, `rate_limit {
-		zone a_rv_fl_cc {
+		zone a_ru_fl_cc {
 			key ip
 			algorithm concurrency
 			events 1
 			store redis
 			fail local
 		}
-		zone b_rv_fl_rate {
+		zone b_ru_fl_rate {
 			key {http.request.header.X-B}
 			rate 1/1h
 		}
@@ -106,16 +106,16 @@ func TestReviewFailLocalConcurrencyReleased(t *testing.T) {
 	<-h2.done
 }
 
-// TestReviewPanicCountResponseAndConcurrency: a panic in next gives back
+// TestRequestUnitsPanicCountResponseAndConcurrency: a panic in next gives back
 // the count_response zone's units and frees the concurrency slot, once.
-func TestReviewPanicCountResponseAndConcurrency(t *testing.T) {
+func TestRequestUnitsPanicCountResponseAndConcurrency(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
-		zone a_rv_pcc {
+		zone a_ru_pcc {
 			key ip
 			algorithm concurrency
 			events 1
 		}
-		zone b_rv_pcr {
+		zone b_ru_pcr {
 			key ip
 			algorithm fixed_window
 			rate 3/1h
@@ -140,14 +140,14 @@ func TestReviewPanicCountResponseAndConcurrency(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("after two panics: %d", code)
 	}
-	if got := remainingIn(t, w.Header(), "b_rv_pcr"); got != "2" {
+	if got := remainingIn(t, w.Header(), "b_ru_pcr"); got != "2" {
 		t.Fatalf("b remaining %s after two aborted and one counted, want 2", got)
 	}
 }
 
-// TestReviewCostZeroHeaders: a request of cost 0 takes nothing on every
+// TestRequestUnitsCostZeroHeaders: a request of cost 0 takes nothing on every
 // algorithm: its headers report what a peek would, and the quota stands.
-func TestReviewCostZeroHeaders(t *testing.T) {
+func TestRequestUnitsCostZeroHeaders(t *testing.T) {
 	for _, store := range []string{"memory", "redis"} {
 		for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
 			t.Run(store+"/"+alg, func(t *testing.T) {
@@ -194,16 +194,16 @@ func TestReviewCostZeroHeaders(t *testing.T) {
 	}
 }
 
-// TestReviewDryRunThenRefusal: a dry_run zone that would refuse, then a
+// TestRequestUnitsDryRunThenRefusal: a dry_run zone that would refuse, then a
 // zone that refuses: the refusal is the second's, and the headers say so.
-func TestReviewDryRunThenRefusal(t *testing.T) {
+func TestRequestUnitsDryRunThenRefusal(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
-		zone a_rv_dry {
+		zone a_ru_dry {
 			key ip
 			rate 1/1h
 			dry_run
 		}
-		zone b_rv_dry_real {
+		zone b_ru_dry_real {
 			key ip
 			rate 2/1m
 		}
@@ -221,7 +221,7 @@ func TestReviewDryRunThenRefusal(t *testing.T) {
 		t.Fatalf("codes %v, want 200 200 429", codes)
 	}
 	rl := last.Get("RateLimit")
-	if !strings.Contains(rl, `"a_rv_dry";r=0`) || !strings.Contains(rl, `"b_rv_dry_real";r=0;t=`) {
+	if !strings.Contains(rl, `"a_ru_dry";r=0`) || !strings.Contains(rl, `"b_ru_dry_real";r=0;t=`) {
 		t.Fatalf("RateLimit %q", rl)
 	}
 	if got := last.Get("X-RateLimit-Limit"); got != "2" {
@@ -283,10 +283,10 @@ func reviewRedisRemainingOf(t *testing.T, name, addr, ip, rate string) int {
 	return n
 }
 
-// TestReviewLeaseResponseCostBelow: a response_cost below the up-front
+// TestRequestUnitsLeaseResponseCostBelow: a response_cost below the up-front
 // cost gives the difference back (into the lease while it lasts): every
 // request consumes what its response reports, no more, no less.
-func TestReviewLeaseResponseCostBelow(t *testing.T) {
+func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 	srv := redistest.Start(t)
 	const name, ip = "rv_lease_below", "198.51.100.160"
 	h := provisionHandler(t, reviewLeaseZone(name, srv.Addr(), "local_quota 1"))
@@ -306,9 +306,9 @@ func TestReviewLeaseResponseCostBelow(t *testing.T) {
 	}
 }
 
-// TestReviewLeaseResponseCostAbove: a response_cost above the up-front
+// TestRequestUnitsLeaseResponseCostAbove: a response_cost above the up-front
 // cost is charged, from the lease first.
-func TestReviewLeaseResponseCostAbove(t *testing.T) {
+func TestRequestUnitsLeaseResponseCostAbove(t *testing.T) {
 	srv := redistest.Start(t)
 	const name, ip = "rv_lease_above", "198.51.100.161"
 	h := provisionHandler(t, reviewLeaseZone(name, srv.Addr(), "local_quota 1"))
@@ -326,10 +326,10 @@ func TestReviewLeaseResponseCostAbove(t *testing.T) {
 	}
 }
 
-// TestReviewLeaseClosedThenGiveBack: the near cache is closed (Cleanup)
+// TestRequestUnitsLeaseClosedThenGiveBack: the near cache is closed (Cleanup)
 // while a request spent from its lease runs; the response then reports
 // less: the difference goes back to Redis, once.
-func TestReviewLeaseClosedThenGiveBack(t *testing.T) {
+func TestRequestUnitsLeaseClosedThenGiveBack(t *testing.T) {
 	srv := redistest.Start(t)
 	const name, ip = "rv_lease_closed", "198.51.100.162"
 	h := provisionHandler(t, reviewLeaseZone(name, srv.Addr(), "local_quota 1"))
@@ -375,18 +375,18 @@ func slicesEqual(a, b []int) bool {
 	return true
 }
 
-// TestReviewLeakyHoldLeftGivesBackCountResponse: a client that leaves
+// TestRequestUnitsLeakyHoldLeftGivesBackCountResponse: a client that leaves
 // while a leaky bucket holds it gets no response: the count_response
 // zone gives its unit back, and the refused-after state is reported.
-func TestReviewLeakyHoldLeftGivesBackCountResponse(t *testing.T) {
+func TestRequestUnitsLeakyHoldLeftGivesBackCountResponse(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
-		zone a_rv_leaky {
+		zone a_ru_leaky {
 			key ip
 			algorithm leaky_bucket
 			rate 1/10s
 			max_delay 1m
 		}
-		zone b_rv_leaky_cr {
+		zone b_ru_leaky_cr {
 			key ip
 			algorithm fixed_window
 			rate 5/1h
@@ -398,7 +398,7 @@ func TestReviewLeakyHoldLeftGivesBackCountResponse(t *testing.T) {
 	const ip = "198.51.100.170"
 	r, _ := newKeyRequest(ip, nil)
 	w, code := serve(h, r, okHandler)
-	if code != 200 || remainingIn(t, w.Header(), "b_rv_leaky_cr") != "4" {
+	if code != 200 || remainingIn(t, w.Header(), "b_ru_leaky_cr") != "4" {
 		t.Fatalf("first: %d %q", code, w.Header().Get("RateLimit"))
 	}
 	// The second is held ~10s; its client leaves.
@@ -412,7 +412,7 @@ func TestReviewLeakyHoldLeftGivesBackCountResponse(t *testing.T) {
 	// b holds 1 unit (the first, counted): a third request is held ~20s,
 	// so peek b through a zone-b-only handler is not possible; read the
 	// store directly.
-	z := handlerZone(t, h, "b_rv_leaky_cr")
+	z := handlerZone(t, h, "b_ru_leaky_cr")
 	d, err := z.limit.store.Peek(context.Background(), ip)
 	if err != nil {
 		t.Fatal(err)
@@ -422,19 +422,19 @@ func TestReviewLeakyHoldLeftGivesBackCountResponse(t *testing.T) {
 	}
 }
 
-// TestReviewRefusedHeadersAfterGiveBack: a refused request reports the
+// TestRequestUnitsRefusedHeadersAfterGiveBack: a refused request reports the
 // state of the zones that admitted it after their units came back, and
 // the placeholders say the same.
-func TestReviewRefusedHeadersAfterGiveBack(t *testing.T) {
+func TestRequestUnitsRefusedHeadersAfterGiveBack(t *testing.T) {
 	for _, alg := range []string{"fixed_window", "token_bucket", "sliding_window_log", "sliding_window_counter"} {
 		t.Run(alg, func(t *testing.T) {
 			h := provisionHandler(t, `rate_limit {
-				zone a_rv_hdr_`+alg+` {
+				zone a_ru_hdr_`+alg+` {
 					key ip
 					algorithm `+alg+`
 					rate 5/1h
 				}
-				zone b_rv_hdr_`+alg+` {
+				zone b_ru_hdr_`+alg+` {
 					key ip
 					algorithm fixed_window
 					rate 1/1h
@@ -451,7 +451,7 @@ func TestReviewRefusedHeadersAfterGiveBack(t *testing.T) {
 				if code != http.StatusTooManyRequests {
 					t.Fatalf("refused #%d: %d", i, code)
 				}
-				if got := remainingIn(t, w.Header(), "a_rv_hdr_"+alg); got != "4" {
+				if got := remainingIn(t, w.Header(), "a_ru_hdr_"+alg); got != "4" {
 					t.Fatalf("refused #%d: a remaining %s, want 4 (its unit back)", i, got)
 				}
 			}
@@ -459,26 +459,26 @@ func TestReviewRefusedHeadersAfterGiveBack(t *testing.T) {
 	}
 }
 
-// TestReviewAskedAheadWithdrawn: two redis zones asked together, a memory
+// TestRequestUnitsAskedAheadWithdrawn: two redis zones asked together, a memory
 // zone between them refuses: the later redis zone's take is given back,
 // and it is not reported.
-func TestReviewAskedAheadWithdrawn(t *testing.T) {
+func TestRequestUnitsAskedAheadWithdrawn(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, extra := range []string{"", "local_quota 1", "fail local"} {
 		t.Run(extra, func(t *testing.T) {
 			sfx := strings.ReplaceAll(extra, " ", "_")
 			h := provisionHandler(t, `rate_limit {
-				zone a_rv_ahead`+sfx+` {
+				zone a_ru_ahead`+sfx+` {
 					key ip
 					rate 5/1h
 					store redis
 					`+extra+`
 				}
-				zone b_rv_ahead_mem`+sfx+` {
+				zone b_ru_ahead_mem`+sfx+` {
 					key {http.request.header.X-B}
 					rate 1/1h
 				}
-				zone c_rv_ahead`+sfx+` {
+				zone c_ru_ahead`+sfx+` {
 					key ip
 					rate 5/1h
 					store redis
@@ -502,7 +502,7 @@ func TestReviewAskedAheadWithdrawn(t *testing.T) {
 				if code != http.StatusTooManyRequests {
 					t.Fatalf("refused by b: %d", code)
 				}
-				if rl := hdr.Get("RateLimit"); strings.Contains(rl, "c_rv_ahead") || remainingIn(t, hdr, "a_rv_ahead"+sfx) != "4" {
+				if rl := hdr.Get("RateLimit"); strings.Contains(rl, "c_ru_ahead") || remainingIn(t, hdr, "a_ru_ahead"+sfx) != "4" {
 					t.Fatalf("RateLimit %q: c reported, or a not 4", rl)
 				}
 			}
@@ -510,17 +510,17 @@ func TestReviewAskedAheadWithdrawn(t *testing.T) {
 			if code != 200 {
 				t.Fatalf("last: %d", code)
 			}
-			if a, c := remainingIn(t, hdr, "a_rv_ahead"+sfx), remainingIn(t, hdr, "c_rv_ahead"+sfx); a != "3" || c != "3" {
+			if a, c := remainingIn(t, hdr, "a_ru_ahead"+sfx), remainingIn(t, hdr, "c_ru_ahead"+sfx); a != "3" || c != "3" {
 				t.Fatalf("after two admitted and two refused: a %s c %s, want 3 3", a, c)
 			}
 		})
 	}
 }
 
-// TestReviewLeaseRenewedThenGiveBack: a request spent from a lease that
+// TestRequestUnitsLeaseRenewedThenGiveBack: a request spent from a lease that
 // lapsed and was renewed while it ran reports less than it took: the
 // difference goes back to Redis, into the window it was counted in.
-func TestReviewLeaseRenewedThenGiveBack(t *testing.T) {
+func TestRequestUnitsLeaseRenewedThenGiveBack(t *testing.T) {
 	srv := redistest.Start(t)
 	const name, ip = "rv_lease_renewed", "198.51.100.181"
 	h := provisionHandler(t, strings.Replace(reviewLeaseZone(name, srv.Addr(), "local_quota 1"), "rate 10/1h", "rate 20/1h", 1))
