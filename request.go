@@ -154,6 +154,25 @@ func putRequest(req *request) {
 	requests.Put(req)
 }
 
+// nextRecord is a zero record appended to req's: the pooled slice's
+// slots beyond its length are zero (putRequest clears what was used), so
+// it is written once, by match.
+func (req *request) nextRecord() *zoneRecord {
+	if n := len(req.records); n < cap(req.records) {
+		req.records = req.records[:n+1]
+	} else {
+		req.records = append(req.records, zoneRecord{})
+	}
+	return &req.records[len(req.records)-1]
+}
+
+// dropLast removes the last record, leaving its slot zero for the next.
+func (req *request) dropLast() {
+	n := len(req.records) - 1
+	req.records[n] = zoneRecord{}
+	req.records = req.records[:n]
+}
+
 // reportedRecords yields, in name order, the records reported to the
 // client (phase.reports) with their index.
 func (req *request) reportedRecords() iter.Seq2[int, *zoneRecord] {

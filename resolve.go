@@ -138,7 +138,10 @@ func (z *zone) tierValue(r *http.Request, repl *caddy.Replacer, claims *jwtClaim
 // tierLimit is the limit tier value v picks: its tier's, or the zone's
 // own for a value no tier lists.
 func (z *zone) tierLimit(v string) *limit {
-	if l := z.tiers[v]; l != nil && v != "" {
+	if v == "" {
+		return &z.limit // no tier, or its value missing: no map to ask
+	}
+	if l := z.tiers[v]; l != nil {
 		return l
 	}
 	return &z.limit
@@ -282,14 +285,13 @@ func (v variant) checkKind(z variantZone) error {
 // override's block), as no zone after it is decided.
 func (h *Handler) resolveZones(r *http.Request, repl *caddy.Replacer, req *request) error {
 	for _, z := range h.zones {
-		req.records = append(req.records, zoneRecord{})
-		rec := &req.records[len(req.records)-1]
+		rec := req.nextRecord()
 		ok, err := h.match(z, r, repl, req.claims, rec)
 		if err != nil {
 			return err
 		}
 		if !ok && rec.phase != undecided {
-			req.records = req.records[:len(req.records)-1]
+			req.dropLast()
 			continue
 		}
 		if rec.phase == blocked && !z.dryRun {
@@ -302,7 +304,9 @@ func (h *Handler) resolveZones(r *http.Request, repl *caddy.Replacer, req *reque
 // match reports whether zone z applies to r and, if so, sets c to it with
 // its limit, key and cost; a zone that applies but decides nothing is
 // reported as not applying, with c undecided. claims are the request's
-// verified token, or nil.
+// verified token, or nil. c is a zero record (request.nextRecord), whose
+// fields match sets one by one: the record is large, and writing it whole
+// costs more than the decision's other steps.
 func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *jwtClaims, c *zoneRecord) (bool, error) {
 	if len(z.matchers) > 0 {
 		ok, err := z.matchers.AnyMatchWithError(r)
@@ -318,7 +322,7 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 	// Override, then tier, then the zone's own limit, on the handler's
 	// clock (the zone's).
 	res := z.resolve(key, ok, tier, r, time.Time{})
-	*c = zoneRecord{zone: z, limit: res.limit, key: res.key, state: res.state, until: res.until}
+	c.zone, c.limit, c.key, c.state, c.until = z, res.limit, res.key, res.state, res.until
 	if res.inForce {
 		c.noted.override, c.noted.overrideErr = res.override.Action, res.failed
 	}
