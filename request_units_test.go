@@ -1,6 +1,7 @@
 package ratelimit
 
-// Review probes: units that go astray across the request's phases.
+// Units through the request path: what a request takes comes back once,
+// to the state that took it, whichever phase ends the request.
 
 import (
 	"context"
@@ -155,7 +156,7 @@ func TestRequestUnitsCostZeroHeaders(t *testing.T) {
 				if store == "redis" {
 					redis = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
 				}
-				name := "rv_zero_" + store + "_" + alg
+				name := "units_zero_" + store + "_" + alg
 				h := provisionHandler(t, `rate_limit {
 					zone `+name+` {
 						key ip
@@ -229,9 +230,9 @@ func TestRequestUnitsDryRunThenRefusal(t *testing.T) {
 	}
 }
 
-// reviewLeaseZone is a redis zone of rate 10/1h with leases (local_quota
+// unitsLeaseZone is a redis zone of rate 10/1h with leases (local_quota
 // 1), cost 5 up front and the response's X-Tokens as its final cost.
-func reviewLeaseZone(name, addr, extra string) string {
+func unitsLeaseZone(name, addr, extra string) string {
 	return `rate_limit {
 		zone ` + name + ` {
 			key ip
@@ -248,15 +249,15 @@ func reviewLeaseZone(name, addr, extra string) string {
 	}`
 }
 
-// reviewRedisRemaining is what Redis holds for ip in zone name, asked by
+// redisRemaining is what Redis holds for ip in zone name, asked by
 // a handler of its own without leases: the remaining a cost-1 request
 // reports, plus the unit it took.
-func reviewRedisRemaining(t *testing.T, name, addr, ip string) int {
+func redisRemaining(t *testing.T, name, addr, ip string) int {
 	t.Helper()
-	return reviewRedisRemainingOf(t, name, addr, ip, "10/1h")
+	return redisRemainingOf(t, name, addr, ip, "10/1h")
 }
 
-func reviewRedisRemainingOf(t *testing.T, name, addr, ip, rate string) int {
+func redisRemainingOf(t *testing.T, name, addr, ip, rate string) int {
 	t.Helper()
 	h := provisionHandler(t, `rate_limit {
 		zone `+name+` {
@@ -288,8 +289,8 @@ func reviewRedisRemainingOf(t *testing.T, name, addr, ip, rate string) int {
 // request consumes what its response reports, no more, no less.
 func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 	srv := redistest.Start(t)
-	const name, ip = "rv_lease_below", "198.51.100.160"
-	h := provisionHandler(t, reviewLeaseZone(name, srv.Addr(), "local_quota 1"))
+	const name, ip = "units_lease_below", "198.51.100.160"
+	h := provisionHandler(t, unitsLeaseZone(name, srv.Addr(), "local_quota 1"))
 	var codes []int
 	for range 7 {
 		r, _ := newKeyRequest(ip, nil)
@@ -301,7 +302,7 @@ func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 		t.Fatalf("codes %v, want %v", codes, want)
 	}
 	_ = h.Cleanup() // leases back to Redis
-	if got := reviewRedisRemaining(t, name, srv.Addr(), ip); got != 4 {
+	if got := redisRemaining(t, name, srv.Addr(), ip); got != 4 {
 		t.Fatalf("Redis remaining %d after six requests that each reported 1, want 4", got)
 	}
 }
@@ -310,8 +311,8 @@ func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 // cost is charged, from the lease first.
 func TestRequestUnitsLeaseResponseCostAbove(t *testing.T) {
 	srv := redistest.Start(t)
-	const name, ip = "rv_lease_above", "198.51.100.161"
-	h := provisionHandler(t, reviewLeaseZone(name, srv.Addr(), "local_quota 1"))
+	const name, ip = "units_lease_above", "198.51.100.161"
+	h := provisionHandler(t, unitsLeaseZone(name, srv.Addr(), "local_quota 1"))
 	r, _ := newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(200, "X-Tokens", "7")); code != 200 {
 		t.Fatalf("first: %d", code)
@@ -321,7 +322,7 @@ func TestRequestUnitsLeaseResponseCostAbove(t *testing.T) {
 		t.Fatalf("second after 7 of 10 consumed, cost 5: %d, want 429", code)
 	}
 	_ = h.Cleanup()
-	if got := reviewRedisRemaining(t, name, srv.Addr(), ip); got != 3 {
+	if got := redisRemaining(t, name, srv.Addr(), ip); got != 3 {
 		t.Fatalf("Redis remaining %d after a response of 7, want 3", got)
 	}
 }
@@ -331,34 +332,20 @@ func TestRequestUnitsLeaseResponseCostAbove(t *testing.T) {
 // less: the difference goes back to Redis, once.
 func TestRequestUnitsLeaseClosedThenGiveBack(t *testing.T) {
 	srv := redistest.Start(t)
-	const name, ip = "rv_lease_closed", "198.51.100.162"
-	h := provisionHandler(t, reviewLeaseZone(name, srv.Addr(), "local_quota 1"))
+	const name, ip = "units_lease_closed", "198.51.100.162"
+	h := provisionHandler(t, unitsLeaseZone(name, srv.Addr(), "local_quota 1"))
 	// A first request leases (the lease doubles from the cost).
 	r, _ := newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(200, "X-Tokens", "5")); code != 200 {
 		t.Fatalf("first: %d", code)
 	}
-	started, release := make(chan struct{}), make(chan struct{})
-	done := make(chan int)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		close(started)
-		<-release
-		w.Header().Set("X-Tokens", "1")
-		w.WriteHeader(200)
-		return nil
-	})
-	go func() {
-		r, _ := newKeyRequest(ip, nil)
-		_, code := serve(h, r, next)
-		done <- code
-	}()
-	<-started
+	release, done := serveHeld(h, ip, "1")
 	_ = h.Cleanup()
 	close(release)
 	if code := <-done; code != 200 {
 		t.Fatalf("held: %d", code)
 	}
-	if got := reviewRedisRemaining(t, name, srv.Addr(), ip); got != 4 {
+	if got := redisRemaining(t, name, srv.Addr(), ip); got != 4 {
 		t.Fatalf("Redis remaining %d after responses of 5 and 1, want 4", got)
 	}
 }
@@ -522,27 +509,13 @@ func TestRequestUnitsAskedAheadWithdrawn(t *testing.T) {
 // difference goes back to Redis, into the window it was counted in.
 func TestRequestUnitsLeaseRenewedThenGiveBack(t *testing.T) {
 	srv := redistest.Start(t)
-	const name, ip = "rv_lease_renewed", "198.51.100.181"
-	h := provisionHandler(t, strings.Replace(reviewLeaseZone(name, srv.Addr(), "local_quota 1"), "rate 10/1h", "rate 20/1h", 1))
+	const name, ip = "units_lease_renewed", "198.51.100.181"
+	h := provisionHandler(t, strings.Replace(unitsLeaseZone(name, srv.Addr(), "local_quota 1"), "rate 10/1h", "rate 20/1h", 1))
 	r, _ := newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != 200 {
 		t.Fatalf("first: %d", code)
 	}
-	started, release := make(chan struct{}), make(chan struct{})
-	done := make(chan int)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		close(started)
-		<-release
-		w.Header().Set("X-Tokens", "1")
-		w.WriteHeader(200)
-		return nil
-	})
-	go func() {
-		r, _ := newKeyRequest(ip, nil)
-		_, code := serve(h, r, next)
-		done <- code
-	}()
-	<-started
+	release, done := serveHeld(h, ip, "1")
 	time.Sleep(1300 * time.Millisecond) // the lease lapses; the janitor returns it
 	r, _ = newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(200, "X-Tokens", "2")); code != 200 {
@@ -553,7 +526,29 @@ func TestRequestUnitsLeaseRenewedThenGiveBack(t *testing.T) {
 		t.Fatalf("held: %d", code)
 	}
 	_ = h.Cleanup()
-	if got := reviewRedisRemainingOf(t, name, srv.Addr(), ip, "20/1h"); got != 16 {
+	if got := redisRemainingOf(t, name, srv.Addr(), ip, "20/1h"); got != 16 {
 		t.Fatalf("Redis remaining %d of 20 after responses of 1, 1 and 2, want 16", got)
 	}
+}
+
+// serveHeld serves a request of ip through h in the background, and
+// returns once it is inside the next handler, which answers 200 with
+// X-Tokens: tokens when release is closed; done gets the status.
+func serveHeld(h *Handler, ip, tokens string) (release chan struct{}, done chan int) {
+	started := make(chan struct{})
+	release, done = make(chan struct{}), make(chan int)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(started)
+		<-release
+		w.Header().Set("X-Tokens", tokens)
+		w.WriteHeader(200)
+		return nil
+	})
+	go func() {
+		r, _ := newKeyRequest(ip, nil)
+		_, code := serve(h, r, next)
+		done <- code
+	}()
+	<-started
+	return release, done
 }

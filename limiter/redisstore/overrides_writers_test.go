@@ -15,7 +15,7 @@ import (
 // one key, 8 on each of 3 instances, 4 rounds: every write lands. An
 // instance's own SetGen calls take turns, and a writer whose conditional
 // write another instance's write refused reads again, as often as writes
-// keep landing. (Found by a review: SetGen gave up after 8 refusals, and
+// keep landing. (Guards against: SetGen gave up after 8 refusals, and
 // the admin API answered 502 although Redis answered every call: 2 to 30
 // of 96 failed.)
 func TestRedisOverridesManyWritersAtOnce(t *testing.T) {

@@ -63,8 +63,8 @@ func TestRedisPreload(t *testing.T) {
 
 // TestPreloadLoadsLiveShardsWhenOneIsDown: with one shard down, Preload
 // still loads the scripts on the live shards ("every shard, whatever the
-// others do"), so their first decisions pay no NOSCRIPT round trip. Found
-// by a review: Preload returned on the TIME probe's error, which the dead
+// others do"), so their first decisions pay no NOSCRIPT round trip. It
+// guards against Preload returning on the TIME probe's error, which the dead
 // shard causes, before loading any.
 func TestPreloadLoadsLiveShardsWhenOneIsDown(t *testing.T) {
 	live := redistest.Start(t)

@@ -162,7 +162,7 @@ func TestServerClockFollowsTheServer(t *testing.T) {
 // again, every instance goes back to Redis's clock, not only the first to
 // meet the NOSCRIPT of a failover (its EVAL loads the script, so the
 // others' EVALSHA succeeds and they meet none): on the instance's clock a
-// store asks again every recheckEvery. Found by a review: before, the
+// store asks again every recheckEvery. Before the fix, the
 // other instances stayed on their own clocks for good.
 //
 // Two stores with a ServerClock each stand for two Caddy instances on one
@@ -222,7 +222,7 @@ func TestEveryInstanceGoesBackToRedisClock(t *testing.T) {
 // error reply asks only its own server whether it refuses TIME, within the
 // decision's deadline, so a stalled shard elsewhere holds it up no longer
 // than the store's timeout allows (the README: at most timeout × 9/8 before
-// the fail mode applies). Found by a review: the probe asked every shard
+// the fail mode applies). Guards against: the probe asked every shard
 // (every Cluster master) for up to a second, with one shard stalled, while
 // every other failing decision queued behind it.
 func TestErrorReplyProbesWithinTheTimeout(t *testing.T) {

@@ -65,7 +65,7 @@ func probeServer(t *testing.T, ca *testpki.CA, auth tls.ClientAuthType) string {
 // dials by the client's name, a standalone client's address or the shard
 // that resolves to the IP, so its own verification passes and the
 // server's alert is read, for a reset as for an EOF, which names no
-// address. (Found by a review: the probe dialled the IP, failed to verify
+// address. (Guards against: the probe dialled the IP, failed to verify
 // the server, and named nothing. The repository's TLS harness issues
 // certificates for 127.0.0.1 too, which hid it.)
 func TestProbeTLSRefusalByHostName(t *testing.T) {
@@ -101,7 +101,7 @@ func TestProbeTLSRefusalByHostName(t *testing.T) {
 // every shard of a Ring, at once: one shard serves without asking for a
 // client certificate and sends nothing, the other requires one the client
 // lacks, and in 8 rings (each a fresh order of shards) the probe names
-// the refusal. (Found by a review: the shards were asked in turn under one
+// the refusal. (Guards against: the shards were asked in turn under one
 // 500ms wait, a healthy shard first held the whole wait, and 5 of 8 rings
 // missed the refusal.)
 func TestProbeTLSRefusalRingEOF(t *testing.T) {
