@@ -6,6 +6,7 @@ package ratelimit
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -230,23 +231,26 @@ func TestRequestUnitsDryRunThenRefusal(t *testing.T) {
 	}
 }
 
-// unitsLeaseZone is a redis zone of rate 10/1h with leases (local_quota
-// 1), cost 5 up front and the response's X-Tokens as its final cost.
-func unitsLeaseZone(name, addr, extra string) string {
-	return `rate_limit {
-		zone ` + name + ` {
+// leasedZone is a handler with one redis zone (on a redis-server of its
+// own) of the given rate, with leases (local_quota 1), cost 5 up front and
+// the response's X-Tokens as its final cost.
+func leasedZone(t *testing.T, name, rate string) (*Handler, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return provisionHandler(t, `rate_limit {
+		zone `+name+` {
 			key ip
 			algorithm fixed_window
-			rate 10/1h
+			rate `+rate+`
 			cost 5
 			store redis
-			` + extra + `
+			local_quota 1
 			response_cost X-Tokens
 		}
 		redis {
-			url redis://` + addr + `
+			url redis://`+srv.Addr()+`
 		}
-	}`
+	}`), srv
 }
 
 // redisRemaining is what Redis holds for ip in zone name, asked by
@@ -288,9 +292,8 @@ func redisRemainingOf(t *testing.T, name, addr, ip, rate string) int {
 // cost gives the difference back (into the lease while it lasts): every
 // request consumes what its response reports, no more, no less.
 func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
-	srv := redistest.Start(t)
 	const name, ip = "units_lease_below", "198.51.100.160"
-	h := provisionHandler(t, unitsLeaseZone(name, srv.Addr(), "local_quota 1"))
+	h, srv := leasedZone(t, name, "10/1h")
 	var codes []int
 	for range 7 {
 		r, _ := newKeyRequest(ip, nil)
@@ -298,7 +301,7 @@ func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 		codes = append(codes, code)
 	}
 	want := []int{200, 200, 200, 200, 200, 200, 429}
-	if !slicesEqual(codes, want) {
+	if !slices.Equal(codes, want) {
 		t.Fatalf("codes %v, want %v", codes, want)
 	}
 	_ = h.Cleanup() // leases back to Redis
@@ -310,9 +313,8 @@ func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 // TestRequestUnitsLeaseResponseCostAbove: a response_cost above the up-front
 // cost is charged, from the lease first.
 func TestRequestUnitsLeaseResponseCostAbove(t *testing.T) {
-	srv := redistest.Start(t)
 	const name, ip = "units_lease_above", "198.51.100.161"
-	h := provisionHandler(t, unitsLeaseZone(name, srv.Addr(), "local_quota 1"))
+	h, srv := leasedZone(t, name, "10/1h")
 	r, _ := newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(200, "X-Tokens", "7")); code != 200 {
 		t.Fatalf("first: %d", code)
@@ -325,41 +327,6 @@ func TestRequestUnitsLeaseResponseCostAbove(t *testing.T) {
 	if got := redisRemaining(t, name, srv.Addr(), ip); got != 3 {
 		t.Fatalf("Redis remaining %d after a response of 7, want 3", got)
 	}
-}
-
-// TestRequestUnitsLeaseClosedThenGiveBack: the near cache is closed (Cleanup)
-// while a request spent from its lease runs; the response then reports
-// less: the difference goes back to Redis, once.
-func TestRequestUnitsLeaseClosedThenGiveBack(t *testing.T) {
-	srv := redistest.Start(t)
-	const name, ip = "units_lease_closed", "198.51.100.162"
-	h := provisionHandler(t, unitsLeaseZone(name, srv.Addr(), "local_quota 1"))
-	// A first request leases (the lease doubles from the cost).
-	r, _ := newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "5")); code != 200 {
-		t.Fatalf("first: %d", code)
-	}
-	release, done := serveHeld(h, ip, "1")
-	_ = h.Cleanup()
-	close(release)
-	if code := <-done; code != 200 {
-		t.Fatalf("held: %d", code)
-	}
-	if got := redisRemaining(t, name, srv.Addr(), ip); got != 4 {
-		t.Fatalf("Redis remaining %d after responses of 5 and 1, want 4", got)
-	}
-}
-
-func slicesEqual(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestRequestUnitsLeakyHoldLeftGivesBackCountResponse: a client that leaves
@@ -508,9 +475,8 @@ func TestRequestUnitsAskedAheadWithdrawn(t *testing.T) {
 // lapsed and was renewed while it ran reports less than it took: the
 // difference goes back to Redis, into the window it was counted in.
 func TestRequestUnitsLeaseRenewedThenGiveBack(t *testing.T) {
-	srv := redistest.Start(t)
 	const name, ip = "units_lease_renewed", "198.51.100.181"
-	h := provisionHandler(t, strings.Replace(unitsLeaseZone(name, srv.Addr(), "local_quota 1"), "rate 10/1h", "rate 20/1h", 1))
+	h, srv := leasedZone(t, name, "20/1h")
 	r, _ := newKeyRequest(ip, nil)
 	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != 200 {
 		t.Fatalf("first: %d", code)
