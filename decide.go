@@ -24,8 +24,7 @@ func (h *Handler) decide(r *http.Request, req *request) {
 		rec := &req.records[i]
 		h.count(rec)
 		if rec.phase == undecided {
-			// Its response_cost field is removed.
-			req.watches = req.watches || rec.stripsResponseCost()
+			req.decidesNothing(rec)
 			continue
 		}
 		if h.decideRecord(r, req, rec) {
@@ -171,8 +170,7 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 			// answered is logged (logStoreFailure) and counted in
 			// store_failures_total, and the zone lets the request
 			// through as `fail open` does.
-			rec.phase = undecided
-			req.watches = req.watches || rec.stripsResponseCost()
+			req.decidesNothing(rec)
 			return false
 		case z.fail == failClosed:
 			rec.phase = failed
@@ -185,8 +183,7 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 				return false
 			}
 		default: // open: this zone does not limit, nor report
-			rec.phase = undecided
-			req.watches = req.watches || rec.stripsResponseCost()
+			req.decidesNothing(rec)
 			return false
 		}
 	}
@@ -245,6 +242,14 @@ func (h *Handler) refuseUnasked(r *http.Request, rec *zoneRecord) (stop bool) {
 // source names where rec was decided, for samples.
 func (rec *zoneRecord) source() string {
 	return sourceOf(rec.limit, rec.fallback, rec.decision().Source)
+}
+
+// decidesNothing makes rec undecided: its zone applies to the request but
+// neither limits nor reports it, and only removes its response_cost field,
+// for which the response is watched.
+func (req *request) decidesNothing(rec *zoneRecord) {
+	rec.phase = undecided
+	req.watches = req.watches || rec.stripsResponseCost()
 }
 
 // stripsResponseCost reports whether the response's response_cost field
