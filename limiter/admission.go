@@ -66,6 +66,17 @@ func NewAdmission(s Store, key string, held int64, d Decision, r Receipt) Admiss
 	return Admission{Decision: d, Receipt: r, store: s, key: key, held: held}
 }
 
+// taker is who takes an admission's units: the store, and the state name
+// in it. A memory store's algorithms write it into the Admissions they
+// admit with the rest, field by field into their named results: an
+// Admission is 128 bytes and a memory decision about 100 ns, and fields
+// written into it after it is built (or a copy more) stall the 16-byte
+// loads of the next copy, by about a tenth of a decision.
+type taker struct {
+	store Store
+	key   string
+}
+
 // holding makes a an admission of held units of key by s, when it
 // admitted; a refusal holds nothing.
 func (a *Admission) holding(s Store, key string, held int64) {

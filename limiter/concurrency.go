@@ -21,19 +21,30 @@ var concurrencyEpochs atomic.Int64
 // take: allow iff in flight + c <= L; remaining = L - in flight. There is
 // no time to wait for: a slot frees when a response finishes, so reset and
 // retry_after are zero.
-func (s *concurrencyState) take(p *params, now, cost int64) Admission {
+func (s *concurrencyState) take(p *params, now, cost, _ int64, by taker) (a Admission) {
+	a.Time, a.Receipt.At = now, now
 	if s.inFlight+cost > p.l {
-		return Admission{Decision: Decision{Remaining: max(0, p.l-s.inFlight), Time: now}}
+		a.Remaining = max(0, p.l-s.inFlight)
+		return a
 	}
 	if s.epoch == 0 {
 		s.epoch = concurrencyEpochs.Add(1)
 	}
 	s.inFlight += cost
-	return Admission{Decision: Decision{Allowed: true, Remaining: p.l - s.inFlight, Time: now}, Receipt: Receipt{Mark: s.epoch}}
+	a.Allowed, a.Remaining = true, p.l-s.inFlight
+	a.Receipt.Mark = s.epoch
+	a.store, a.key, a.held = by.store, by.key, cost
+	return a
 }
 
-func (s *concurrencyState) refund(p *params, now, cost int64, taken Receipt) Decision {
-	if taken.Mark == s.epoch {
+// charge refuses: a slot is a request in flight, so a concurrency state
+// cannot owe (Traits.Charges is false and Memory.Charge never asks).
+func (s *concurrencyState) charge(_ *params, now, _ int64) Admission {
+	return Admission{Decision: Decision{Time: now}}
+}
+
+func (s *concurrencyState) refund(p *params, now, cost, name int64) Decision {
+	if name == s.epoch {
 		s.inFlight = max(0, s.inFlight-cost)
 	}
 	return Decision{Allowed: true, Remaining: max(0, p.l-s.inFlight)}

@@ -57,21 +57,22 @@ func (s *fixedWindowState) roll(p *params, now int64) (at, end int64) {
 
 // take: allow iff count + c <= L; remaining = L - count;
 // reset = retry_after = end of the window.
-func (s *fixedWindowState) take(p *params, now, cost int64) Admission {
-	return s.takeUpTo(p, now, cost, cost)
-}
-
-// takeUpTo takes what the window has left, up to want, when it has at
-// least cost: a lease.
-func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Admission {
+//
+// With want above cost it takes what the window has left, up to want, when
+// it has at least cost: a lease.
+func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a Admission) {
 	now, end := s.roll(p, now)
-	left := microseconds(end - now)
+	a.ResetAfter, a.Time, a.Receipt.At = microseconds(end-now), now, now
 	if s.count+cost > p.l {
-		return Admission{Decision: Decision{Remaining: max(0, p.l-s.count), ResetAfter: left, RetryAfter: left, Time: now}}
+		a.Remaining, a.RetryAfter = max(0, p.l-s.count), a.ResetAfter
+		return a
 	}
 	granted := min(want, p.l-s.count)
 	s.count += granted
-	return Admission{Decision: Decision{Allowed: true, Remaining: p.l - s.count, ResetAfter: left, Time: now}, Receipt: Receipt{Granted: granted}}
+	a.Allowed, a.Remaining = true, p.l-s.count
+	a.Receipt.Granted = granted
+	a.store, a.key, a.held = by.store, by.key, granted
+	return a
 }
 
 // charge takes cost units whether or not the window has them: the count
@@ -79,21 +80,23 @@ func (s *fixedWindowState) takeUpTo(p *params, now, cost, want int64) Admission 
 // of a charge beyond is forgiven), and requests are refused until the
 // window ends. A debt does not carry into the next window, which starts
 // from zero as it always does.
-func (s *fixedWindowState) charge(p *params, now, cost int64) Admission {
+func (s *fixedWindowState) charge(p *params, now, cost int64) (a Admission) {
 	now, end := s.roll(p, now)
 	before := s.count
 	s.count = max(s.count, min(s.count+cost, 2*p.l))
-	d := s.status(p, now, end)
-	d.Time = now
-	return Admission{Decision: d, Receipt: Receipt{Granted: s.count - before}}
+	s.status(p, now, end, &a.Decision)
+	a.Time = now
+	a.Receipt.At, a.Receipt.Granted = now, s.count-before
+	return a
 }
 
-func (s *fixedWindowState) refund(p *params, now, cost int64, taken Receipt) Decision {
+func (s *fixedWindowState) refund(p *params, now, cost, name int64) (d Decision) {
 	now, end := s.roll(p, now)
-	if s.holds(p, taken.Name(), end) {
+	if s.holds(p, name, end) {
 		s.count = max(0, s.count-cost)
 	}
-	return s.status(p, now, end)
+	s.status(p, now, end, &d)
+	return d
 }
 
 // holds reports whether an admission at time adm was counted in the
@@ -105,13 +108,13 @@ func (s *fixedWindowState) holds(p *params, adm, end int64) bool {
 	return windowIndex(p, adm) == s.win
 }
 
-// status is the state after roll: what a refund of nothing reports.
-func (s *fixedWindowState) status(p *params, now, end int64) Decision {
-	d := Decision{Allowed: true, Remaining: max(0, p.l-s.count)}
+// status writes the state after roll into d (its report fields, one by
+// one: see Memory.Take): what a refund of nothing reports.
+func (s *fixedWindowState) status(p *params, now, end int64, d *Decision) {
+	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, p.l-s.count), 0
 	if s.count > 0 {
 		d.ResetAfter = microseconds(end - now)
 	}
-	return d
 }
 
 // idle keeps an emptied window while the clock is behind it: forgotten,

@@ -10,27 +10,31 @@ type leakyBucketState struct{ bucketState }
 //
 // In time scaled by L (one unit costs W): wait = debt; allow iff
 // wait <= maxDelay; then debt += c×W.
-func (s *leakyBucketState) take(p *params, now, cost int64) Admission {
+func (s *leakyBucketState) take(p *params, now, cost, _ int64, by taker) (a Admission) {
 	wait := s.debt(p, now)
+	a.Time, a.Receipt.At = now, now
 	if wait > p.maxDelay {
-		return Admission{Decision: Decision{
-			ResetAfter: microseconds(ceilDiv(wait, p.l)),
-			RetryAfter: microseconds(ceilDiv(wait-p.maxDelay, p.l)),
-			Time:       now,
-		}}
+		a.ResetAfter = microseconds(ceilDiv(wait, p.l))
+		a.RetryAfter = microseconds(ceilDiv(wait-p.maxDelay, p.l))
+		return a
 	}
 	debt := wait + cost*p.w
 	s.setDebt(p, now, debt)
-	return Admission{Decision: Decision{
-		Allowed:    true,
-		Remaining:  leakyRemaining(p, debt),
-		ResetAfter: microseconds(ceilDiv(debt, p.l)),
-		RetryAfter: microseconds(ceilDiv(wait, p.l)),
-		Time:       now,
-	}}
+	a.Allowed = true
+	a.Remaining = leakyRemaining(p, debt)
+	a.ResetAfter = microseconds(ceilDiv(debt, p.l))
+	a.RetryAfter = microseconds(ceilDiv(wait, p.l))
+	a.store, a.key, a.held = by.store, by.key, cost
+	return a
 }
 
-func (s *leakyBucketState) refund(p *params, now, cost int64, _ Receipt) Decision {
+// charge refuses: a leaky bucket's units are waits already served, so it
+// cannot owe (Traits.Charges is false and Memory.Charge never asks).
+func (s *leakyBucketState) charge(_ *params, now, _ int64) Admission {
+	return Admission{Decision: Decision{Time: now}}
+}
+
+func (s *leakyBucketState) refund(p *params, now, cost, _ int64) Decision {
 	debt := s.bucketState.refund(p, now, cost)
 	return Decision{Allowed: true, Remaining: leakyRemaining(p, debt), ResetAfter: microseconds(ceilDiv(debt, p.l))}
 }

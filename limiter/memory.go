@@ -70,10 +70,9 @@ type Memory struct {
 
 // memoryTables is the algorithm-specific part of Memory.
 type memoryTables interface {
-	take(key uint64, p *params, clock *memoryClock, cost int64) Admission
-	refund(key uint64, p *params, clock *memoryClock, cost int64, taken Receipt) Decision
-	takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Admission, bool)
-	charge(key uint64, p *params, clock *memoryClock, cost int64) (Admission, bool)
+	take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission
+	refund(key uint64, p *params, clock *memoryClock, cost, name int64) Decision
+	charge(key uint64, p *params, clock *memoryClock, cost int64) Admission
 	forget(key uint64, p *params, clock *memoryClock) bool
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
@@ -147,11 +146,10 @@ func (mc *memoryClock) now() int64 {
 	return mc.c.Now().UnixMicro()
 }
 
-// Take implements Store; it never fails.
+// Take implements Store; it never fails. The algorithm writes the whole
+// Admission, who holds its units included (see taker).
 func (m *Memory) Take(_ context.Context, key string, cost int64) (Admission, error) {
-	a := m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost)
-	a.holding(m, key, cost)
-	return a, nil
+	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, cost, taker{m, key}), nil
 }
 
 // TakeUpTo implements Leaser for the algorithms whose Traits say Leases;
@@ -160,12 +158,10 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Admi
 	if want < cost {
 		return Admission{}, fmt.Errorf("memory store: lease of %d wanted for a cost of %d", want, cost)
 	}
-	a, ok := m.tables.takeUpTo(maphash.String(m.seed, key), &m.p, &m.clock, cost, want)
-	if !ok {
+	if !m.p.alg.Leases {
 		return Admission{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
 	}
-	a.holding(m, key, a.Receipt.Granted)
-	return a, nil
+	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, want, taker{m, key}), nil
 }
 
 // Charge implements Charger for the algorithms whose Traits say Charges;
@@ -174,11 +170,10 @@ func (m *Memory) Charge(_ context.Context, key string, cost int64) (Admission, e
 	if most := m.maxCost; cost < 1 || cost > most {
 		return Admission{}, fmt.Errorf("memory store: charge of %d outside 1..%d", cost, most)
 	}
-	a, ok := m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost)
-	if !ok {
+	if !m.p.alg.Charges {
 		return Admission{}, fmt.Errorf("memory store: %s cannot charge past its limit", m.policy.Algorithm)
 	}
-	return a, nil
+	return m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost), nil
 }
 
 // Renew implements Leaser: the return, then the lease. Each is atomic on
@@ -202,7 +197,7 @@ func (m *Memory) ReturnMany(ctx context.Context, returns []Return) error {
 // Peek implements Store; it never fails, and a key it does not hold is
 // reported as fresh without being added.
 func (m *Memory) Peek(_ context.Context, key string) (Decision, error) {
-	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, Receipt{}), nil
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, 0), nil
 }
 
 // Reset implements Store; it never fails. A key held whose state is back
@@ -214,7 +209,7 @@ func (m *Memory) Reset(_ context.Context, key string) (bool, error) {
 // GiveBack implements Store; it never fails. A key forgotten since the
 // Take has nothing to give back.
 func (m *Memory) GiveBack(_ context.Context, key string, units int64, taken Receipt) (Decision, error) {
-	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, units, taken), nil
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, units, taken.Name()), nil
 }
 
 // Sweep forgets every key whose state is back to empty and reports how many
@@ -229,8 +224,16 @@ func (m *Memory) Len() int { return m.tables.len() }
 // keyState is the per-key state of one algorithm, as a pointer method set.
 type keyState[S any] interface {
 	*S
-	take(p *params, now, cost int64) Admission
-	refund(p *params, now, cost int64, taken Receipt) Decision
+	// take takes cost units when they fit; an algorithm that leases
+	// (Traits.Leases) takes more while they fit, up to want. The
+	// admission holds the units it took, by taker by.
+	take(p *params, now, cost, want int64, by taker) Admission
+	// charge takes cost units whether or not they fit, for an algorithm
+	// whose state can owe (Traits.Charges); Memory.Charge asks no other.
+	charge(p *params, now, cost int64) Admission
+	// refund gives cost units back of the admission named name
+	// (Receipt.Name).
+	refund(p *params, now, cost, name int64) Decision
 	idle(p *params, now int64) bool
 }
 
@@ -266,58 +269,32 @@ func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
 	}
 }
 
-func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost int64) Admission {
+func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission {
 	sh := set.lock(key)
-	a := PS(&sh.cells[sh.get(key)].st).take(p, clock.now(), cost)
+	a := PS(&sh.cells[sh.get(key)].st).take(p, clock.now(), cost, want, by)
 	sh.mu.Unlock()
-	a.Receipt.At = a.Time
 	return a
 }
 
-// upToTaker is the per-key state of an algorithm that leases.
-type upToTaker interface {
-	takeUpTo(p *params, now, cost, want int64) Admission
-}
-
-func (set *shardSet[S, PS]) takeUpTo(key uint64, p *params, clock *memoryClock, cost, want int64) (Admission, bool) {
-	if _, ok := any(PS(new(S))).(upToTaker); !ok {
-		return Admission{}, false
-	}
+func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) Admission {
 	sh := set.lock(key)
-	defer sh.mu.Unlock()
-	st := any(PS(&sh.cells[sh.get(key)].st)).(upToTaker)
-	a := st.takeUpTo(p, clock.now(), cost, want)
-	a.Receipt.At = a.Time
-	return a, true
+	a := PS(&sh.cells[sh.get(key)].st).charge(p, clock.now(), cost)
+	sh.mu.Unlock()
+	return a
 }
 
-// overdrawer is the per-key state of an algorithm that can owe.
-type overdrawer interface {
-	charge(p *params, now, cost int64) Admission
-}
-
-func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) (Admission, bool) {
-	if _, ok := any(PS(nil)).(overdrawer); !ok {
-		return Admission{}, false
-	}
+func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost, name int64) Decision {
 	sh := set.lock(key)
-	defer sh.mu.Unlock()
-	st := any(PS(&sh.cells[sh.get(key)].st)).(overdrawer)
-	a := st.charge(p, clock.now(), cost)
-	a.Receipt.At = a.Time
-	return a, true
-}
-
-func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost int64, taken Receipt) Decision {
-	sh := set.lock(key)
-	defer sh.mu.Unlock()
 	now := clock.now()
-	i, ok := sh.index[key]
-	if !ok {
-		var fresh S
-		return PS(&fresh).refund(p, now, 0, taken)
+	var d Decision
+	if i, ok := sh.index[key]; ok {
+		d = PS(&sh.cells[i].st).refund(p, now, cost, name)
+	} else {
+		var fresh S // a key not held reports as fresh, and is not added
+		d = PS(&fresh).refund(p, now, 0, name)
 	}
-	return PS(&sh.cells[i].st).refund(p, now, cost, taken)
+	sh.mu.Unlock()
+	return d
 }
 
 func (set *shardSet[S, PS]) forget(key uint64, p *params, clock *memoryClock) bool {

@@ -29,27 +29,26 @@ func (s *slidingCounterState) roll(p *params, now int64) int64 {
 // take: est = prev×(W - e)/W + cur where e is how far now is into its
 // window; allow iff est + c <= L, decided exactly as
 // prev×(W - e) + (cur + c)×W <= L×W.
-func (s *slidingCounterState) take(p *params, now, cost int64) Admission {
-	return s.takeUpTo(p, now, cost, cost)
-}
-
-// takeUpTo takes the most units that fit, up to want, when cost fits: a
-// lease. The most g with prev×(W - e) + (cur + g)×W <= L×W.
-func (s *slidingCounterState) takeUpTo(p *params, now, cost, want int64) Admission {
+//
+// With want above cost it takes the most units that fit, up to want, when
+// cost fits: a lease. The most g with prev×(W - e) + (cur + g)×W <= L×W.
+func (s *slidingCounterState) take(p *params, now, cost, want int64, by taker) (a Admission) {
 	now = s.roll(p, now)
 	e := now - s.win*p.w
 	if s.prev*(p.w-e)+(s.cur+cost)*p.w > p.l*p.w {
-		d := s.status(p, now)
-		d.Allowed = false
-		d.RetryAfter = microseconds(s.retryAfter(p, e, cost))
-		d.Time = now
-		return Admission{Decision: d}
+		s.status(p, now, &a.Decision)
+		a.Allowed = false
+		a.RetryAfter = microseconds(s.retryAfter(p, e, cost))
+		a.Time, a.Receipt.At = now, now
+		return a
 	}
 	granted := min(want, (p.l*p.w-s.prev*(p.w-e))/p.w-s.cur)
 	s.cur += granted
-	d := s.status(p, now)
-	d.Time = now
-	return Admission{Decision: d, Receipt: Receipt{Granted: granted}}
+	s.status(p, now, &a.Decision)
+	a.Time = now
+	a.Receipt.At, a.Receipt.Granted = now, granted
+	a.store, a.key, a.held = by.store, by.key, granted
+	return a
 }
 
 // retryAfter is the least x with est(now + x) + c <= L, nothing else
@@ -79,40 +78,42 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 // every product the script forms within 4×L×W). Requests are refused
 // until est has decayed: through this window's end, and in the next as
 // the charged window's weight falls.
-func (s *slidingCounterState) charge(p *params, now, cost int64) Admission {
+func (s *slidingCounterState) charge(p *params, now, cost int64) (a Admission) {
 	now = s.roll(p, now)
 	before := s.cur
 	s.cur = max(s.cur, min(s.cur+cost, 2*p.l))
-	d := s.status(p, now)
-	d.Time = now
-	return Admission{Decision: d, Receipt: Receipt{Granted: s.cur - before}}
+	s.status(p, now, &a.Decision)
+	a.Time = now
+	a.Receipt.At, a.Receipt.Granted = now, s.cur-before
+	return a
 }
 
-func (s *slidingCounterState) refund(p *params, now, cost int64, taken Receipt) Decision {
+func (s *slidingCounterState) refund(p *params, now, cost, name int64) (d Decision) {
 	now = s.roll(p, now)
-	switch windowIndex(p, taken.Name()) {
+	switch windowIndex(p, name) {
 	case s.win:
 		s.cur = max(0, s.cur-cost)
 	case s.win - 1:
 		s.prev = max(0, s.prev-cost)
 	}
-	return s.status(p, now)
+	s.status(p, now, &d)
+	return d
 }
 
 // status: remaining = ⌊L - est⌋; reset = end of the next window while cur
-// holds units, else end of this one while prev does.
-func (s *slidingCounterState) status(p *params, now int64) Decision {
+// holds units, else end of this one while prev does. It writes them into
+// d, one by one (see Memory.Take).
+func (s *slidingCounterState) status(p *params, now int64, d *Decision) {
 	now = s.roll(p, now)
 	e := now - s.win*p.w
 	est := s.prev*(p.w-e) + s.cur*p.w
-	d := Decision{Allowed: true, Remaining: max(0, (p.l*p.w-est)/p.w)}
+	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, (p.l*p.w-est)/p.w), 0
 	switch {
 	case s.cur > 0:
 		d.ResetAfter = microseconds((s.win+2)*p.w - now)
 	case s.prev > 0:
 		d.ResetAfter = microseconds((s.win+1)*p.w - now)
 	}
-	return d
 }
 
 // idle keeps the state while the clock is behind its window (see

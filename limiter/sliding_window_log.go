@@ -42,50 +42,49 @@ func (s *slidingLogState) push(at, units int64) {
 
 // take: allow iff count + c <= L, then append (now, c); remaining = L - count;
 // reset = newest + W - now; retry_after = when enough of the oldest leave.
-func (s *slidingLogState) take(p *params, now, cost int64) Admission {
-	return s.takeUpTo(p, now, cost, cost)
-}
-
-// takeUpTo takes what the window has left, up to want, when it has at
-// least cost: a lease, logged as one admission of every unit granted. A
-// lease of more than the request's cost is logged LeaseLifetime ahead, at
-// the latest time a nearcache.Cache may spend it: logged at its grant, a unit
-// spent up to a lifetime later would leave the window that much early,
-// and instances together could admit more than L in a window-long span
-// (by up to a lease per instance). Logged ahead, every unit is in the log
-// from its grant until W after its spend, so the log's own check bounds
-// every span of spend times by L; the price is that leased units block
-// their key up to a lifetime longer.
-func (s *slidingLogState) takeUpTo(p *params, now, cost, want int64) Admission {
+//
+// With want above cost it takes what the window has left, up to want, when
+// it has at least cost: a lease, logged as one admission of every unit
+// granted. A lease of more than the request's cost is logged LeaseLifetime
+// ahead, at the latest time a nearcache.Cache may spend it: logged at its
+// grant, a unit spent up to a lifetime later would leave the window that
+// much early, and instances together could admit more than L in a window-
+// long span (by up to a lease per instance). Logged ahead, every unit is in
+// the log from its grant until W after its spend, so the log's own check
+// bounds every span of spend times by L; the price is that leased units
+// block their key up to a lifetime longer.
+func (s *slidingLogState) take(p *params, now, cost, want int64, by taker) (a Admission) {
 	now = max(now, 0)
 	s.expire(p, now)
 	if s.total+cost > p.l {
-		d := s.status(p, now)
-		d.Allowed = false
-		d.RetryAfter = microseconds(s.retryAfter(p, now, s.total+cost-p.l))
-		d.Time = now
-		return Admission{Decision: d}
+		s.status(p, now, &a.Decision)
+		a.Allowed = false
+		a.RetryAfter = microseconds(s.retryAfter(p, now, s.total+cost-p.l))
+		a.Time, a.Receipt.At = now, now
+		return a
 	}
 	granted := min(want, p.l-s.total)
 	at := now
 	if granted > cost {
 		at += LeaseLifetime.Microseconds()
 	}
-	return s.record(p, now, at, granted)
+	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(at, granted), granted
+	a.store, a.key, a.held = by.store, by.key, granted
+	s.status(p, now, &a.Decision)
+	a.Time = now
+	return a
 }
 
 // record logs units at time at, or at the newest entry's time if that is
 // later, so entries stay in time order even if the clock stepped back (or
-// a lease was logged ahead), and reports the state at now.
-func (s *slidingLogState) record(p *params, now, at, units int64) Admission {
+// a lease was logged ahead), and answers the time it logged them at.
+func (s *slidingLogState) record(at, units int64) int64 {
 	if n := len(s.ents); n > s.head {
 		at = max(at, logAt(s.ents[n-1]))
 	}
 	s.push(at, units)
 	s.total += units
-	d := s.status(p, now)
-	d.Time = now
-	return Admission{Decision: d, Receipt: Receipt{Mark: at, Granted: units}}
+	return at
 }
 
 // charge logs cost units at now whether or not the window has them: the
@@ -94,10 +93,14 @@ func (s *slidingLogState) record(p *params, now, at, units int64) Admission {
 // refused until enough of the oldest entries have left the window. Like
 // an admission, the entry is stamped max(now, newest entry), so the log
 // stays ordered (after a lease logged ahead, or a clock stepped back).
-func (s *slidingLogState) charge(p *params, now, cost int64) Admission {
+func (s *slidingLogState) charge(p *params, now, cost int64) (a Admission) {
 	now = max(now, 0)
 	s.expire(p, now)
-	return s.record(p, now, now, max(0, min(cost, 2*p.l-s.total)))
+	units := max(0, min(cost, 2*p.l-s.total))
+	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(now, units), units
+	s.status(p, now, &a.Decision)
+	a.Time = now
+	return a
 }
 
 // retryAfter is how long until the oldest entries holding at least need
@@ -112,9 +115,8 @@ func (s *slidingLogState) retryAfter(p *params, now, need int64) int64 {
 	return p.w
 }
 
-func (s *slidingLogState) refund(p *params, now, cost int64, taken Receipt) Decision {
+func (s *slidingLogState) refund(p *params, now, cost, at int64) (d Decision) {
 	s.expire(p, now)
-	at := taken.Name()
 	for i := len(s.ents) - 1; i >= s.head && cost > 0; i-- {
 		e := s.ents[i]
 		if logAt(e) != at {
@@ -132,15 +134,17 @@ func (s *slidingLogState) refund(p *params, now, cost int64, taken Receipt) Deci
 			s.ents[i] = logEntry(at, logUnits(e)-u)
 		}
 	}
-	return s.status(p, now)
+	s.status(p, now, &d)
+	return d
 }
 
-func (s *slidingLogState) status(p *params, now int64) Decision {
-	d := Decision{Allowed: true, Remaining: max(0, p.l-s.total)}
+// status writes the state into d: remaining = L - count; reset = newest +
+// W - now (its report fields, one by one: see Memory.Take).
+func (s *slidingLogState) status(p *params, now int64, d *Decision) {
+	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, p.l-s.total), 0
 	if n := len(s.ents); n > s.head {
 		d.ResetAfter = microseconds(max(0, logAt(s.ents[n-1])+p.w-now))
 	}
-	return d
 }
 
 // idle also gives memory back: a log whose live entries fill less than a

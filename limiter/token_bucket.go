@@ -9,25 +9,21 @@ type tokenBucketState struct{ bucketState }
 // With debt = (B - tokens)×W, kept exact in time scaled by L:
 // allow iff debt + c×W <= B×W; remaining = ⌊(B×W - debt)/W⌋;
 // reset = debt/L µs; retry_after = (debt + c×W - B×W)/L µs.
-func (s *tokenBucketState) take(p *params, now, cost int64) Admission {
-	return s.takeUpTo(p, now, cost, cost)
-}
-
-// takeUpTo takes as many tokens as the bucket holds, up to want, when it
-// holds at least cost: a lease.
-func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Admission {
+//
+// With want above cost it takes as many tokens as the bucket holds, up to
+// want, when it holds at least cost: a lease.
+func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a Admission) {
 	debt := s.debt(p, now)
 	full := p.b * p.w
 	need := debt + cost*p.w
+	a.Time, a.Receipt.At = now, now
 	if need > full {
-		return Admission{Decision: Decision{
-			// Never negative: a clock behind the bucket's state reads a
-			// debt beyond the burst (debt bounds it, see bucketState).
-			Remaining:  max(0, (full-debt)/p.w),
-			ResetAfter: microseconds(ceilDiv(debt, p.l)),
-			RetryAfter: microseconds(ceilDiv(need-full, p.l)),
-			Time:       now,
-		}}
+		// Never negative: a clock behind the bucket's state reads a debt
+		// beyond the burst (debt bounds it, see bucketState).
+		a.Remaining = max(0, (full-debt)/p.w)
+		a.ResetAfter = microseconds(ceilDiv(debt, p.l))
+		a.RetryAfter = microseconds(ceilDiv(need-full, p.l))
+		return a
 	}
 	granted := cost // what fits, when no more is wanted: need <= full
 	if want > cost {
@@ -35,12 +31,12 @@ func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Admission 
 		need = debt + granted*p.w
 	}
 	s.setDebt(p, now, need)
-	return Admission{Decision: Decision{
-		Allowed:    true,
-		Remaining:  (full - need) / p.w,
-		ResetAfter: microseconds(ceilDiv(need, p.l)),
-		Time:       now,
-	}, Receipt: Receipt{Granted: granted}}
+	a.Allowed = true
+	a.Remaining = (full - need) / p.w
+	a.ResetAfter = microseconds(ceilDiv(need, p.l))
+	a.Receipt.Granted = granted
+	a.store, a.key, a.held = by.store, by.key, granted
+	return a
 }
 
 // charge takes cost tokens whether or not the bucket holds them: tokens go
@@ -50,20 +46,20 @@ func (s *tokenBucketState) takeUpTo(p *params, now, cost, want int64) Admission 
 // cost. debt⁺ = max(debt, min(debt + c×W, 2×B×W)); granted is the tokens
 // charged, ⌈(debt⁺ − debt)/W⌉. The max keeps a debt a clock stepped back
 // has already put beyond the cap (debt bounds it by maxAhead).
-func (s *tokenBucketState) charge(p *params, now, cost int64) Admission {
+func (s *tokenBucketState) charge(p *params, now, cost int64) (a Admission) {
 	debt := s.debt(p, now)
 	full := p.b * p.w
 	next := max(debt, min(debt+cost*p.w, 2*full))
 	s.setDebt(p, now, next)
-	return Admission{Decision: Decision{
-		Allowed:    true,
-		Remaining:  max(0, (full-next)/p.w),
-		ResetAfter: microseconds(ceilDiv(next, p.l)),
-		Time:       now,
-	}, Receipt: Receipt{Granted: ceilDiv(next-debt, p.w)}}
+	a.Allowed = true
+	a.Remaining = max(0, (full-next)/p.w)
+	a.ResetAfter = microseconds(ceilDiv(next, p.l))
+	a.Time = now
+	a.Receipt.At, a.Receipt.Granted = now, ceilDiv(next-debt, p.w)
+	return a
 }
 
-func (s *tokenBucketState) refund(p *params, now, cost int64, _ Receipt) Decision {
+func (s *tokenBucketState) refund(p *params, now, cost, _ int64) Decision {
 	debt := s.bucketState.refund(p, now, cost)
 	return Decision{Allowed: true, Remaining: max(0, (p.b*p.w-debt)/p.w), ResetAfter: microseconds(ceilDiv(debt, p.l))}
 }
