@@ -6,19 +6,29 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
+
+// calendarDayRedis starts a Redis and, on it, a fixed window of events a
+// UTC calendar day (zone "cal"), returned with its client and policy. Its
+// options name no Clock, so its scripts read Redis's TIME, the clock these
+// tests are about; the timeout is generous, as they measure no latency.
+func calendarDayRedis(t *testing.T, events int64) (*Store, *redis.Client, limiter.Policy) {
+	t.Helper()
+	client := redistest.Start(t).Client(t)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: events, Calendar: &limiter.Calendar{Period: limiter.Day}}
+	return newTestRedis(t, client, p, Options{Zone: "cal", Timeout: 5 * time.Second}), client, p
+}
 
 // TestCalendarRedisServerTime: with Redis's TIME as the clock, a calendar
 // day is counted and reset at the coming UTC midnight, and its key lives
 // exactly until then.
 func TestCalendarRedisServerTime(t *testing.T) {
-	s := redistest.Start(t)
-	client := s.Client(t)
+	r, client, p := calendarDayRedis(t, 2)
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 2, Calendar: &limiter.Calendar{Period: limiter.Day}}
-	r := newTestRedis(t, client, p, Options{Zone: "cal", Timeout: 5 * time.Second})
 	for i, want := range []bool{true, true, false} {
 		d, err := r.Take(ctx, "k", 1)
 		if err != nil || d.Allowed != want {
@@ -45,11 +55,8 @@ func TestCalendarRedisServerTime(t *testing.T) {
 // Redis's day; one whose windows hold no part of Redis's time gets an
 // error, for the fail mode, not a decision in a window nobody named.
 func TestCalendarRedisWindowsAroundTheInstance(t *testing.T) {
-	s := redistest.Start(t)
-	client := s.Client(t)
+	r, client, p := calendarDayRedis(t, 5)
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 5, Calendar: &limiter.Calendar{Period: limiter.Day}}
-	r := newTestRedis(t, client, p, Options{Zone: "cal", Timeout: 5 * time.Second})
 	compiled, err := p.Compile()
 	if err != nil {
 		t.Fatal(err)
