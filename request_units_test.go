@@ -2,6 +2,10 @@ package ratelimit
 
 // Units through the request path: what a request takes comes back once,
 // to the state that took it, whichever phase ends the request.
+//
+// The Redis zones here wait up to a second for Redis (`timeout 1s`): the
+// tests assert what a give-back reports, and under CI's load a call past
+// the default 5ms would fail and leave the take's report standing.
 
 import (
 	"context"
@@ -24,7 +28,7 @@ func TestRequestUnitsRefusedAfterConcurrencyFreesSlotOnce(t *testing.T) {
 		t.Run(store, func(t *testing.T) {
 			redis := ""
 			if store == "redis" {
-				redis = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
+				redis = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n timeout 1s\n}"
 			}
 			h := provisionHandler(t, `rate_limit {
 				zone a_ru_cc_`+store+` {
@@ -155,7 +159,7 @@ func TestRequestUnitsCostZeroHeaders(t *testing.T) {
 			t.Run(store+"/"+alg, func(t *testing.T) {
 				redis := ""
 				if store == "redis" {
-					redis = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
+					redis = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n timeout 1s\n}"
 				}
 				name := "units_zero_" + store + "_" + alg
 				h := provisionHandler(t, `rate_limit {
@@ -249,6 +253,7 @@ func leasedZone(t *testing.T, name, rate string) (*Handler, *redistest.Server) {
 		}
 		redis {
 			url redis://`+srv.Addr()+`
+			timeout 1s
 		}
 	}`), srv
 }
@@ -274,6 +279,7 @@ func redisRemainingOf(t *testing.T, name, addr, ip, rate string) int {
 		}
 		redis {
 			url redis://`+addr+`
+			timeout 1s
 		}
 	}`)
 	r, _ := newKeyRequest(ip, map[string]string{"X-Cost": "0"})
@@ -440,6 +446,7 @@ func TestRequestUnitsAskedAheadWithdrawn(t *testing.T) {
 				}
 				redis {
 					url redis://`+srv.Addr()+`
+					timeout 1s
 				}
 			}`)
 			const ip = "198.51.100.180"
