@@ -77,14 +77,6 @@ type taker struct {
 	key   string
 }
 
-// holding makes a an admission of held units of key by s, when it
-// admitted; a refusal holds nothing.
-func (a *Admission) holding(s Store, key string, held int64) {
-	if a.Allowed {
-		a.store, a.key, a.held = s, key, held
-	}
-}
-
 // Errors of giving back.
 var (
 	// ErrNothingHeld: the admission holds no units (it was a refusal, or

@@ -109,7 +109,7 @@ func (s *fixedWindowState) holds(p *params, adm, end int64) bool {
 }
 
 // status writes the state after roll into d (its report fields, one by
-// one: see Memory.Take): what a refund of nothing reports.
+// one: see taker): what a refund of nothing reports.
 func (s *fixedWindowState) status(p *params, now, end int64, d *Decision) {
 	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, p.l-s.count), 0
 	if s.count > 0 {

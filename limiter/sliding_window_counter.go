@@ -102,7 +102,7 @@ func (s *slidingCounterState) refund(p *params, now, cost, name int64) (d Decisi
 
 // status: remaining = ⌊L - est⌋; reset = end of the next window while cur
 // holds units, else end of this one while prev does. It writes them into
-// d, one by one (see Memory.Take).
+// d, one by one (see taker).
 func (s *slidingCounterState) status(p *params, now int64, d *Decision) {
 	now = s.roll(p, now)
 	e := now - s.win*p.w

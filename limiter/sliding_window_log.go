@@ -48,11 +48,11 @@ func (s *slidingLogState) push(at, units int64) {
 // granted. A lease of more than the request's cost is logged LeaseLifetime
 // ahead, at the latest time a nearcache.Cache may spend it: logged at its
 // grant, a unit spent up to a lifetime later would leave the window that
-// much early, and instances together could admit more than L in a window-
-// long span (by up to a lease per instance). Logged ahead, every unit is in
-// the log from its grant until W after its spend, so the log's own check
-// bounds every span of spend times by L; the price is that leased units
-// block their key up to a lifetime longer.
+// much early, and instances together could admit more than L in a
+// window-long span (by up to a lease per instance). Logged ahead, every
+// unit is in the log from its grant until W after its spend, so the log's
+// own check bounds every span of spend times by L; the price is that leased
+// units block their key up to a lifetime longer.
 func (s *slidingLogState) take(p *params, now, cost, want int64, by taker) (a Admission) {
 	now = max(now, 0)
 	s.expire(p, now)
@@ -139,7 +139,7 @@ func (s *slidingLogState) refund(p *params, now, cost, at int64) (d Decision) {
 }
 
 // status writes the state into d: remaining = L - count; reset = newest +
-// W - now (its report fields, one by one: see Memory.Take).
+// W - now (its report fields, one by one: see taker).
 func (s *slidingLogState) status(p *params, now int64, d *Decision) {
 	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, p.l-s.total), 0
 	if n := len(s.ents); n > s.head {
