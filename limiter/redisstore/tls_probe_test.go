@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/testpki"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // probeServer is a TLS 1.3 server on loopback whose certificate, signed
@@ -42,20 +43,10 @@ func probeServer(t *testing.T, ca *testpki.CA, auth tls.ClientAuthType) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.(*tls.Conn).Handshake()
-				_, _ = io.Copy(io.Discard, c)
-			}()
-		}
-	}()
+	testutil.ServeConns(t, ln, func(c net.Conn) {
+		_ = c.(*tls.Conn).Handshake()
+		_, _ = io.Copy(io.Discard, c)
+	})
 	return "localhost:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
