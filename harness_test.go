@@ -448,3 +448,29 @@ func benchServeFreshTo(b *testing.B, h *Handler, bases []*http.Request, next cad
 		benchServe(b, h, w, reqs[i%benchPrepared], next)
 	}
 }
+
+// serveHeld serves a request of ip through h in the background, and
+// returns once it is inside the next handler, which answers 200 (with
+// X-Tokens: tokens, unless tokens is empty) when release is closed; done
+// gets the status. It is a request in flight across whatever the test
+// does meanwhile: a reload, a refusal, a reset.
+func serveHeld(h *Handler, ip, tokens string) (release chan struct{}, done chan int) {
+	started := make(chan struct{})
+	release, done = make(chan struct{}), make(chan int)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(started)
+		<-release
+		if tokens != "" {
+			w.Header().Set("X-Tokens", tokens)
+		}
+		w.WriteHeader(200)
+		return nil
+	})
+	go func() {
+		r, _ := newKeyRequest(ip, nil)
+		_, code := serve(h, r, next)
+		done <- code
+	}()
+	<-started
+	return release, done
+}

@@ -503,25 +503,3 @@ func TestRequestUnitsLeaseRenewedThenGiveBack(t *testing.T) {
 		t.Fatalf("Redis remaining %d of 20 after responses of 1, 1 and 2, want 16", got)
 	}
 }
-
-// serveHeld serves a request of ip through h in the background, and
-// returns once it is inside the next handler, which answers 200 with
-// X-Tokens: tokens when release is closed; done gets the status.
-func serveHeld(h *Handler, ip, tokens string) (release chan struct{}, done chan int) {
-	started := make(chan struct{})
-	release, done = make(chan struct{}), make(chan int)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		close(started)
-		<-release
-		w.Header().Set("X-Tokens", tokens)
-		w.WriteHeader(200)
-		return nil
-	})
-	go func() {
-		r, _ := newKeyRequest(ip, nil)
-		_, code := serve(h, r, next)
-		done <- code
-	}()
-	<-started
-	return release, done
-}

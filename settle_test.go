@@ -367,19 +367,7 @@ func TestCountResponseSettlesAcrossReload(t *testing.T) {
 	}`
 	old := provisionHandler(t, cfg)
 	ip := "198.51.100.206"
-	arrived, release, done := make(chan struct{}), make(chan struct{}), make(chan int)
-	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		close(arrived)
-		<-release
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
-	go func() {
-		r, _ := newKeyRequest(ip, nil)
-		_, code := serve(old, r, held)
-		done <- code
-	}()
-	<-arrived
+	release, done := serveHeld(old, ip, "")
 	newer := provisionHandler(t, cfg)
 	r, _ := newKeyRequest(ip, nil)
 	w, _ := serve(newer, r, answer(200))
