@@ -24,6 +24,8 @@
 //
 // Without FLOODGATE_CADDY_BIN the harness builds ./cmd/caddy once per run.
 // Without redis-server on the PATH the tests that need it are skipped,
-// unless CI=true, where they fail. The fast unit tests are the other
+// unless CI=true, where they fail; so is the test of
+// docs/coming-from-mholt.md without prometheus, which evaluates the
+// page's queries. The fast unit tests are the other
 // packages': go test . ./limiter/ ./internal/...
 package e2e

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: installs redis-server and
-# valkey-server when missing, checks that both ways of building Caddy with
-# Floodgate work, runs every Go test with the race detector against
-# redis-server, then the packages that start a server again against
-# valkey-server (FLOODGATE_REDIS_SERVER=valkey, internal/redistest).
+# The whole test suite, as CI runs it: installs redis-server,
+# valkey-server and prometheus when missing, checks that both ways of
+# building Caddy with Floodgate work, runs every Go test with the race
+# detector against redis-server, then the packages that start a server
+# again against valkey-server (FLOODGATE_REDIS_SERVER=valkey,
+# internal/redistest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +53,13 @@ backports_mirror() {
 
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
 	apt_install redis-server redis-tools
+fi
+
+# Prometheus: e2e/coming_from_mholt_test.go evaluates the queries and
+# alerting rules of docs/coming-from-mholt.md with a real one (Debian 12's
+# package is 19 MB). Its recommended node exporter is not needed.
+if ! command -v prometheus >/dev/null 2>&1; then
+	apt_install --no-install-recommends prometheus
 fi
 
 # Valkey: in Debian 12 only in bookworm-backports. When apt knows no
