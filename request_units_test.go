@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
@@ -131,15 +129,8 @@ func TestRequestUnitsPanicCountResponseAndConcurrency(t *testing.T) {
 		}
 	}`)
 	const ip = "198.51.100.152"
-	panics := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		panic(http.ErrAbortHandler)
-	})
 	for range 2 {
-		func() {
-			defer func() { _ = recover() }()
-			r, _ := newKeyRequest(ip, nil)
-			serve(h, r, panics)
-		}()
+		serveAborted(h, ip, aborts)
 	}
 	r, _ := newKeyRequest(ip, nil)
 	w, code := serve(h, r, okHandler)
