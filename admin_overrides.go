@@ -264,7 +264,7 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 			}
 		}
 		k := s.zone.key.typed(key)
-		if err := checkOverrideKey(k); err != nil {
+		if err := limiter.CheckOverrideKey(k); err != nil {
 			return adminError(http.StatusBadRequest, "zone %q: %v", name, err)
 		}
 		if _, had := s.set.table().Lookup(k); !had && s.set.table().Len() >= maxOverrides {

@@ -195,6 +195,23 @@ func serve(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.Respo
 	return w, w.Code
 }
 
+// aborts is a next handler that breaks off its response before writing
+// any, as reverse_proxy does when the upstream or the client breaks off:
+// it panics with http.ErrAbortHandler, which net/http turns into a closed
+// connection.
+var aborts = caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+	panic(http.ErrAbortHandler)
+})
+
+// serveAborted sends one request of ip through h to next, which panics
+// (aborts, or one that writes part of a response first), and recovers the
+// panic as net/http's server would.
+func serveAborted(h *Handler, ip string, next caddyhttp.Handler) {
+	defer func() { _ = recover() }()
+	r, _ := newKeyRequest(ip, nil)
+	serve(h, r, next)
+}
+
 // serveAll sends len(want) requests from ip through h, calling after (if
 // not nil) after each, and fails unless they are answered with want.
 func serveAll(t *testing.T, h *Handler, ip string, want []int, after func()) {

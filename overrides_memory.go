@@ -81,7 +81,7 @@ func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher
 	all := make(map[string]limiter.Override, len(stored.Overrides))
 	for k, v := range stored.Overrides {
 		var o limiter.Override
-		if err := json.Unmarshal(v, &o); err != nil || checkOverrideKey(k) != nil {
+		if err := json.Unmarshal(v, &o); err != nil || limiter.CheckOverrideKey(k) != nil {
 			logger.Warn("a saved override cannot be read; skipped", zap.String("zone", zone), zap.String("key_hash", keys.Hex(k)), zap.Error(err))
 			continue
 		}
@@ -93,21 +93,10 @@ func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher
 	return m
 }
 
-// checkOverrideKey refuses a key no override may have.
-func checkOverrideKey(key string) error {
-	switch {
-	case key == "":
-		return errors.New("an override needs a key")
-	case len(key) > limiter.MaxOverrideKeyLen:
-		return fmt.Errorf("key of %d bytes is longer than the %d an override's may be", len(key), limiter.MaxOverrideKeyLen)
-	}
-	return nil
-}
-
 func (m *memoryOverrides) table() *limiter.OverrideTable { return m.t }
 
 func (m *memoryOverrides) put(ctx context.Context, key string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error) {
-	if err := checkOverrideKey(key); err != nil {
+	if err := limiter.CheckOverrideKey(key); err != nil {
 		return limiter.Override{}, err
 	}
 	o, err := m.t.PutWithin(key, o, maxOverrides, keep)

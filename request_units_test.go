@@ -15,29 +15,35 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // TestRequestUnitsRefusedAfterConcurrencyFreesSlotOnce: a concurrency zone that
-// admitted a request another zone refused frees its slot, once.
+// admitted a request another zone refused frees its slot, once, and frees
+// the slots of requests that finish; whichever store admitted them:
+// memory, Redis, or the memory fallback of a Redis zone that fails local.
 func TestRequestUnitsRefusedAfterConcurrencyFreesSlotOnce(t *testing.T) {
-	for _, store := range []string{"memory", "redis"} {
-		t.Run(store, func(t *testing.T) {
-			redis := ""
-			if store == "redis" {
+	for _, variant := range []string{"memory", "redis", "fail_local"} {
+		t.Run(variant, func(t *testing.T) {
+			store, redis := variant, ""
+			switch variant {
+			case "redis":
 				redis = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n timeout 1s\n}"
+			case "fail_local":
+				// Nothing listens at the address: every decision falls
+				// back to the zone's local limit.
+				store = "redis\nfail local"
+				redis = "redis {\n addresses " + testutil.ClosedAddr(t) + "\n timeout 100ms\n}"
 			}
 			h := provisionHandler(t, `rate_limit {
-				zone a_ru_cc_`+store+` {
+				zone a_ru_cc_`+variant+` {
 					key ip
 					algorithm concurrency
 					events 2
 					store `+store+`
 				}
-				zone b_ru_rate_`+store+` {
+				zone b_ru_rate_`+variant+` {
 					key {http.request.header.X-B}
 					rate 1/1h
 				}
@@ -63,53 +69,20 @@ func TestRequestUnitsRefusedAfterConcurrencyFreesSlotOnce(t *testing.T) {
 			}
 			finish(h1, h2)
 			<-h3.done
+			// Both finished: their slots are free again, and no more.
+			h4 := holdKey(h, ip, map[string]string{"X-B": "four"})
+			h5 := holdKey(h, ip, map[string]string{"X-B": "five"})
+			if c4, c5 := <-h4.admitted, <-h5.admitted; c4 != 200 || c5 != 200 {
+				t.Fatalf("two held after both held requests finished: %d and %d, want 200 (their slots freed)", c4, c5)
+			}
+			h6 := holdKey(h, ip, map[string]string{"X-B": "six"})
+			if code := <-h6.admitted; code != http.StatusTooManyRequests {
+				t.Fatalf("third held with two in flight under 2, after finishes: %d, want 429", code)
+			}
+			finish(h4, h5)
+			<-h6.done
 		})
 	}
-}
-
-// TestRequestUnitsFailLocalConcurrencyReleased: a fail local fallback admission
-// of a concurrency zone is released when another zone refuses, and when
-// the request finishes.
-func TestRequestUnitsFailLocalConcurrencyReleased(t *testing.T) {
-	addr := testutil.ClosedAddr(t)
-	h := provisionHandler(t, `rate_limit {
-		zone a_ru_fl_cc {
-			key ip
-			algorithm concurrency
-			events 1
-			store redis
-			fail local
-		}
-		zone b_ru_fl_rate {
-			key {http.request.header.X-B}
-			rate 1/1h
-		}
-		redis {
-			addresses `+addr+`
-			timeout 100ms
-		}
-	}`)
-	const ip = "198.51.100.151"
-	// Spend b for "one".
-	r, _ := newKeyRequest(ip, map[string]string{"X-B": "one"})
-	if _, code := serve(h, r, okHandler); code != 200 {
-		t.Fatalf("first: %d", code)
-	}
-	// Refused by b: the fallback's slot must come back.
-	r, _ = newKeyRequest(ip, map[string]string{"X-B": "one"})
-	if _, code := serve(h, r, okHandler); code != http.StatusTooManyRequests {
-		t.Fatalf("second: %d, want 429", code)
-	}
-	h1 := holdKey(h, ip, map[string]string{"X-B": "two"})
-	if code := <-h1.admitted; code != 200 {
-		t.Fatalf("held after a refusal and a finish: %d, want 200", code)
-	}
-	h2 := holdKey(h, ip, map[string]string{"X-B": "three"})
-	if code := <-h2.admitted; code != http.StatusTooManyRequests {
-		t.Fatalf("second held under 1: %d, want 429", code)
-	}
-	finish(h1)
-	<-h2.done
 }
 
 // TestRequestUnitsPanicCountResponseAndConcurrency: a panic in next gives back
@@ -131,15 +104,8 @@ func TestRequestUnitsPanicCountResponseAndConcurrency(t *testing.T) {
 		}
 	}`)
 	const ip = "198.51.100.152"
-	panics := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		panic(http.ErrAbortHandler)
-	})
 	for range 2 {
-		func() {
-			defer func() { _ = recover() }()
-			r, _ := newKeyRequest(ip, nil)
-			serve(h, r, panics)
-		}()
+		serveAborted(h, ip, aborts)
 	}
 	r, _ := newKeyRequest(ip, nil)
 	w, code := serve(h, r, okHandler)

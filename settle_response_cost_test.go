@@ -46,17 +46,13 @@ func TestResponseCostAbortCountedMissing(t *testing.T) {
 	h := provisionHandler(t, rateLimitConfig(zoneConfig("cost_abort_tokens", "algorithm token_bucket", "rate 100/1h", "response_cost X-Tokens")))
 	missing := h.zones[0].metrics.responseCosts[responseCostMissing]
 	before := counterValue(t, missing)
-	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	abortsStream := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Trailer", "X-Tokens")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("partial"))
 		panic(http.ErrAbortHandler)
 	})
-	func() {
-		defer func() { _ = recover() }()
-		r, _ := newKeyRequest("198.51.100.205", nil)
-		serve(h, r, aborts)
-	}()
+	serveAborted(h, "198.51.100.205", abortsStream)
 	if got := counterValue(t, missing) - before; got != 1 {
 		t.Fatalf("response_costs_total{result=missing} grew by %v after a stream aborted before its trailer, want 1", got)
 	}

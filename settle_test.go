@@ -330,16 +330,9 @@ func TestDryRunBadCostNeverRefuses(t *testing.T) {
 // status, so its unit is given back.
 func TestCountResponseAbortedNotCounted(t *testing.T) {
 	h := provisionHandler(t, rateLimitConfig(zoneConfig("cr_abort", "algorithm fixed_window", "rate 2/1h", "count_response {", "status 401", "}")))
-	aborts := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		panic(http.ErrAbortHandler)
-	})
 	ip := "198.51.100.204"
 	for range 2 {
-		func() {
-			defer func() { _ = recover() }()
-			r, _ := newKeyRequest(ip, nil)
-			serve(h, r, aborts)
-		}()
+		serveAborted(h, ip, aborts)
 	}
 	r, _ := newKeyRequest(ip, nil)
 	w, code := serve(h, r, answer(200))

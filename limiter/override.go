@@ -58,6 +58,20 @@ func ParseOverrideAction(s string) (OverrideAction, error) {
 // that a table of many overrides stays small.
 const MaxOverrideKeyLen = 1024
 
+// CheckOverrideKey refuses a key no override may have: "" (no zone's
+// template makes an empty key, and the Redis store names a set's version
+// by it) or one longer than MaxOverrideKeyLen. Both stores of overrides
+// and the admin API judge keys by it, so they refuse the same ones.
+func CheckOverrideKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("an override needs a key")
+	case len(key) > MaxOverrideKeyLen:
+		return fmt.Errorf("key of %d bytes is longer than the %d an override's may be", len(key), MaxOverrideKeyLen)
+	}
+	return nil
+}
+
 // Override is one key's exception to its zone's limit, set at run time by
 // an operator and kept in the zone's store (per instance for a memory
 // zone, shared through Redis for a redis zone). Its zero quota fields take

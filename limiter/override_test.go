@@ -43,6 +43,26 @@ func TestOverrideStateKey(t *testing.T) {
 	}
 }
 
+// TestCheckOverrideKey: an override's key is refused when empty or longer
+// than MaxOverrideKeyLen, and the refusal names the bound.
+func TestCheckOverrideKey(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		want string // "" for none
+	}{
+		{"", "needs a key"},
+		{"k", ""},
+		{"\x00", ""},
+		{strings.Repeat("k", limiter.MaxOverrideKeyLen), ""},
+		{strings.Repeat("k", limiter.MaxOverrideKeyLen+1), "longer than the 1024"},
+	} {
+		err := limiter.CheckOverrideKey(tc.key)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("CheckOverrideKey(%.20q) = %v, want %q", tc.key, err, tc.want)
+		}
+	}
+}
+
 // TestOverrideTablePutWithin: writers at once on a table one short of its
 // bound add exactly one new key; the others are refused with
 // ErrTooManyOverrides, and a key already held may still change.

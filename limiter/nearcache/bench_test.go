@@ -17,15 +17,7 @@ func BenchmarkNearCacheLease(b *testing.B) {
 		b.Run(string(alg), func(b *testing.B) {
 			// A limit no benchmark run reaches: every take is admitted.
 			p := limiter.Policy{Algorithm: alg, Events: 1 << 32, Window: time.Second}
-			store, err := limiter.NewMemory(p, limiter.MemoryOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			cache, err := New(store, p, Options{LeaseFraction: 0.1})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { _ = cache.Close(ctx) })
+			cache := openCache(b, newTestMemory(b, p, nil), p, Options{LeaseFraction: 0.1})
 			for b.Loop() {
 				if d, err := cache.Take(ctx, "hot", 1); err != nil || !d.Allowed {
 					b.Fatalf("%+v %v", d, err)

@@ -74,12 +74,7 @@ func instanceCaches(tb testing.TB, clients []redis.UniversalClient, p limiter.Po
 	caches, stores := make([]*Cache, len(clients)), make([]*redisstore.Store, len(clients))
 	for i, c := range clients {
 		stores[i] = newTestRedis(tb, c, p, redisstore.Options{Zone: zone, Timeout: 5 * time.Second})
-		cache, err := New(stores[i], p, Options{LeaseFraction: fraction, DenyFor: time.Second})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { _ = cache.Close(context.Background()) })
-		caches[i] = cache
+		caches[i] = openCache(tb, stores[i], p, Options{LeaseFraction: fraction, DenyFor: time.Second})
 	}
 	return caches, stores
 }
@@ -88,18 +83,9 @@ func instanceCaches(tb testing.TB, clients []redis.UniversalClient, p limiter.Po
 // the shared one, both on clock, and closes it when the test ends.
 func newTestCache(t *testing.T, p limiter.Policy, clock *testutil.Clock, opts Options) (*Cache, *countingLeaser) {
 	t.Helper()
-	shared, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &countingLeaser{Memory: shared}
+	store := &countingLeaser{Memory: newTestMemory(t, p, clock)}
 	opts.Clock = clock
-	cache, err := New(store, p, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cache.Close(context.Background()) })
-	return cache, store
+	return openCache(t, store, p, opts), store
 }
 
 // countingLeaser is a memory store that counts the calls a cache makes and
@@ -372,17 +358,10 @@ func TestNearCachesNeverOverAdmit(t *testing.T) {
 			const limit = 100
 			p := limiter.Policy{Algorithm: alg, Events: limit, Window: time.Hour}
 			clock := testutil.NewClock(time.Unix(0, 0).Add(500*time.Hour + time.Minute))
-			shared, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
+			shared := newTestMemory(t, p, clock)
 			var caches []*Cache
 			for range 3 {
-				cache, err := New(shared, p, Options{LeaseFraction: 0.2, DenyFor: time.Second, Clock: clock})
-				if err != nil {
-					t.Fatal(err)
-				}
-				caches = append(caches, cache)
+				caches = append(caches, openCache(t, shared, p, Options{LeaseFraction: 0.2, DenyFor: time.Second, Clock: clock}))
 			}
 			var admitted atomic.Int64
 			var wg sync.WaitGroup

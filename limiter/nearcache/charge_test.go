@@ -31,12 +31,7 @@ func TestChargeRefused(t *testing.T) {
 		red := newTestRedis(t, client, p, redisstore.Options{Zone: "refused-" + string(a), Timeout: 5 * time.Second})
 		stores := map[string]limiter.Charger{"memory": mem, "redis": red}
 		if a.Traits().Leases {
-			cache, err := New(red, p, Options{LeaseFraction: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cache.Close(ctx) })
-			stores["near cache"] = cache
+			stores["near cache"] = openCache(t, red, p, Options{LeaseFraction: 1})
 		}
 		for name, s := range stores {
 			costs := []int64{0, -1, p.MaxCost() + 1}
@@ -56,11 +51,7 @@ func TestChargeRefused(t *testing.T) {
 	// A near cache in front of a store that cannot charge says so.
 	p := limiter.Policy{Algorithm: limiter.LeakyBucket, Events: 5, Window: time.Minute}
 	red := newTestRedis(t, client, p, redisstore.Options{Zone: "refused-cache", Timeout: 5 * time.Second})
-	cache, err := New(red, p, Options{DenyFor: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cache.Close(ctx) })
+	cache := openCache(t, red, p, Options{DenyFor: time.Second})
 	if _, err := cache.Charge(ctx, "k", 1); err == nil {
 		t.Error("a near cache over a leaky bucket charged")
 	}
@@ -136,10 +127,7 @@ func TestChargeExactAtTheBounds(t *testing.T) {
 			// are as large as in production.
 			start := (int64(1_800_000_000_000_000)/w + 1) * w
 			clock := &testutil.Clock{}
-			mem, err := limiter.NewMemory(c.p, limiter.MemoryOptions{Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
+			mem := newTestMemory(t, c.p, clock)
 			red := newTestRedis(t, client, c.p, redisstore.Options{Zone: fmt.Sprintf("bounds%d", i), Timeout: 5 * time.Second, Clock: clock})
 			for j, st := range c.steps {
 				clock.SetMicro(start + st.at)
@@ -224,24 +212,14 @@ func TestPartialRefundThroughNearCache(t *testing.T) {
 			t.Run(string(a)+"/"+backend, func(t *testing.T) {
 				p := limiter.Policy{Algorithm: a, Events: 100, Window: time.Hour}
 				clock := testutil.NewClock(time.UnixMicro(storetest.AlignedBase(p) + 1000))
-				var shared, ref limiter.Leaser
-				var err error
-				if ref, err = limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock}); err != nil {
-					t.Fatal(err)
-				}
+				ref := newTestMemory(t, p, clock)
+				var shared limiter.Leaser
 				if backend == "memory" {
-					shared, err = limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
+					shared = newTestMemory(t, p, clock)
 				} else {
-					shared, err = redisstore.New(client, p, redisstore.Options{Zone: "partial-" + string(a), Timeout: 5 * time.Second, Clock: clock})
+					shared = newTestRedis(t, client, p, redisstore.Options{Zone: "partial-" + string(a), Timeout: 5 * time.Second, Clock: clock})
 				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				cache, err := New(shared, p, Options{LeaseFraction: 1, Clock: clock, manualSweep: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = cache.Close(ctx) })
+				cache := openCache(t, shared, p, Options{LeaseFraction: 1, Clock: clock, manualSweep: true})
 				for range 4 { // leases of 1, 2 and 4: 3 units left
 					if d, err := cache.Take(ctx, "k", 1); err != nil || !d.Allowed {
 						t.Fatalf("take: %+v %v", d, err)
@@ -379,16 +357,10 @@ func TestNearCacheRenewalSeesDebt(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Minute}
 	clock := testutil.NewClock(time.UnixMicro(storetest.AlignedBase(p)))
-	shared, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
+	shared := newTestMemory(t, p, clock)
 	caches := make([]*Cache, 2)
 	for i := range caches {
-		if caches[i], err = New(shared, p, Options{LeaseFraction: 1, Clock: clock, manualSweep: true}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = caches[i].Close(ctx) })
+		caches[i] = openCache(t, shared, p, Options{LeaseFraction: 1, Clock: clock, manualSweep: true})
 	}
 	holder, charger := caches[0], caches[1]
 	for range 4 { // leases of 1, 2 and 4: the store counts 7, 3 held

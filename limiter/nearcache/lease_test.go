@@ -26,11 +26,7 @@ import (
 func edgeBackends(t *testing.T) map[string]func(t *testing.T, p limiter.Policy, clock limiter.Clock) limiter.Leaser {
 	backends := map[string]func(t *testing.T, p limiter.Policy, clock limiter.Clock) limiter.Leaser{
 		"memory": func(t *testing.T, p limiter.Policy, clock limiter.Clock) limiter.Leaser {
-			m, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return m
+			return newTestMemory(t, p, clock)
 		},
 	}
 	if redistest.Available() {
@@ -51,12 +47,7 @@ func edgeCaches(t *testing.T, store limiter.Leaser, p limiter.Policy, clock limi
 	t.Helper()
 	caches := make([]*Cache, n)
 	for i := range caches {
-		cache, err := New(store, p, Options{LeaseFraction: fraction, Clock: clock, manualSweep: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cache.Close(context.Background()) })
-		caches[i] = cache
+		caches[i] = openCache(t, store, p, Options{LeaseFraction: fraction, Clock: clock, manualSweep: true})
 	}
 	return caches
 }

@@ -227,11 +227,7 @@ func TestNearCacheResetForgetsRefusalInFlight(t *testing.T) {
 			t.Run(label, func(t *testing.T) {
 				clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 				h := newHeldReply(backend(t, p, clock))
-				cache, err := New(h, p, Options{LeaseFraction: fraction, DenyFor: time.Second, Clock: clock, manualSweep: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = cache.Close(context.Background()) })
+				cache := openCache(t, h, p, Options{LeaseFraction: fraction, DenyFor: time.Second, Clock: clock, manualSweep: true})
 				if got := admitAll(t, cache, "k", p.Events); got != p.Events {
 					t.Fatalf("admitted %d, want %d", got, p.Events)
 				}
@@ -327,22 +323,13 @@ func TestResetForgetsOneKey(t *testing.T) {
 	client := redistest.Start(t).Client(t)
 	stores := map[string]func(zone string) limiter.Store{
 		"memory": func(string) limiter.Store {
-			m, err := limiter.NewMemory(p, limiter.MemoryOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return m
+			return newTestMemory(t, p, nil)
 		},
 		"redis": func(zone string) limiter.Store {
 			return newTestRedis(t, client, p, redisstore.Options{Zone: zone, Timeout: 5 * time.Second})
 		},
 		"near cache": func(zone string) limiter.Store {
-			cache, err := New(newTestRedis(t, client, p, redisstore.Options{Zone: zone, Timeout: 5 * time.Second}), p, Options{LeaseFraction: 1, DenyFor: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cache.Close(ctx) })
-			return cache
+			return openCache(t, newTestRedis(t, client, p, redisstore.Options{Zone: zone, Timeout: 5 * time.Second}), p, Options{LeaseFraction: 1, DenyFor: time.Second})
 		},
 	}
 	for name, open := range stores {

@@ -12,15 +12,8 @@ import (
 // the store at once, and the key's next request is decided afresh.
 func TestNearCacheGiveBackKey(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: 100, Window: time.Hour}
-	store, err := limiter.NewMemory(p, limiter.MemoryOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cache, err := New(store, p, Options{LeaseFraction: 0.5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cache.Close(context.Background())
+	store := newTestMemory(t, p, nil)
+	cache := openCache(t, store, p, Options{LeaseFraction: 0.5})
 	ctx := context.Background()
 	for range 2 { // a lease of 1, then of 2: one unit leased, unspent
 		if d, err := cache.Take(ctx, "k", 1); err != nil || !d.Allowed {

@@ -12,8 +12,10 @@ import (
 )
 
 // TestRedisForeignStateFailsTheDecision: state in Redis that Floodgate did
-// not write (nan, inf, hex, a float, a value of the wrong shape or type) is
-// an error for the decision, naming the key, and is left as it was: never
+// not write (nan, inf, hex, a float, a value of the wrong shape or type),
+// for every algorithm and for a calendar window (whose script reads its
+// state apart from fixed_window.lua), is an error for the decision,
+// naming the key, and is left as it was: never
 // read as a fresh quota. Lua's tonumber takes nan, inf and 0x10. (A fixed
 // window's "<window>:nan" let 5 of 50 requests through a zone of 3 and
 // was rewritten as if new.)
@@ -23,26 +25,35 @@ func TestRedisForeignStateFailsTheDecision(t *testing.T) {
 	ctx := context.Background()
 	const window = time.Hour
 	win := time.Now().UnixMicro() / window.Microseconds()
-	foreign := map[limiter.Algorithm][]string{
-		limiter.FixedWindow:          {"nan", fmt.Sprintf("%d:nan", win), fmt.Sprintf("%d:inf", win), fmt.Sprintf("%d:0x10", win), fmt.Sprintf("%d:1.5", win), fmt.Sprintf("%d:-1", win), fmt.Sprintf("%d", win), fmt.Sprintf("nan:%d", 1)},
-		limiter.SlidingWindowCounter: {fmt.Sprintf("%d:0:nan", win), fmt.Sprintf("%d:inf:0", win), fmt.Sprintf("0x%x:0:1", win), "1:2"},
-		limiter.TokenBucket:          {"nan", "inf", "0x10", "1e300", "-5", "1:nan"},
-		limiter.LeakyBucket:          {"nan", "inf", "12.5"},
+	// A calendar window's state names its window by its start, in µs.
+	now := time.Now().UTC()
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	windowed := func(alg limiter.Algorithm) limiter.Policy {
+		return limiter.Policy{Algorithm: alg, Events: 3, Window: window}
 	}
-	for alg, values := range foreign {
-		p := limiter.Policy{Algorithm: alg, Events: 3, Window: window}
-		r := newTestRedis(t, client, p, Options{Zone: "foreign", Timeout: time.Second})
-		for _, v := range values {
+	for _, tc := range []struct {
+		name   string
+		p      limiter.Policy
+		values []string
+	}{
+		{"fixed_window", windowed(limiter.FixedWindow), []string{"nan", fmt.Sprintf("%d:nan", win), fmt.Sprintf("%d:inf", win), fmt.Sprintf("%d:0x10", win), fmt.Sprintf("%d:1.5", win), fmt.Sprintf("%d:-1", win), fmt.Sprintf("%d", win), fmt.Sprintf("nan:%d", 1)}},
+		{"calendar fixed_window", limiter.Policy{Algorithm: limiter.FixedWindow, Events: 3, Calendar: &limiter.Calendar{Period: limiter.Month}}, []string{"nan", fmt.Sprintf("%d:nan", month), fmt.Sprintf("%d:inf", month), fmt.Sprintf("%d:0x10", month), fmt.Sprintf("%d:1.5", month), fmt.Sprintf("%d:-1", month), fmt.Sprintf("%d", month)}},
+		{"sliding_window_counter", windowed(limiter.SlidingWindowCounter), []string{fmt.Sprintf("%d:0:nan", win), fmt.Sprintf("%d:inf:0", win), fmt.Sprintf("0x%x:0:1", win), "1:2"}},
+		{"token_bucket", windowed(limiter.TokenBucket), []string{"nan", "inf", "0x10", "1e300", "-5", "1:nan"}},
+		{"leaky_bucket", windowed(limiter.LeakyBucket), []string{"nan", "inf", "12.5"}},
+	} {
+		r := newTestRedis(t, client, tc.p, Options{Zone: "foreign", Timeout: time.Second})
+		for _, v := range tc.values {
 			key := "client-" + v
 			if err := client.Set(ctx, r.Key(key), v, time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
 			d, err := r.Take(ctx, key, 1)
 			if err == nil || !strings.Contains(err.Error(), "does not write") || !strings.Contains(err.Error(), r.Key(key)) {
-				t.Errorf("%s state %q: %+v, %v; want an error naming the key", alg, v, d, err)
+				t.Errorf("%s state %q: %+v, %v; want an error naming the key", tc.name, v, d, err)
 			}
 			if got, _ := client.Get(ctx, r.Key(key)).Result(); got != v {
-				t.Errorf("%s state %q was rewritten as %q", alg, v, got)
+				t.Errorf("%s state %q was rewritten as %q", tc.name, v, got)
 			}
 		}
 	}

@@ -363,7 +363,7 @@ func (r *Overrides) SetGen(ctx context.Context, zone, key string, o limiter.Over
 	fail := func(err error) (limiter.Override, error) {
 		return limiter.Override{}, fmt.Errorf("override of %q in zone %q: %w", key, zone, err)
 	}
-	if err := checkOverrideKey(key); err != nil {
+	if err := limiter.CheckOverrideKey(key); err != nil {
 		return fail(fmt.Errorf("%w: %w", limiter.ErrInvalidOverride, err))
 	}
 	if err := o.Check(); err != nil {
@@ -451,7 +451,7 @@ func (r *Overrides) setRecord(ctx context.Context, zone, key string, o limiter.O
 // one. Deleting a key that has none changes nothing and publishes
 // nothing.
 func (r *Overrides) Delete(ctx context.Context, zone, key string) (bool, error) {
-	if err := checkOverrideKey(key); err != nil {
+	if err := limiter.CheckOverrideKey(key); err != nil {
 		return false, fmt.Errorf("override of %q in zone %q: %w: %w", key, zone, limiter.ErrInvalidOverride, err)
 	}
 	existed, err := r.write(ctx, zone, key, "", 0, nil, nil)
@@ -897,7 +897,7 @@ func (r *Overrides) readSet(zone, version string, h map[string]string) (string, 
 // cannot be applied.
 func (r *Overrides) readRecord(zone, key, v string) (limiter.Override, bool) {
 	var o limiter.Override
-	err := checkOverrideKey(key)
+	err := limiter.CheckOverrideKey(key)
 	if err == nil && len(v) > maxOverrideRecordLen {
 		err = fmt.Errorf("override record of %d bytes, more than %d", len(v), maxOverrideRecordLen)
 	}
@@ -1017,25 +1017,13 @@ func (r *Overrides) fail(err error) {
 	}
 }
 
-// checkOverrideKey refuses a key no override may have: "" (which names the
-// set's version) or one longer than MaxOverrideKeyLen.
-func checkOverrideKey(key string) error {
-	switch {
-	case key == "":
-		return errors.New("empty key")
-	case len(key) > limiter.MaxOverrideKeyLen:
-		return fmt.Errorf("key of %d bytes, longer than %d", len(key), limiter.MaxOverrideKeyLen)
-	}
-	return nil
-}
-
 // parseOverrideMessage reads "<previous>\n<new>\n<zone>\n<key>", which
 // override_set.lua publishes, for zone. ok is false for anything else.
 func parseOverrideMessage(payload, zone string) (prev, next, key string, ok bool) {
 	prev, rest, ok1 := strings.Cut(payload, "\n")
 	next, rest, ok2 := strings.Cut(rest, "\n")
 	key, ok3 := strings.CutPrefix(rest, zone+"\n")
-	if !ok1 || !ok2 || !ok3 || next == "" || checkOverrideKey(key) != nil {
+	if !ok1 || !ok2 || !ok3 || next == "" || limiter.CheckOverrideKey(key) != nil {
 		return "", "", "", false
 	}
 	return prev, next, key, true
