@@ -27,7 +27,7 @@ local queued = 0
 local v = redis.call('GET', KEYS[1])
 if v then
   -- Only what bucket_save.lua writes is state: digits, or digits:digits
-  -- (see fixed_window.lua).
+  -- (see window_state.lua).
   if not string.find(v, '^%d+$') and not string.find(v, '^%d+:%d+$') then
     return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
   end

@@ -16,8 +16,8 @@
 -- in the window that begins there. The key expires at the window's end.
 --
 -- Sent after prelude.lua, which reads the arguments and the clock (it reads
--- s1 as W, which this script does not use); followed by window_count.lua,
--- which decides.
+-- s1 as W, which this script does not use), and window_state.lua, which
+-- reads the state; followed by window_count.lua, which decides.
 --
 -- ARGV: cost, now, L (see prelude.lua), s1, s2, s3, s4, and for "return"
 -- the time of the decision being returned (µs), for a lease the units
@@ -41,29 +41,20 @@ else
 end
 
 local count, behind = 0, false
-local v = redis.call('GET', KEYS[1])
-if v then
-  -- Only what this script writes is state (see fixed_window.lua).
-  local stored, n = string.match(v, '^(%d+):(%d+)$')
-  if not stored then
-    return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
-  end
-  stored = tonumber(stored)
-  if stored >= win then
-    -- A clock behind the stored window decides at that window's start,
-    -- as fixedWindowState.roll does (see fixed_window.lua).
-    if stored > win then
-      if stored == s2 then
-        ends = s3
-      elseif stored == s3 then
-        ends = s4
-      else
-        return redis.error_reply('calendar window: the server time is behind the stored window by more than the instance sent')
-      end
-      win, now, behind = stored, stored, true
+if stored and stored >= win then
+  -- A clock behind the stored window decides at that window's start,
+  -- as fixedWindowState.roll does (see fixed_window.lua).
+  if stored > win then
+    if stored == s2 then
+      ends = s3
+    elseif stored == s3 then
+      ends = s4
+    else
+      return redis.error_reply('calendar window: the server time is behind the stored window by more than the instance sent')
     end
-    count = tonumber(n)
+    win, now, behind = stored, stored, true
   end
+  count = tonumber(n)
 end
 local left = ends - now
 -- A give-back names its admission's time (ARGV[8]), which counts here only

@@ -4,8 +4,9 @@
 -- State (KEYS[1], a string): "<window index>:<count>", the units taken in
 -- aligned window ⌊now/W⌋. The key expires at the end of its window.
 --
--- Sent after prelude.lua, which reads the arguments and the clock, and
--- window.lua; followed by window_count.lua, which decides.
+-- Sent after prelude.lua, which reads the arguments and the clock,
+-- window.lua and window_state.lua, which reads the state; followed by
+-- window_count.lua, which decides.
 --
 -- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
 -- the decision being returned (µs), for a lease the units wanted.
@@ -16,26 +17,15 @@
 -- so does a charge's, with the units charged.
 
 local win, count, behind = index(now), 0, false
-local v = redis.call('GET', KEYS[1])
-if v then
-  -- Only what this script writes is state: anything else (nan, inf, hex,
-  -- a float, all of which Lua's tonumber takes) fails the decision, so the
-  -- zone's fail mode applies, rather than reading as a fresh window.
-  local stored, n = string.match(v, '^(%d+):(%d+)$')
-  if not stored then
-    return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
+if stored and stored >= win then
+  -- A clock behind the stored window (Redis's stepped back, or a
+  -- failover to a server whose clock is behind) decides at that
+  -- window's start, as fixedWindowState.roll does: going back to the
+  -- older window would restart its count and readmit a full quota.
+  if stored > win then
+    win, now, behind = stored, stored * w, true
   end
-  stored = tonumber(stored)
-  if stored >= win then
-    -- A clock behind the stored window (Redis's stepped back, or a
-    -- failover to a server whose clock is behind) decides at that
-    -- window's start, as fixedWindowState.roll does: going back to the
-    -- older window would restart its count and readmit a full quota.
-    if stored > win then
-      win, now, behind = stored, stored * w, true
-    end
-    count = tonumber(n)
-  end
+  count = tonumber(n)
 end
 local left = (win + 1) * w - now
 -- A give-back names its admission's time (ARGV[5]), which counts here only

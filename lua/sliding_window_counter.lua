@@ -23,7 +23,7 @@ local v = redis.call('GET', KEYS[1])
 if v then
   local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
   if not a then
-    -- Only what this script writes is state (see fixed_window.lua).
+    -- Only what this script writes is state (see window_state.lua).
     return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
   end
   a = tonumber(a)

@@ -32,7 +32,7 @@ while true do
   local k = 0
   for i = 1, #chunk do
     -- Only what this script writes is state: a time in µs (see
-    -- fixed_window.lua).
+    -- window_state.lua).
     if not string.find(chunk[i], '^%d+$') then
       return redis.error_reply('floodgate: ' .. key .. ' holds a value Floodgate does not write')
     end

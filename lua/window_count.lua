@@ -1,6 +1,7 @@
 -- window_count.lua: the count of a fixed window, aligned or calendar,
 -- decided as limiter/fixed_window.go decides it. Sent after
--- fixed_window.lua or calendar_window.lua, which read the state and leave:
+-- fixed_window.lua or calendar_window.lua, which read the state (with
+-- window_state.lua) and leave:
 -- win (the window's name in the state: its index or its start), count,
 -- behind (the clock is behind the stored window), left (µs to the
 -- window's end), here (a give-back's admission was counted in this

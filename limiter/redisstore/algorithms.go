@@ -63,8 +63,8 @@ var algorithmTable = []*algorithm{
 	},
 	{
 		name:            limiter.FixedWindow,
-		scripts:         mustScripts("window.lua", "fixed_window.lua", "window_count.lua"),
-		calendarScripts: mustScripts("calendar_window.lua", "window_count.lua"),
+		scripts:         mustScripts("window.lua", "window_state.lua", "fixed_window.lua", "window_count.lua"),
+		calendarScripts: mustScripts("window_state.lua", "calendar_window.lua", "window_count.lua"),
 		keySuffix:       "fw",
 		redisArgs:       windowArgs,
 		refundArg:       refundAt,
