@@ -84,16 +84,17 @@ http://{{http}} {
 `
 }
 
-// startExample runs one of the README's example Caddyfiles (under
+// startExample runs one of the docs' example Caddyfiles (under
 // examples/) as written, but on the harness's ports: its admin endpoint
 // (localhost:2019) and site (:8080, beyond loopback) may be taken, and its
 // upstream (localhost:9000), if it has one, is the test's: upstream, which
-// is "" for an example without one.
-func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
+// is "" for an example without one. more are further replacements, each
+// of text the example must hold, such as its Redis server's address.
+func startExample(t *testing.T, name, upstream string, more ...[2]string) *caddyproc.Instance {
 	t.Helper()
 	raw, err := os.ReadFile("../examples/" + name)
 	if err != nil {
-		t.Fatalf("the README's example: %v", err)
+		t.Fatalf("the docs' example: %v", err)
 	}
 	cfg := string(raw)
 	subs := [][2]string{
@@ -103,6 +104,7 @@ func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
 	if upstream != "" {
 		subs = append(subs, [2]string{"localhost:9000", upstream})
 	}
+	subs = append(subs, more...)
 	for _, sub := range subs {
 		if !strings.Contains(cfg, sub[0]) {
 			t.Fatalf("examples/%s no longer has %q", name, sub[0])
