@@ -29,8 +29,8 @@ func init() {
 //	PUT    /rate_limit/zones/<zone>/overrides?key=<key>    set one (body: see overrideBody)
 //	DELETE /rate_limit/zones/<zone>/overrides?key=<key>    remove one
 //
-// `tier=<value>` picks a tier's limit. The README's "Operations" section
-// shows each with its answer. Caddy loads every admin.api module by itself:
+// `tier=<value>` picks a tier's limit. docs/admin-api.md shows each with
+// its answer. Caddy loads every admin.api module by itself:
 // nothing needs configuring.
 type AdminAPI struct{}
 

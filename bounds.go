@@ -15,8 +15,8 @@ import (
 // bound, named in the block's option table, to report the option's own
 // line. Each bound has two forms of its refusal: check names the field,
 // for the structs; refuse does not, for the parser, whose refusal names
-// the block and the option around it. README.md ("Caddyfile reference")
-// lists the floors.
+// the block and the option around it. docs/reference.md ("What is
+// refused") lists the floors.
 
 // fractionBound is the range of a fraction option: a finite number from lo
 // to hi (above lo when openLow is set).

@@ -54,8 +54,8 @@ func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// UnmarshalCaddyfile parses the rate_limit directive; README.md has the
-// full syntax. Every error carries the Caddyfile line it refers to.
+// UnmarshalCaddyfile parses the rate_limit directive; docs/reference.md has
+// the full syntax. Every error carries the Caddyfile line it refers to.
 //
 //	rate_limit [<matcher>] {
 //		zone <name> {
@@ -512,7 +512,7 @@ func parseRateWindow(s string) (time.Duration, error) {
 // and a block's own check, made when it closes, is reported at the line
 // that opens it: "zone api: burst applies only to ..., at Caddyfile:3".
 type option struct {
-	// args is what the option takes, as README.md writes it; "" is
+	// args is what the option takes, as docs/reference.md writes it; "" is
 	// nothing. A wrong count of arguments is refused with it.
 	args string
 	// parse reads the option's arguments, and its block if it has one,

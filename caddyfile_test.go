@@ -116,7 +116,7 @@ func TestCaddyfileNumberErrorsNameTheOption(t *testing.T) {
 	})
 }
 
-// TestCaddyfileErrorsNameZoneAndLine checks every refusal the README
+// TestCaddyfileErrorsNameZoneAndLine checks every refusal docs/reference.md
 // lists for a Caddyfile: each names the zone (where there is one) and the line.
 func TestCaddyfileErrorsNameZoneAndLine(t *testing.T) {
 	runParseErrorCases(t, []parseErrorCase{

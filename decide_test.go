@@ -172,7 +172,7 @@ func BenchmarkRedisThreeZones(b *testing.B) {
 	}
 }
 
-// TestZonesAfterRefusalCountNoDecision: the README: zones after the
+// TestZonesAfterRefusalCountNoDecision: docs/reference.md ("Several zones"): zones after the
 // refusing one are not decided (their keys and costs are read, nothing is
 // taken); design.md: metrics are those of deciding one zone after
 // another. A zone after the refusal whose key is exempt, or whose dry_run

@@ -5,11 +5,16 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/docpages"
 )
 
 // TestDesignNamesExist keeps docs/design.md honest: every Go identifier it
@@ -345,27 +350,112 @@ func layoutEntries(tree string) map[string]bool {
 	return paths
 }
 
-// TestREADMEIncludesExamples: every example Caddyfile under examples/,
-// which the end-to-end tests run as written, appears whole in a README
-// code block, so what the README shows is what was tested.
-func TestREADMEIncludesExamples(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+// TestDocsShowExamples: every example Caddyfile under examples/, which
+// the end-to-end tests run as written, and Caddyfile.example, which the
+// README's first command runs, appears whole in a caddyfile code block of
+// README.md or a page under docs/, so what the docs show is what was
+// tested.
+func TestDocsShowExamples(t *testing.T) {
+	pages := readDocs(t)
 	files, err := filepath.Glob("examples/*.Caddyfile")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no examples/*.Caddyfile (%v)", err)
 	}
-	for _, f := range files {
+	for _, f := range append(files, "Caddyfile.example") {
 		example, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(readme), "```caddyfile\n"+string(example)+"```\n") {
-			t.Errorf("README.md does not show %s whole in a caddyfile code block", f)
+		shown := false
+		for _, p := range pages {
+			for _, b := range p.Blocks() {
+				shown = shown || b.Info == "caddyfile" && b.Text == string(example)
+			}
+		}
+		if !shown {
+			t.Errorf("no page shows %s whole in a caddyfile code block", f)
 		}
 	}
+}
+
+// docBlockKinds are the info strings a fenced block of the docs may
+// carry. A config is a "caddyfile" block, which e2e's
+// TestDocsConfigsAdapt adapts (docs/testing.md has its rules); "caddyfile
+// syntax" is a syntax summary, with <values> to fill in; "json" is a
+// handler's JSON or a log line; "go" is code in the design; the rest are
+// commands, output and text.
+var docBlockKinds = map[string]bool{"caddyfile": true, "caddyfile syntax": true, "json": true, "go": true, "sh": true, "text": true, "": true}
+
+// TestDocsBlockKinds: every fenced block of the docs is of a kind the
+// tests know, so no config escapes the test that adapts them under an
+// info string it does not read ("Caddyfile", "caddy").
+func TestDocsBlockKinds(t *testing.T) {
+	for _, p := range readDocs(t) {
+		for _, b := range p.Blocks() {
+			if !docBlockKinds[b.Info] {
+				t.Errorf("%s:%d: a block of kind %q; the docs' tests know %v", p.Path, b.Line, b.Info, slices.Sorted(maps.Keys(docBlockKinds)))
+			}
+		}
+	}
+}
+
+// TestDocsLinksResolve: every relative link of README.md and the pages
+// under docs/ names a file that exists, and every #anchor (within the page
+// or on another page of the docs) a heading that page has, as GitHub
+// renders it. Links to other sites are not followed.
+func TestDocsLinksResolve(t *testing.T) {
+	pages := readDocs(t)
+	anchors := map[string]map[string]bool{}
+	for _, p := range pages {
+		anchors[p.Path] = p.Anchors()
+	}
+	for _, p := range pages {
+		for _, l := range p.Links() {
+			if strings.Contains(l.Target, "://") || strings.HasPrefix(l.Target, "mailto:") {
+				continue
+			}
+			file, frag, _ := strings.Cut(l.Target, "#")
+			target := p.Path
+			if file != "" {
+				target = path.Clean(path.Join(path.Dir(p.Path), file))
+				if _, err := os.Stat(filepath.FromSlash(target)); err != nil {
+					t.Errorf("%s:%d: link to %s: %s does not exist", p.Path, l.Line, l.Target, target)
+					continue
+				}
+			}
+			if frag == "" {
+				continue
+			}
+			have, ok := anchors[target]
+			if !ok {
+				if path.Ext(target) != ".md" {
+					t.Errorf("%s:%d: link to %s: an anchor in a file that is not Markdown", p.Path, l.Line, l.Target)
+					continue
+				}
+				text, err := os.ReadFile(filepath.FromSlash(target))
+				if err != nil {
+					t.Fatal(err)
+				}
+				have = docpages.Page{Path: target, Text: string(text)}.Anchors()
+			}
+			if !have[frag] {
+				t.Errorf("%s:%d: link to %s: %s has no heading whose anchor is #%s", p.Path, l.Line, l.Target, target, frag)
+			}
+		}
+	}
+}
+
+// readDocs reads README.md and the pages under docs/.
+func readDocs(t *testing.T) []docpages.Page {
+	t.Helper()
+	pages, err := docpages.Read(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pages) < 2 {
+		t.Fatalf("the docs are %d pages; want README.md and docs/*.md", len(pages))
+	}
+	return pages
 }
 
 // TestRootGivesBackOnlyThroughAdmissions: the root package never calls a

@@ -10,7 +10,7 @@ import (
 // without waiting for it to finish serving: requests in flight, and
 // requests already being read on the old servers' connections, still run
 // through the old handler after its Cleanup. The handler therefore keeps
-// limiting after Cleanup (see README, "Reloads"): its memory stores are
+// limiting after Cleanup (see docs/operations.md, "State and reloads"): its memory stores are
 // shared with the new config or live on unreferenced, and its Redis client,
 // which the last user closes, is handed back only once the old handler is
 // done with it, within these bounds.

@@ -16,8 +16,8 @@ import (
 )
 
 // The fuzz targets of the request path and of the admin API's override
-// bodies. Their seed corpora run as ordinary tests; README.md ("Tests")
-// says how to fuzz longer. Each checks invariants a client or operator
+// bodies. Their seed corpora run as ordinary tests; docs/testing.md
+// ("Fuzzing") says how to fuzz longer. Each checks invariants a client or operator
 // relies on, not only the absence of a panic.
 
 // fuzzHandler provisions one handler of config for a fuzz target, once:

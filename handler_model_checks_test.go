@@ -11,7 +11,8 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
-// The bounds the checks hold each algorithm to, from README.md:
+// The bounds the checks hold each algorithm to, from the docs
+// (docs/guarantees.md, docs/near-cache.md, docs/redis.md):
 //   - memory fixed_window (cw, lc, wf): exact, on the test's clock: a request
 //     passes only while its window's count plus its cost (at least one
 //     unit: "Costs from the request") fits the quota; a charge takes the
@@ -26,12 +27,12 @@ import (
 //   - redis zones with leases ("The near cache"): fixed_window at most L
 //     in every window, sliding_window_log at most L in every window-long
 //     span, token_bucket B + r × T plus r × 1 s for the lease, on
-//     Redis's TIME (see checkRedis). After an admin reset the README
-//     allows (instances − 1) leases that other instances took before
+//     Redis's TIME (see checkRedis). After an admin reset the docs
+//     allow (instances − 1) leases that other instances took before
 //     it; here the reset reaches every instance's near cache (one
 //     process's admin API answers for every zone of the name), so none.
 //   - redis zones when instance 0 decides by its own clock, δ = |skew|
-//     from Redis's TIME (README.md "Servers that refuse TIME in
+//     from Redis's TIME (docs/redis.md, "Servers that refuse TIME in
 //     scripts", "What that costs": "a skew of δ between instances moves
 //     window edges and refills by δ"), with every key outliving its
 //     state by a second on the clock that wrote it, so that skew costs
@@ -57,11 +58,12 @@ import (
 //         entry of the clock behind, W for the other's).
 //       - token_bucket: "can refill up to δ early (up to r × δ more
 //         units)": B + r × (T + δ), plus r × 1 s for the lease.
-//     sliding_window_counter (the README's bound is fixed_window's) and
+//     sliding_window_counter (the documented bound is fixed_window's) and
 //     leaky_bucket (token_bucket's) have no redis zone here.
 //   - response_cost: what a charge takes past the up-front cost is the
-//     README's documented bound ("Costs from the response"); the checks
-//     count only up-front costs, less what settling gave back.
+//     bound docs/shaped-limits.md documents ("Costs from the
+//     response"); the checks count only up-front costs, less what
+//     settling gave back.
 
 // checkAdmission checks a new admission against its limit.
 func (m *hmModel) checkAdmission(a *hmAdm, f *hmFlight) {
@@ -360,9 +362,9 @@ func (r *hmRun) quiet(why string) {
 
 // finalRedis checks, once the schedule has ended, what Redis holds for
 // each redis fixed_window state in force: every instance's handlers are
-// cleaned up first, so every lease goes back to Redis (README.md "The
-// near cache") and Redis counts exactly what was admitted in the window
-// current. A state that took a charge, or whose admissions or reading
+// cleaned up first, so every lease goes back to Redis
+// (docs/near-cache.md) and Redis counts exactly what was admitted in the
+// window current. A state that took a charge, or whose admissions or reading
 // straddle a window edge, or that a race step left unsure of, is not
 // compared.
 func (r *hmRun) finalRedis() {

@@ -9,8 +9,8 @@ import (
 // hmModel is the reference: what every admission took from which state,
 // and what each state must hold.
 //
-// A state is named as the stores keep them apart (README.md "State and
-// reloads", "Runtime overrides"): a zone (a memory zone's name is its
+// A state is named as the stores keep them apart (docs/operations.md,
+// "State and reloads"; docs/admin-api.md, "Runtime overrides"): a zone (a memory zone's name is its
 // instance's), its limit (the zone's own events, a tier's, or an
 // override's generation), the key, and the epoch (the admin resets of
 // that state so far).
@@ -225,8 +225,8 @@ func (m *hmModel) decide(f *hmFlight, lims []hmLimit) {
 }
 
 // settle records what f's response left counted in each zone that
-// admitted it (README.md "Counting only some responses", "Costs from the
-// response"), and checks the limits again.
+// admitted it (docs/shaped-limits.md, "Counting only some responses",
+// "Costs from the response"), and checks the limits again.
 func (m *hmModel) settle(f *hmFlight) {
 	q := f.q
 	left := q.leave && f.status == statusClientClosedRequest

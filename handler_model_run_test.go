@@ -83,7 +83,7 @@ type hmConfig struct {
 	redisWindow time.Duration
 	// changes counts the reloads that changed a memory zone's limit: each
 	// starts its counters afresh, even back to a limit it had before,
-	// since the pool lets go of a store no handler holds (README.md
+	// since the pool lets go of a store no handler holds (docs/operations.md,
 	// "State and reloads"); Redis keeps a limit's state by its policy.
 	changes map[string]int
 }
@@ -126,7 +126,7 @@ type hmRun struct {
 	clock  *testutil.Clock
 	// rclock is the redis handlers' clock: real time plus every step of
 	// clock. Redis's TIME is real time, so their leases must not outlive
-	// it (README.md "The near cache": a lease lives a second), and
+	// it (docs/near-cache.md: a lease lives a second), and
 	// override expiries on it can fall within a request.
 	rclock *hmRealClock
 	prefix string
@@ -171,7 +171,7 @@ type hmSkewClock struct{ d time.Duration }
 func (c hmSkewClock) Now() time.Time { return time.Now().Add(c.d) }
 
 // Skews are drawn from hmSkewMin up to hmSkewMax, and below
-// hmSkewPerWindow of the redis window, well inside the second README.md
+// hmSkewPerWindow of the redis window, well inside the second docs/redis.md
 // ("Servers that refuse TIME in scripts") bounds skew to.
 const (
 	hmSkewMin       = 20 * time.Millisecond

@@ -85,8 +85,8 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 			q.cost = 0
 		case n == 4 && !hmSkips("badcost") && z != hmLB:
 			// More than the limit in force can ever admit: refused
-			// with 400, consuming nothing (README.md "Costs from the
-			// request").
+			// with 400, consuming nothing (docs/shaped-limits.md,
+			// "Costs from the request").
 			q.cost = quota + 1
 		}
 	}
@@ -176,7 +176,7 @@ func (r *hmRun) send(q hmRequest) bool {
 // step in hmEdgeOdds; each sleeps about half a redis window.
 const hmEdgeOdds = 120
 
-// edge tries what README.md ("Servers that refuse TIME in scripts",
+// edge tries what docs/redis.md ("Servers that refuse TIME in scripts",
 // "What that costs") says skew δ costs a fixed window at its edge: the
 // instance whose clock is ahead fills a key of rf just before its window
 // ends on that clock, and once it has ended there, but not on the clock

@@ -13,15 +13,15 @@ import (
 )
 
 // TestHandlerModel is the handler-level companion of the limiter's
-// TestModel: a model-based test of what README.md promises a client, with
+// TestModel: a model-based test of what the docs promise a client, with
 // everything between the request and the stores in the way. Several
 // instances live in one process (hmInstances), each with two Handlers of
 // its own (hmInstance): one for its memory zones, on the test's clock,
 // and one for its redis zones, all instances' sharing one real
 // redis-server, on real time plus the test's steps (Redis's TIME is real
 // time). Memory zone names carry the instance's number, since memory
-// zones of one name share their counters (README.md "State and
-// reloads"). Seeded random schedules drive them through ServeHTTP with
+// zones of one name share their counters (docs/operations.md, "State
+// and reloads"). Seeded random schedules drive them through ServeHTTP with
 // requests of random cost, count_response and response_cost outcomes (in
 // a header or a trailer), panics in next, leaky_bucket holds and clients
 // that leave during them, requests that stay in flight across steps in
@@ -31,7 +31,7 @@ import (
 // Redis user may not call TIME, so that it decides by its own clock
 // beside the others on Redis's. After every step an exact reference model
 // (hmModel) checks every admission against the limit in force plus the
-// bound README.md documents for it (handler_model_checks_test.go lists
+// bound the docs give it (docs/guarantees.md) (handler_model_checks_test.go lists
 // them), and at quiet points, once every request has settled, that each
 // store holds what the model says (hmRun.quiet, hmRun.finalRedis): no
 // unit lost or counted twice.
@@ -50,8 +50,8 @@ import (
 // schedule: its pooled ServerClock sends its scripts that clock
 // (redisstore.ServerClock.SetInstanceClock), and the checks place its
 // admissions, timed in real time like the others', by it (hmModel.offset)
-// and hold each algorithm to what README.md says skew costs it ("Servers
-// that refuse TIME in scripts"). Its edge step ("edge") tries a fixed
+// and hold each algorithm to what docs/redis.md says skew costs it
+// ("Servers that refuse TIME in scripts"). Its edge step ("edge") tries a fixed
 // window at the edge the skew moves.
 func TestHandlerModel(t *testing.T) {
 	if !redistest.Available() {
@@ -60,8 +60,8 @@ func TestHandlerModel(t *testing.T) {
 	schedules, seed, replay := hmFlags.Settings(t)
 	srv := redistest.Start(t)
 	// An ACL user without TIME: its instance's scripts decide by the
-	// instance's own clock (README.md "Servers that refuse TIME in
-	// scripts"), beside instances on Redis's TIME, on one server.
+	// instance's own clock (docs/redis.md, "Servers that refuse TIME
+	// in scripts"), beside instances on Redis's TIME, on one server.
 	srv.SetUser(t, hmNoTimeUser, []string{"on", ">" + hmNoTimePassword, "~*", "&*", "+@all", "-time"})
 	totals := &hmTotals{start: time.Now(), excess: map[string]*hmExcess{}, mixes: map[string]int{}, byZone: map[string]int{}}
 	failed := 0

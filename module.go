@@ -230,7 +230,7 @@ type Zone struct {
 	// request. A lease holds at most this fraction of the quota (0 to 1;
 	// default 0, off) and lives at most a second, after which its unspent
 	// units go back to Redis. Instances together never admit more than
-	// the limit; see the README's "The near cache". Only for store redis
+	// the limit; see docs/near-cache.md. Only for store redis
 	// with token_bucket, fixed_window, sliding_window_log or
 	// sliding_window_counter.
 	LocalQuota float64 `json:"local_quota,omitempty"`

@@ -19,7 +19,7 @@ import (
 )
 
 // maxOverrides bounds how many overrides one zone holds, so a table stays
-// within memory an operator can plan for (see the README's figures).
+// within memory an operator can plan for (see docs/admin-api.md, "Runtime overrides").
 const maxOverrides = limiter.MaxOverrides
 
 // memoryOverrides is one memory zone name's overrides: this instance's

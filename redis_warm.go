@@ -89,7 +89,7 @@ func redisConfigFix(err error) string {
 	case strings.HasPrefix(msg, "NOAUTH"):
 		return "redis requires a password and none was given: set the redis block's password (and username), or credentials in its url"
 	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "can't run this command or subcommand script"), strings.Contains(msg, "ACL failure in script"):
-		return "the redis user may not run a command Floodgate needs (the error names it): give its ACL user the rule in the README's \"Redis ACL\" section, on the key_prefix's keys"
+		return "the redis user may not run a command Floodgate needs (the error names it): give its ACL user the rule in docs/redis.md, \"Redis ACL\", on the key_prefix's keys"
 	case strings.HasPrefix(msg, "MOVED"):
 		return clusterNodeFix
 	}

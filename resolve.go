@@ -150,7 +150,8 @@ func (z *zone) tierLimit(v string) *limit {
 // variant is the quota of a tier or an override limit: what of its
 // zone's policy it replaces.
 //
-// The two differ in what they leave out, as the README documents: a
+// The two differ in what they leave out, as docs/reference.md ("Tiers") and
+// docs/admin-api.md ("Runtime overrides") document: a
 // tier gives its whole quota, so its window (or, in a calendar zone, its
 // period) is the one written and a bucket's burst is the tier's events,
 // whatever the zone's burst; an override gives what the operator set,

@@ -285,7 +285,7 @@ func TestResolveSameEverywhere(t *testing.T) {
 }
 
 // TestVariantPolicy: a tier's and an override's policies follow their
-// documented rules (README: a tier's bucket burst is its events; an
+// documented rules (docs/reference.md, docs/admin-api.md: a tier's bucket burst is its events; an
 // override's window, period or burst left out is the zone's), and an
 // override's is the one limiter.Override.Policy describes.
 func TestVariantPolicy(t *testing.T) {

@@ -407,7 +407,7 @@ func TestRequestCostCheckedBeforeAnyZoneDecides(t *testing.T) {
 
 // TestRequestCostNotReadAfterARefusalUnasked: a zone that refuses without
 // asking a store (missing_key deny, an override's block) ends the reading
-// of the zones (README, "Costs from the request"): a bad cost in a zone
+// of the zones (docs/shaped-limits.md, "Costs from the request"): a bad cost in a zone
 // after it is never read, and the request is refused with 429.
 func TestRequestCostNotReadAfterARefusalUnasked(t *testing.T) {
 	h := provisionHandler(t, `rate_limit {
@@ -424,6 +424,6 @@ func TestRequestCostNotReadAfterARefusalUnasked(t *testing.T) {
 	}`)
 	r, _ := newKeyRequest("198.51.100.163", map[string]string{"X-Cost": "abc"})
 	if _, code := serve(h, r, okHandler); code != http.StatusTooManyRequests {
-		t.Fatalf("missing key under deny, bad cost in a later zone: %d, want 429 (the deny ends the reading; README)", code)
+		t.Fatalf("missing key under deny, bad cost in a later zone: %d, want 429 (the deny ends the reading; docs/shaped-limits.md)", code)
 	}
 }

@@ -36,8 +36,8 @@ func init() {
 // ignores the zone's `match`: the status request is not one the zone
 // limits. A zone is left out when it would decide the client by no key
 // (`missing_key deny` or `skip` with the key missing) or its store fails
-// (`fail local` answers from its in-memory fallback instead). The README's
-// "A client's own status" shows a site and its answers.
+// (`fail local` answers from its in-memory fallback instead). docs/client-status.md
+// shows a site and its answers.
 type StatusHandler struct {
 	// Zones names the zones to answer, in this order; empty means every
 	// zone of the running config, by name. A name no rate_limit of the

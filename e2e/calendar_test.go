@@ -122,7 +122,7 @@ func TestCalendarDay(t *testing.T) {
 }
 
 // TestExampleCalendarQuota runs examples/calendar-quota.Caddyfile, which
-// the README's "Calendar quotas" shows, as written: each API key is
+// docs/shaped-limits.md ("Calendar quotas") shows, as written: each API key is
 // counted per calendar month of its customer's time zone, on its plan, and
 // a request without a key is refused.
 func TestExampleCalendarQuota(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"testing"
 )
 
-// dashboardFile is the Grafana dashboard the README tells operators to
+// dashboardFile is the Grafana dashboard docs/metrics.md tells operators to
 // import, from this package's directory.
 const dashboardFile = "../examples/grafana-dashboard.json"
 
@@ -230,10 +230,10 @@ func TestDashboardMetrics(t *testing.T) {
 		}
 		families[name] = false
 	}
-	// The README lists ten: all but response_costs_total, which only a
+	// docs/metrics.md lists ten: all but response_costs_total, which only a
 	// response_cost zone exports.
 	if len(families) != 9 {
-		t.Errorf("/metrics has the families %v, want the nine of the README's ten that a redis zone exports\n%s", families, inst.Log())
+		t.Errorf("/metrics has the families %v, want the nine of the ten docs/metrics.md lists that a redis zone exports\n%s", families, inst.Log())
 	}
 	var unknown []string
 	for where, query := range readDashboard(t).queries(t) {

@@ -8,7 +8,7 @@
 // API, `caddy rate-limit`, /metrics and the logs out. They import neither
 // the root package nor limiter, so what they check is what a user can rely
 // on, and a figure a test needs, such as the hash that names a key, is
-// computed the way the README documents it.
+// computed the way the docs document it.
 //
 // One harness serves them all: harness_test.go runs Caddy and sends
 // requests, harness_redis_test.go builds redis sites and reads Redis as

@@ -1,7 +1,7 @@
 package e2e
 
 // The harness: Caddy configs, an HTTP client that survives reloads, the
-// admin API, upstreams that hold requests, and what the README promises
+// admin API, upstreams that hold requests, and what the docs promise
 // that tests wait on; the rate-limit fields of an answer, read as
 // structured fields; and the Redis half: Caddyfiles whose zones keep their
 // state in Redis, and what tests read from a server as an operator would
@@ -38,7 +38,7 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 )
 
-// Figures the README documents, which tests wait on or bound by.
+// Figures the docs give, which tests wait on or bound by.
 const (
 	// leaseLifetime is how long a local_quota lease is spent at most
 	// ("A lease is spent for at most a second").
@@ -84,16 +84,17 @@ http://{{http}} {
 `
 }
 
-// startExample runs one of the README's example Caddyfiles (under
+// startExample runs one of the docs' example Caddyfiles (under
 // examples/) as written, but on the harness's ports: its admin endpoint
 // (localhost:2019) and site (:8080, beyond loopback) may be taken, and its
 // upstream (localhost:9000), if it has one, is the test's: upstream, which
-// is "" for an example without one.
-func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
+// is "" for an example without one. more are further replacements, each
+// of text the example must hold, such as its Redis server's address.
+func startExample(t *testing.T, name, upstream string, more ...[2]string) *caddyproc.Instance {
 	t.Helper()
 	raw, err := os.ReadFile("../examples/" + name)
 	if err != nil {
-		t.Fatalf("the README's example: %v", err)
+		t.Fatalf("the docs' example: %v", err)
 	}
 	cfg := string(raw)
 	subs := [][2]string{
@@ -103,6 +104,7 @@ func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
 	if upstream != "" {
 		subs = append(subs, [2]string{"localhost:9000", upstream})
 	}
+	subs = append(subs, more...)
 	for _, sub := range subs {
 		if !strings.Contains(cfg, sub[0]) {
 			t.Fatalf("examples/%s no longer has %q", name, sub[0])
@@ -306,7 +308,7 @@ func clientHeader(client string) []string {
 
 // keyHash names a key as the admin API's top, the decision samples and
 // the Redis key names do: the first 16 bytes of its SHA-256 in hex, as
-// the README documents.
+// docs/reference.md documents.
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:16])
@@ -527,8 +529,8 @@ func adminCall(t *testing.T, inst *caddyproc.Instance, method, path string, out 
 	return adminSend(t, inst, method, path, "", out)
 }
 
-// keyReport is a key's state as inspect answers it (the README's Admin
-// API section shows its fields).
+// keyReport is a key's state as inspect answers it (docs/admin-api.md
+// shows its fields).
 type keyReport struct {
 	Zone       string  `json:"zone"`
 	Tier       string  `json:"tier"`
@@ -1214,7 +1216,8 @@ func overridesPath(zone, key string) string {
 	return p
 }
 
-// zoneStatus is one zone of the answer, as the README shows it.
+// zoneStatus is one zone of the answer, as docs/client-status.md shows
+// it.
 type zoneStatus struct {
 	Zone      string `json:"zone"`
 	Limit     int64  `json:"limit"`

@@ -20,7 +20,7 @@ import (
 
 // TestLiveXForwardedFor: X-Forwarded-For decides the client only when the
 // peer is a trusted proxy. Three servers in one Caddy: none trusted, a
-// trusted loopback proxy with trusted_proxies_strict (as the README
+// trusted loopback proxy with trusted_proxies_strict (as docs/reference.md
 // recommends), and the same without strict, which shows why: it takes the
 // leftmost entry, which the client writes itself.
 func TestLiveXForwardedFor(t *testing.T) {
@@ -105,7 +105,7 @@ http://{{http3}} {`+route("xff_leftmost")+`}
 		url := inst.URLOn("http3", "/")
 		// Without strict the leftmost entry wins: a client behind the
 		// trusted proxy picks a fresh bucket with every spoofed entry.
-		// This is Caddy's documented default, and why the README
+		// This is Caddy's documented default, and why docs/reference.md
 		// recommends trusted_proxies_strict.
 		for i := range 4 {
 			chain := fmt.Sprintf("203.0.113.%d, 198.51.100.30", i+1)

@@ -133,7 +133,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 }
 
-// TestOperationsMetrics: every metric the README lists is exported, none is
+// TestOperationsMetrics: every metric docs/metrics.md lists is exported, none is
 // labelled by key, so 10,000 distinct keys add no series; they survive a
 // reload without being registered twice; disable_metrics leaves a zone
 // out of them.

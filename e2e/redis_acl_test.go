@@ -20,21 +20,21 @@ func aclSite(addr, user, password string) string {
 }
 
 // TestRedisACLUser: a Caddy whose redis block logs in as a user created
-// with exactly the README's ACL rule decides exactly and inspects and
-// resets keys through the admin API, and the server logs no denial. A
+// with exactly the ACL rule of docs/redis.md decides exactly and inspects
+// and resets keys through the admin API, and the server logs no denial. A
 // user without EVALSHA fails every decision (the zone fails closed) with
 // Redis's error naming the command; one without SCRIPT LOAD is named once
-// at the start by an error that points at the README's rule.
+// at the start by an error that points at that rule.
 func TestRedisACLUser(t *testing.T) {
 	t.Parallel()
 	const password = "acl-e2e-password"
-	rule := redistest.ACLRule(t, "../README.md", "floodgate", password)
+	rule := redistest.ACLRule(t, "../docs/redis.md", "floodgate", password)
 	srv := redistest.Start(t)
 	srv.SetUser(t, "floodgate", rule)
 	c := newClient(t)
 
 	inst := caddyproc.Start(t, aclSite(srv.Addr(), "floodgate", password))
-	wantCodes(t, "as the README's ACL user", sequence(t, c, 4, inst.URL("/acl"), clientHeader("k")...), 200, 200, 200, 429)
+	wantCodes(t, "as the documented ACL user", sequence(t, c, 4, inst.URL("/acl"), clientHeader("k")...), 200, 200, 200, 429)
 	var st map[string]any
 	if code := adminCall(t, inst, http.MethodGet, "/rate_limit/zones/acl?key=k", &st); code != 200 || st["remaining"] != 0.0 {
 		t.Fatalf("inspect: %d %v", code, st)
@@ -52,7 +52,7 @@ func TestRedisACLUser(t *testing.T) {
 
 	without := func(drop string) []string {
 		if !slices.Contains(rule, drop) {
-			t.Fatalf("the README's rule has no %s", drop)
+			t.Fatalf("the documented rule has no %s", drop)
 		}
 		return slices.DeleteFunc(slices.Clone(rule), func(w string) bool { return w == drop })
 	}
@@ -72,8 +72,8 @@ func TestRedisACLUser(t *testing.T) {
 			testutil.Eventually(t, "Caddy's log naming the command", func() error {
 				for line := range strings.SplitSeq(inst.Log(), "\n") {
 					if strings.Contains(line, tc.inLog) && strings.Contains(line, `"level":"`+tc.level+`"`) {
-						if tc.level == "error" && !strings.Contains(line, `README's \"Redis ACL\" section`) {
-							return fmt.Errorf("the error line does not point at the README's rule: %s", line)
+						if tc.level == "error" && !strings.Contains(line, `docs/redis.md, \"Redis ACL\"`) {
+							return fmt.Errorf("the error line does not point at the documented rule: %s", line)
 						}
 						return nil
 					}

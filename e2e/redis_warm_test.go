@@ -25,7 +25,7 @@ func TestRedisWarmStart(t *testing.T) {
 		t.Helper()
 		// The server is the zone's alone: the cached scripts are the
 		// zone's two, the one that decides and the one that gives leases
-		// back (the README's Redis section: the warm start loads both),
+		// back (docs/redis.md, "The warm start": it loads both),
 		// and the probe that asks whether scripts may call TIME.
 		if n := infoInt(t, s, "memory", "number_of_cached_scripts"); n != 3 {
 			t.Errorf("%s: %d scripts cached before the first request, want the zone's 2 and the TIME probe", what, n)

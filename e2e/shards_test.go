@@ -25,7 +25,7 @@ func shardsBlock(servers []*redistest.Server, first int, extra string) string {
 }
 
 // shardOfKey is the index of the server holding the state of client key
-// key (its keys carry keyHash(key) in their hash tag, as the README
+// key (its keys carry keyHash(key) in their hash tag, as docs/redis.md
 // names them), or -1 when none does; it fails t if several do.
 func shardOfKey(t *testing.T, servers []*redistest.Server, key string) int {
 	t.Helper()
@@ -158,7 +158,7 @@ func TestRedisShardsAccuracyAcrossInstances(t *testing.T) {
 		t.Errorf("reset key-0: %d %+v, want reset", code, rs)
 	}
 	// On the instance that reset it: another may still hold its own
-	// cached refusal of the key (see the README's denial cache).
+	// cached refusal of the key (see docs/near-cache.md, the denial cache).
 	r := get(t, c, insts[2].URL("/fw?c=key-0"))
 	wantCodes(t, "key-0 after its reset", []response{r}, 200)
 	wantRemaining(t, "key-0 after its reset", []response{r}, "fw", limit-1)

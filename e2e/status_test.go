@@ -122,9 +122,9 @@ func TestClientStatus(t *testing.T) {
 	}
 }
 
-// TestClientStatusExample runs the README's example,
+// TestClientStatusExample runs the example of docs/client-status.md,
 // examples/rate-limit-status.Caddyfile, as written: on the harness's
-// ports its status answers as the README says, for a pro key and for no
+// ports its status answers as that page says, for a pro key and for no
 // key.
 func TestClientStatusExample(t *testing.T) {
 	t.Parallel()

@@ -23,7 +23,7 @@ elseif cost <= 0 then
 end
 local l, w = tonumber(ARGV[3]), tonumber(ARGV[4])
 
--- pad: keys live a second (the skew README.md allows between instances)
+-- pad: keys live a second (the skew docs/redis.md allows between instances)
 -- longer than their state needs on the clock that wrote them, whichever
 -- clock that is. Instances on the instance's clock (a server that refuses
 -- TIME to some of them, or for a while after it allows TIME again, to

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// ACLRule is the ACL rule the file at path (the README) gives for user:
+// ACLRule is the ACL rule the file at path (docs/redis.md) gives for user:
 // the words after "ACL SETUSER <user>" on the first line that begins so,
 // each ">password" replaced with ">"+password. Tests create the user from
 // it, so the documented rule and the tested one cannot drift apart.

@@ -22,8 +22,8 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
 
-// TestModel is a model-based accuracy test of the promise in README.md
-// ("The near cache: leases and the denial cache") and docs/design.md ("Exact at
+// TestModel is a model-based accuracy test of the promise in docs/near-cache.md
+// ("What leases guarantee") and docs/design.md ("Exact at
 // the edges"): instances together never admit more than the limit, and no
 // unit is stranded. Seeded random schedules drive three instances (three
 // NearCaches, or three stores for concurrency) over one shared store, a
@@ -1079,7 +1079,7 @@ func (m *modelRun) charge(gi, inst int, key string) {
 // its lease may have been renewed, expired or given back since.
 // modelBucketRefundDelay is the longest a schedule waits to refund a token
 // bucket's admission: a refund comes within the request that took it (the
-// request's later zones decide), and the README's bound for the bucket is
+// request's later zones decide), and the bound docs/near-cache.md gives the bucket is
 // r × this delay on top of the lease slack.
 const modelBucketRefundDelay = 50 * time.Millisecond
 
@@ -1241,8 +1241,8 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	}
 	// A lease is at least the cost of the request that took it, and
 	// units refunded into a lease return there, so a lease may hold up to
-	// max(⌈f·Q⌉, the largest cost) units: more than the README's
-	// ⌈f·Q⌉ when a request costs more than that.
+	// max(⌈f·Q⌉, the largest cost) units: more than the
+	// ⌈f·Q⌉ of docs/near-cache.md when a request costs more than that.
 	if limit := int64(modelInstances-1) * max(g.maxLease, min(3, g.quota)); ks.extra > limit {
 		m.fail("gen %d: other instances hold %d units of %s at its reset, more than (instances − 1) × max(⌈f·Q⌉, cost) = %d", gi, ks.extra, key, limit)
 	}

@@ -14,7 +14,7 @@ import (
 // decided on the state an admin reset then erased is admitted, and holds
 // its cost of the store (refill, case forgotten). When another zone
 // refuses the request, the admission gives that cost back into the fresh
-// state, which never counted it: the README's bound for requests in flight
+// state, which never counted it: the bound docs/guarantees.md gives requests in flight
 // at a reset, which this pins (a store that names its states could close
 // it; see the closing note of the issue on one admission).
 func TestResetBoundsGiveBackOfForgottenRefill(t *testing.T) {
@@ -54,7 +54,7 @@ func TestResetBoundsGiveBackOfForgottenRefill(t *testing.T) {
 			if _, err := a.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			// The documented bound (README, "Where features meet"): a
+			// The documented bound (docs/guarantees.md): a
 			// request in flight at the reset that gives units back after
 			// it credits the fresh state with them, at most the units
 			// held in flight at the reset: here 1.
@@ -99,7 +99,7 @@ func TestResetBoundsGiveBackInFlight(t *testing.T) {
 				}
 				n++
 			}
-			// The documented bound (README, "Where features meet"): at
+			// The documented bound (docs/guarantees.md): at
 			// most the units in flight at the reset (1) come back into
 			// the fresh state.
 			if n > p.Events+1 {

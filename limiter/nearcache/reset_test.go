@@ -170,7 +170,7 @@ func admitAll(t *testing.T, cache *Cache, key string, limit int64) (admitted int
 // never spent: after the reset the instance alone admits the fresh 10 and
 // no more. (Before the fix the answer
 // installed the old grant after the reset: 13 admitted, or 11 on the
-// renewal, the README's bound for one instance being 10.) Its units are
+// renewal, the bound docs/near-cache.md gives one instance being 10.) Its units are
 // not given back either: the reset erased them in the store.
 func TestNearCacheResetDropsLeaseInFlight(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}

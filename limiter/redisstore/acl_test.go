@@ -14,10 +14,10 @@ import (
 // aclUser and aclPassword are the Redis user the ACL tests create.
 const aclUser, aclPassword = "floodgate", "acl-test-password"
 
-// readmeACL is the README's ACL rule for Floodgate's user.
-func readmeACL(t *testing.T) []string {
+// documentedACL is the ACL rule docs/redis.md gives Floodgate's user.
+func documentedACL(t *testing.T) []string {
 	t.Helper()
-	return redistest.ACLRule(t, "../../README.md", aclUser, aclPassword)
+	return redistest.ACLRule(t, "../../docs/redis.md", aclUser, aclPassword)
 }
 
 // aclClient is a client of addrs that logs in as the ACL test user.
@@ -31,13 +31,14 @@ func aclClient(t *testing.T, addrs []string) redis.UniversalClient {
 	return c
 }
 
-// TestRedisACLUser: a user created with exactly the README's ACL rule can
-// do everything the store does (every algorithm's take, peek, refund and
-// reset; leases and their batched give-back; renewals; concurrency slot
-// renewal; the warm start's script loads and its INFO probe), on a
-// standalone server and on a Cluster, and the servers log no denial.
+// TestRedisACLUser: a user created with exactly the ACL rule of
+// docs/redis.md can do everything the store does (every algorithm's take,
+// peek, refund and reset; leases and their batched give-back; renewals;
+// concurrency slot renewal; the warm start's script loads and its INFO
+// probe), on a standalone server and on a Cluster, and the servers log no
+// denial.
 func TestRedisACLUser(t *testing.T) {
-	rule := readmeACL(t)
+	rule := documentedACL(t)
 	ctx := context.Background()
 	standalone := redistest.Start(t)
 	cluster := redistest.StartCluster(t, 3)
@@ -55,7 +56,7 @@ func TestRedisACLUser(t *testing.T) {
 			}
 			client := aclClient(t, tc.addrs)
 			if err := exerciseRedisStore(ctx, client); err != nil {
-				t.Fatalf("as the README's ACL user: %v", err)
+				t.Fatalf("as the documented ACL user: %v", err)
 			}
 			if c, ok := client.(*redis.Client); ok {
 				if err := c.Info(ctx, "cluster").Err(); err != nil {
@@ -77,7 +78,7 @@ func TestRedisACLUser(t *testing.T) {
 // Floodgate reads from the script's line where Redis 7.0 names only the
 // line (Valkey and later Redis name it themselves).
 func TestRedisACLUserMissingCommand(t *testing.T) {
-	rule := readmeACL(t)
+	rule := documentedACL(t)
 	s := redistest.Start(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -95,7 +96,7 @@ func TestRedisACLUserMissingCommand(t *testing.T) {
 	} {
 		t.Run(tc.drop, func(t *testing.T) {
 			if !slices.Contains(rule, tc.drop) {
-				t.Fatalf("the README's rule has no %s", tc.drop)
+				t.Fatalf("the documented rule has no %s", tc.drop)
 			}
 			if err := s.Client(t).FlushAll(ctx).Err(); err != nil { // what an earlier case left half done
 				t.Fatal(err)

@@ -169,7 +169,7 @@ func (c Config) options() (*redis.UniversalOptions, error) {
 	}
 	opts.ContextTimeoutEnabled = true
 	// No CLIENT SETINFO on connect: Redis 7.0 does not know the command,
-	// so the README's ACL rule cannot grant it there, and a server that
+	// so the ACL rule of docs/redis.md cannot grant it there, and a server that
 	// knows it (7.2 and later, Valkey) would log a denial to ACL LOG for
 	// every connection of a user without it.
 	opts.DisableIdentity = true

@@ -27,7 +27,7 @@ func (s skewedStore) now() time.Time { return time.Now().Add(s.off) }
 
 // TestMixedClocksKeepFilledState: one instance decides by Redis's TIME,
 // another by its own clock (its ACL user lacks +time), 300 ms off the
-// server's, within the second of skew the README allows. Whichever clock
+// server's, within the second of skew docs/redis.md allows. Whichever clock
 // filled a key's state, the other instance, whose clock still says that
 // state is in force, finds it and admits no more than it leaves: the key
 // outlives its state by the skew allowed, whatever clock wrote it. (Before
@@ -39,7 +39,7 @@ func (s skewedStore) now() time.Time { return time.Now().Add(s.off) }
 func TestMixedClocksKeepFilledState(t *testing.T) {
 	s := redistest.Start(t)
 	ctx := context.Background()
-	rule := slices.DeleteFunc(readmeACL(t), func(w string) bool { return w == "+time" })
+	rule := slices.DeleteFunc(documentedACL(t), func(w string) bool { return w == "+time" })
 	s.SetUser(t, aclUser, rule)
 	server, noTime := s.Client(t), aclClient(t, []string{s.Addr()})
 

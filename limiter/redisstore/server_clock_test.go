@@ -221,7 +221,7 @@ func TestEveryInstanceGoesBackToRedisClock(t *testing.T) {
 // TestErrorReplyProbesWithinTheTimeout: a decision that fails with an
 // error reply asks only its own server whether it refuses TIME, within the
 // decision's deadline, so a stalled shard elsewhere holds it up no longer
-// than the store's timeout allows (the README: at most timeout × 9/8 before
+// than the store's timeout allows (docs/redis.md: at most timeout × 9/8 before
 // the fail mode applies). Guards against: the probe asked every shard
 // (every Cluster master) for up to a second, with one shard stalled, while
 // every other failing decision queued behind it.

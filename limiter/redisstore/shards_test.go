@@ -326,7 +326,7 @@ func BenchmarkShardOf(b *testing.B) {
 }
 
 // TestRingSendsNoClientSetinfo: shard connections send no CLIENT SETINFO,
-// as the README promises of every connection (the ACL rule cannot grant it
+// as docs/redis.md promises of every connection (the ACL rule cannot grant it
 // on Redis 7.0; later servers log every denial). Guards against: newRing
 // copied the options field by field and left DisableIdentity out.
 func TestRingSendsNoClientSetinfo(t *testing.T) {
