@@ -382,9 +382,11 @@ func TestDocsShowExamples(t *testing.T) {
 // carry. A config is a "caddyfile" block, which e2e's
 // TestDocsConfigsAdapt adapts (docs/testing.md has its rules); "caddyfile
 // syntax" is a syntax summary, with <values> to fill in; "json" is a
-// handler's JSON or a log line; "go" is code in the design; the rest are
-// commands, output and text.
-var docBlockKinds = map[string]bool{"caddyfile": true, "caddyfile syntax": true, "json": true, "go": true, "sh": true, "text": true, "": true}
+// handler's JSON or a log line; "go" is code in the design; "promql" and
+// "yaml" (a Prometheus rule file) are the queries and alerts of
+// docs/coming-from-mholt.md, which e2e's TestComingFromMholt evaluates in
+// a real Prometheus; the rest are commands, output and text.
+var docBlockKinds = map[string]bool{"caddyfile": true, "caddyfile syntax": true, "json": true, "go": true, "promql": true, "yaml": true, "sh": true, "text": true, "": true}
 
 // TestDocsBlockKinds: every fenced block of the docs is of a kind the
 // tests know, so no config escapes the test that adapts them under an
