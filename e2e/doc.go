@@ -24,6 +24,7 @@
 //
 // Without FLOODGATE_CADDY_BIN the harness builds ./cmd/caddy once per run.
 // Without redis-server on the PATH the tests that need it are skipped,
-// unless CI=true, where they fail. The fast unit tests are the other
+// unless CI=true, where they fail; so is TestHeaderParserReads without
+// node and npm, which it installs npm's ratelimit-header-parser with. The fast unit tests are the other
 // packages': go test . ./limiter/ ./internal/...
 package e2e
