@@ -67,7 +67,7 @@ func (s *StatusHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 //			rate <n>/<duration>
 //			...
 //		}
-//		headers both | x-ratelimit | ietf | none
+//		headers <family>... | none
 //		...
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -112,15 +112,15 @@ func (h *Handler) options(zoneLines map[string]int) map[string]option {
 			h.JWT = new(JWTConfig)
 			return h.JWT.UnmarshalCaddyfile(d)
 		}},
-		"headers": {args: "both | x-ratelimit | ietf | none", parse: func(d *caddyfile.Dispenser) error {
-			v, err := oneArg(d)
-			if err != nil {
+		"headers": {args: "<family>... (x-ratelimit, ietf, draft-7, draft-6; or none)", parse: func(d *caddyfile.Dispenser) error {
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return errArgCount
+			}
+			if _, err := parseHeaderFamilies(names); err != nil {
 				return err
 			}
-			if _, err := parseHeaderMode(v); err != nil {
-				return err
-			}
-			h.Headers = v
+			h.Headers = names
 			return nil
 		}},
 		"log_key":         flagOption(&h.LogKey),

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestCaddyfileZoneOptions(t *testing.T) {
 	if w.MaxDelay == nil || *w.MaxDelay != 0 || w.MaxEvents != 5 || time.Duration(w.Window) != time.Second {
 		t.Fatalf("zone writes parsed as %+v", w)
 	}
-	if h.Headers != "ietf" || !h.LogKey || time.Duration(h.SweepInterval) != 30*time.Second ||
+	if !slices.Equal(h.Headers, HeaderFamilies{"ietf"}) || !h.LogKey || time.Duration(h.SweepInterval) != 30*time.Second ||
 		h.MaxKeys != 1000 || h.Jitter != 0.25 || !h.DisableMetrics {
 		t.Fatalf("handler parsed as %+v", h)
 	}

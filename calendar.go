@@ -74,22 +74,25 @@ type calendarPolicy struct {
 }
 
 // calendarItem is a limit's RateLimit-Policy member for the calendar window
-// [start, end), Unix µs.
+// [start, end), Unix µs, and the window's length in whole seconds, the w
+// of every family's policy.
 type calendarItem struct {
 	start, end int64
 	item       string
+	window     int64
 }
 
-// at is the member for a decision made at t.
-func (c *calendarPolicy) at(t time.Time) string {
+// current is the item of the window a decision made at t falls in.
+func (c *calendarPolicy) current(t time.Time) *calendarItem {
 	us := t.UnixMicro()
 	if it := c.cur.Load(); it != nil && us >= it.start && us < it.end {
-		return it.item
+		return it
 	}
 	start, end := c.policy.Calendar.Window(t)
-	it := &calendarItem{start: start.UnixMicro(), end: end.UnixMicro(), item: policyItemAt(c.name, c.policy, t)}
+	_, w := c.policy.QuotaAt(t)
+	it := &calendarItem{start: start.UnixMicro(), end: end.UnixMicro(), item: policyItemAt(c.name, c.policy, t), window: max(1, ceilSeconds(w))}
 	c.cur.Store(it)
-	return it.item
+	return it
 }
 
 // windowAt is the window RateLimit-Policy reports for l at t: the one

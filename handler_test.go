@@ -93,27 +93,6 @@ func TestHandlerHeaders(t *testing.T) {
 	}
 }
 
-func TestHandlerHeaderModes(t *testing.T) {
-	for mode, want := range map[string][2]bool{"both": {true, true}, "x-ratelimit": {true, false}, "ietf": {false, true}, "none": {false, false}} {
-		// A zone of its own per mode: same-named zones share a store.
-		zone := "modes_" + strings.ReplaceAll(mode, "-", "_")
-		h := provisionHandler(t, "rate_limit {\n zone "+zone+" {\n  events 1\n  window 1m\n }\n headers "+mode+"\n}")
-		for i, wantCode := range []int{200, 429} {
-			r, _ := newKeyRequest("198.51.100.3", nil)
-			w, code := serve(h, r, okHandler)
-			hdr := w.Header()
-			x, ietf := hdr.Get("X-RateLimit-Limit") != "", hdr.Get("RateLimit") != ""
-			if code != wantCode || x != want[0] || ietf != want[1] {
-				t.Errorf("headers %s, request %d: status %d, x-ratelimit %v, ietf %v", mode, i+1, code, x, ietf)
-			}
-			// Retry-After is part of every refusal, whatever the mode.
-			if got, want := hdr.Get("Retry-After"), map[int]string{200: "", 429: "60"}[code]; got != want || len(hdr["Retry-After"]) > 1 {
-				t.Errorf("headers %s, request %d: Retry-After %q, want %q", mode, i+1, hdr["Retry-After"], want)
-			}
-		}
-	}
-}
-
 func TestHandlerMissingKey(t *testing.T) {
 	for _, tc := range []struct {
 		mode  string

@@ -1,36 +1,142 @@
 package ratelimit
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// headerMode selects which rate-limit fields responses carry.
-type headerMode uint8
+// headerFamilies is the set of rate-limit field families responses carry
+// (the `headers` option); the empty set is `headers none`.
+type headerFamilies uint8
 
 const (
-	headersBoth headerMode = iota
-	headersX
-	headersIETF
-	headersNone
+	familyXRateLimit headerFamilies = 1 << iota // X-RateLimit-Limit, -Remaining, -Reset
+	familyIETF                                  // RateLimit, RateLimit-Policy: a member per zone
+	familyDraft7                                // RateLimit: limit=, remaining=, reset=; RateLimit-Policy
+	familyDraft6                                // RateLimit-Limit, -Remaining, -Reset, -Policy
 )
 
-func parseHeaderMode(s string) (headerMode, error) {
-	switch s {
-	case "", "both":
-		return headersBoth, nil
-	case "x-ratelimit":
-		return headersX, nil
-	case "ietf":
-		return headersIETF, nil
-	case "none":
-		return headersNone, nil
+// defaultHeaders are the families of a handler whose `headers` is unset,
+// or set to "both", the name it had before families could be listed.
+const defaultHeaders = familyXRateLimit | familyIETF
+
+// headerFamily is one family: its name in the config and the fields it
+// writes, which decide what it can be combined with.
+type headerFamily struct {
+	name   string
+	family headerFamilies
+	fields []string
+}
+
+var headerFamilyTable = []headerFamily{
+	{"x-ratelimit", familyXRateLimit, []string{hdrLimit, hdrRemaining, hdrReset}},
+	{"ietf", familyIETF, []string{hdrRateLimit, hdrPolicy}},
+	{"draft-7", familyDraft7, []string{hdrRateLimit, hdrPolicy}},
+	{"draft-6", familyDraft6, []string{hdrDraft6Limit, hdrDraft6Remaining, hdrDraft6Reset, hdrPolicy}},
+}
+
+// headerFamilyNames is what `headers` accepts, for its refusals.
+const headerFamilyNames = "x-ratelimit, ietf, draft-7, draft-6, none or both"
+
+// parseHeaderFamilies reads the `headers` option: a list of families,
+// none of which writes a field another writes (both would write it, and a
+// client would read one of the two or neither); "none" alone; "both"
+// alone, today's default, x-ratelimit and ietf. No names is the default.
+func parseHeaderFamilies(names []string) (headerFamilies, error) {
+	if len(names) == 0 {
+		return defaultHeaders, nil
 	}
-	return 0, fmt.Errorf("unknown headers mode %q (want both, x-ratelimit, ietf or none)", s)
+	var set headerFamilies
+	picked := make([]headerFamily, 0, len(names))
+	for _, name := range names {
+		switch name {
+		case "none", "both":
+			if len(names) > 1 {
+				what := "writes no field"
+				if name == "both" {
+					what = "is x-ratelimit and ietf: list the families instead"
+				}
+				return 0, fmt.Errorf("%s cannot be combined with other families (%s)", name, what)
+			}
+			if name == "both" {
+				return defaultHeaders, nil
+			}
+			return 0, nil
+		}
+		i := slices.IndexFunc(headerFamilyTable, func(f headerFamily) bool { return f.name == name })
+		if i < 0 {
+			return 0, fmt.Errorf("unknown header family %q (want %s)", name, headerFamilyNames)
+		}
+		f := headerFamilyTable[i]
+		if set&f.family != 0 {
+			return 0, fmt.Errorf("%s is listed twice", name)
+		}
+		for _, other := range picked {
+			if shared := sharedFields(other, f); len(shared) > 0 {
+				return 0, fmt.Errorf("%s and %s cannot be combined: both write %s; pick one",
+					other.name, f.name, strings.Join(shared, " and "))
+			}
+		}
+		set |= f.family
+		picked = append(picked, f)
+	}
+	return set, nil
+}
+
+// sharedFields is the fields two families both write, as operators spell
+// them.
+func sharedFields(a, b headerFamily) []string {
+	var out []string
+	for _, f := range a.fields {
+		if slices.Contains(b.fields, f) {
+			out = append(out, fieldSpelling[f])
+		}
+	}
+	return out
+}
+
+// fieldSpelling is how the drafts spell the canonical names, for errors.
+var fieldSpelling = map[string]string{
+	hdrLimit:           "X-RateLimit-Limit",
+	hdrRemaining:       "X-RateLimit-Remaining",
+	hdrReset:           "X-RateLimit-Reset",
+	hdrRateLimit:       "RateLimit",
+	hdrPolicy:          "RateLimit-Policy",
+	hdrDraft6Limit:     "RateLimit-Limit",
+	hdrDraft6Remaining: "RateLimit-Remaining",
+	hdrDraft6Reset:     "RateLimit-Reset",
+}
+
+// HeaderFamilies is the `headers` option in JSON: a list of family names
+// (["x-ratelimit", "draft-7"]), or one name as a string ("ietf"), as the
+// field was before families could be combined, so those configs still
+// load.
+type HeaderFamilies []string
+
+// UnmarshalJSON reads a list of names or a single name; "" and null are
+// the default, as an absent field is.
+func (f *HeaderFamilies) UnmarshalJSON(b []byte) error {
+	var one *string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*f = nil
+		if one != nil && *one != "" {
+			*f = HeaderFamilies{*one}
+		}
+		return nil
+	}
+	var list []string
+	if err := json.Unmarshal(b, &list); err != nil {
+		return fmt.Errorf("headers: want a header family name or a list of them (%s): %s", headerFamilyNames, b)
+	}
+	*f = list
+	return nil
 }
 
 // Canonical header names, so other handlers' Header().Get finds them.
@@ -41,6 +147,10 @@ const (
 	hdrRateLimit  = "Ratelimit"
 	hdrPolicy     = "Ratelimit-Policy"
 	hdrRetryAfter = "Retry-After"
+
+	hdrDraft6Limit     = "Ratelimit-Limit"
+	hdrDraft6Remaining = "Ratelimit-Remaining"
+	hdrDraft6Reset     = "Ratelimit-Reset"
 )
 
 // policyItem is a zone's member of RateLimit-Policy, made once per zone:
@@ -81,7 +191,22 @@ func (h *Handler) policyItemOf(o *zoneRecord) string {
 	if t.IsZero() { // a refusal no store made: missing_key deny
 		t = h.now()
 	}
-	return c.at(t)
+	return c.current(t).item
+}
+
+// policyWindowOf is the w RateLimit-Policy gives o's zone, in seconds:
+// the window made once, or for a calendar zone that of the calendar window
+// o was decided in.
+func (h *Handler) policyWindowOf(o *zoneRecord) int64 {
+	c := o.limit.calendar
+	if c == nil {
+		return max(1, ceilSeconds(o.limit.window))
+	}
+	t := o.adm.At()
+	if t.IsZero() { // a refusal no store made: missing_key deny
+		t = h.now()
+	}
+	return c.current(t).window
 }
 
 // appendSFString writes s as an RFC 9651 structured-field String. Zone
@@ -114,21 +239,22 @@ func (req *request) reported() *zoneRecord {
 	return best
 }
 
-// writeHeaders sets the rate-limit fields for every evaluated zone, and a
-// refused request's Retry-After (retry seconds, reported as the refusing
-// zone's t) whatever the headers mode. All values are written into one
-// buffer and share one backing array, so the headers cost two allocations
-// whatever their number.
+// writeHeaders sets the rate-limit fields of the handler's header
+// families, and a refused request's Retry-After (retry seconds, reported
+// as the refusing zone's reset) whatever the families. All values are
+// written into one buffer and share one backing array, so the headers cost
+// two allocations whatever their number.
 func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
 	refused := req.refusal >= 0
-	if h.headers == headersNone && !refused {
+	families := h.headers
+	if families == 0 && !refused {
 		return
 	}
 	var (
 		buf   [256]byte
 		b     = buf[:0]
-		names [6]string
-		ends  [6]int // end of each value in b; -1 for policy, which is not in b
+		names [8]string
+		ends  [8]int // end of each value in b; -1 for policy, which is not in b
 		n     int
 	)
 	field := func(name string, end int) {
@@ -139,8 +265,12 @@ func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
 		b = strconv.AppendInt(b, retry, 10)
 		field(hdrRetryAfter, len(b))
 	}
-	if h.headers == headersBoth || h.headers == headersX {
-		o := req.reported()
+	// The single-valued families describe one zone, the same for all.
+	var o *zoneRecord
+	if families&(familyXRateLimit|familyDraft7|familyDraft6) != 0 {
+		o = req.reported()
+	}
+	if families&familyXRateLimit != 0 {
 		b = append(b, o.limit.quotaText...)
 		field(hdrLimit, len(b))
 		b = strconv.AppendInt(b, o.adm.Remaining, 10)
@@ -159,21 +289,42 @@ func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
 		b = strconv.AppendInt(b, epoch, 10)
 		field(hdrReset, len(b))
 	}
+	if families&familyDraft7 != 0 {
+		b = append(b, "limit="...)
+		b = append(b, o.limit.quotaText...)
+		b = append(b, ", remaining="...)
+		b = strconv.AppendInt(b, o.adm.Remaining, 10)
+		b = append(b, ", reset="...)
+		b = strconv.AppendInt(b, resetSeconds(o, refused, retry), 10)
+		field(hdrRateLimit, len(b))
+		b = h.appendDraftPolicy(b, o)
+		field(hdrPolicy, len(b))
+	}
+	if families&familyDraft6 != 0 {
+		b = append(b, o.limit.quotaText...)
+		field(hdrDraft6Limit, len(b))
+		b = strconv.AppendInt(b, o.adm.Remaining, 10)
+		field(hdrDraft6Remaining, len(b))
+		b = strconv.AppendInt(b, resetSeconds(o, refused, retry), 10)
+		field(hdrDraft6Reset, len(b))
+		b = h.appendDraftPolicy(b, o)
+		field(hdrPolicy, len(b))
+	}
 	var first *zoneRecord // the one reported, when single
-	if h.headers == headersBoth || h.headers == headersIETF {
-		n := 0
+	if families&familyIETF != 0 {
+		members := 0
 		for i, rec := range req.reportedRecords() {
-			b, first, n = appendListSeparator(b, n), rec, n+1
+			b, first, members = appendListSeparator(b, members), rec, members+1
 			b = appendRateLimitItem(b, rec, retry, req.refusal == i)
 		}
 		field(hdrRateLimit, len(b))
-		if n == 1 {
+		if members == 1 {
 			// A single zone's policy was made once; use it as is.
 			field(hdrPolicy, -1)
 		} else {
-			n = 0
+			members = 0
 			for _, rec := range req.reportedRecords() {
-				b, n = appendListSeparator(b, n), n+1
+				b, members = appendListSeparator(b, members), members+1
 				b = append(b, h.policyItemOf(rec)...)
 			}
 			field(hdrPolicy, len(b))
@@ -190,6 +341,26 @@ func (h *Handler) writeHeaders(hdr http.Header, req *request, retry int64) {
 		}
 		hdr[names[i]] = vals[i : i+1 : i+1]
 	}
+}
+
+// resetSeconds is the reset of the draft families for o, the zone they
+// report: seconds until its quota is whole again, or, when it refused the
+// request, Retry-After, which the drafts ask reset to agree with.
+func resetSeconds(o *zoneRecord, refused bool, retry int64) int64 {
+	if refused {
+		return retry
+	}
+	return ceilSeconds(o.adm.ResetAfter)
+}
+
+// appendDraftPolicy writes the RateLimit-Policy of drafts 6 and 7 for o,
+// the one zone they report: <quota>;w=<window seconds>. The drafts' field
+// is a list, but two members of one quota are invalid in them and zones
+// may share a quota, so it names only the zone RateLimit reports.
+func (h *Handler) appendDraftPolicy(b []byte, o *zoneRecord) []byte {
+	b = append(b, o.limit.quotaText...)
+	b = append(b, ";w="...)
+	return strconv.AppendInt(b, h.policyWindowOf(o), 10)
 }
 
 // appendListSeparator separates a structured-field list's members: it

@@ -31,7 +31,7 @@ func init() {
 //
 // Every response of a request that at least one zone evaluated carries
 // `X-RateLimit-*` headers and the IETF `RateLimit` and `RateLimit-Policy`
-// fields, unless `headers` says otherwise.
+// fields, unless `headers` names other families.
 type Handler struct {
 	// RateLimits are the zones, keyed by name. A zone's state (its
 	// counters) is identified by its name and its limit: it survives a
@@ -39,9 +39,18 @@ type Handler struct {
 	// same zone name with the same limit share one set of counters.
 	RateLimits map[string]*Zone `json:"rate_limits,omitempty"`
 
-	// Headers selects the rate-limit response headers: "both" (default),
-	// "x-ratelimit", "ietf" or "none".
-	Headers string `json:"headers,omitempty"`
+	// Headers lists the families of rate-limit fields responses carry:
+	// "x-ratelimit" (X-RateLimit-Limit, -Remaining, -Reset), "ietf"
+	// (RateLimit and RateLimit-Policy with a member per zone), "draft-7"
+	// (RateLimit: limit=, remaining=, reset= and RateLimit-Policy, of
+	// draft-ietf-httpapi-ratelimit-headers-07), "draft-6" (RateLimit-Limit,
+	// -Remaining, -Reset and RateLimit-Policy, of draft 6), or "none".
+	// Families that write the same field cannot be combined, and "none"
+	// combines with nothing. Default: ["x-ratelimit", "ietf"], which
+	// "both" also names. A single name may be given as a string
+	// ("headers": "ietf"), as before families could be combined.
+	// Retry-After is part of every 429, whatever the families.
+	Headers HeaderFamilies `json:"headers,omitempty"`
 
 	// LogKey logs the raw key of each denied request. Off by default,
 	// because keys can hold API keys or tokens.
@@ -99,7 +108,7 @@ type Handler struct {
 	// remoteZones counts the zones whose store answers over the network:
 	// with two or more, evaluate asks for their decisions together.
 	remoteZones int
-	headers     headerMode
+	headers     headerFamilies
 	logger      *zap.Logger
 	// debugDenials is set when the logger takes debug lines, which only a
 	// config reload (a new Provision) changes: a refusal then logs nothing
@@ -297,7 +306,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(h.Distributed) > 0 || len(h.StorageRaw) > 0 {
 		h.logger.Warn("the distributed and storage options of mholt/caddy-ratelimit are accepted but not used; set `store redis` on a zone to share its limit between instances")
 	}
-	h.headers, _ = parseHeaderMode(h.Headers)
+	h.headers, _ = parseHeaderFamilies(h.Headers)
 	if h.JWT == nil {
 		for name, z := range h.RateLimits {
 			if strings.Contains(z.Key, "{jwt.") || (z.Tier != nil && strings.Contains(z.Tier.Placeholder, "{jwt.")) {
@@ -362,8 +371,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // first, before it opens a client, fetches a key set or resizes a memory
 // store that the running config shares.
 func (h *Handler) validate() error {
-	if _, err := parseHeaderMode(h.Headers); err != nil {
-		return err
+	if _, err := parseHeaderFamilies(h.Headers); err != nil {
+		return fmt.Errorf("headers: %w", err)
 	}
 	if err := jitterBound.check(h.Jitter); err != nil {
 		return err

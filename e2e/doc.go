@@ -26,6 +26,7 @@
 // Without redis-server on the PATH the tests that need it are skipped,
 // unless CI=true, where they fail; so is the test of
 // docs/coming-from-mholt.md without prometheus, which evaluates the
-// page's queries. The fast unit tests are the other
+// page's queries, and TestHeaderParserReads without node and npm, with
+// which it installs npm's ratelimit-header-parser. The fast unit tests are the other
 // packages': go test . ./limiter/ ./internal/...
 package e2e

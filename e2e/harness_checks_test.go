@@ -1,7 +1,8 @@
 package e2e
 
 // Tests of the harness itself (harness_test.go): its structured-field
-// parser, which reads RateLimit and RateLimit-Policy as RFC 9651 lists,
+// parsers, which read RateLimit and RateLimit-Policy as RFC 9651 lists
+// and draft 7's RateLimit as a Dictionary,
 // and send's retry of a connection a reload dropped.
 
 import (
@@ -30,6 +31,30 @@ func TestSFParser(t *testing.T) {
 	}
 	for _, bad := range []string{`"a`, `"a\x"`, `"a";Q=1`, `"a",`, `"a" "b"`, `"a";q=1.2345`, `"a";q=1234567890123456`, "\"\x01\""} {
 		if _, err := parseSFList(bad); err == nil {
+			t.Errorf("%q parsed; want an error", bad)
+		}
+	}
+}
+
+// TestSFDictionaryParser checks the Dictionary parser the same way.
+func TestSFDictionaryParser(t *testing.T) {
+	t.Parallel()
+	members, err := parseSFDictionary(`limit=100, remaining=50,reset=30;x, flag;p=1, s="v"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []sfMember{
+		{"limit", sfItem{int64(100), nil}},
+		{"remaining", sfItem{int64(50), nil}},
+		{"reset", sfItem{int64(30), []sfParam{{"x", true}}}},
+		{"flag", sfItem{true, []sfParam{{"p", int64(1)}}}},
+		{"s", sfItem{"v", nil}},
+	}
+	if fmt.Sprint(members) != fmt.Sprint(want) {
+		t.Errorf("got %v, want %v", members, want)
+	}
+	for _, bad := range []string{`limit=1, limit=2`, `Limit=1`, `limit=1,`, `limit=1 remaining=2`, `limit=`, `"limit"=1`, `100;w=60`} {
+		if _, err := parseSFDictionary(bad); err == nil {
 			t.Errorf("%q parsed; want an error", bad)
 		}
 	}

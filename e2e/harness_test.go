@@ -1009,6 +1009,57 @@ func parseSFList(s string) ([]sfItem, error) {
 	return out, nil
 }
 
+// sfMember is one member of a structured-field Dictionary.
+type sfMember struct {
+	key  string
+	item sfItem
+}
+
+// parseSFDictionary parses an RFC 9651 Dictionary whose members are Items
+// (draft 7's RateLimit: limit=100, remaining=50, reset=30), in order. A
+// key given twice is refused: RFC 9651 keeps the last, but a field that
+// repeats one says two things and a client may read either.
+func parseSFDictionary(s string) ([]sfMember, error) {
+	p := &sfParser{s: s}
+	p.skip(" ")
+	var out []sfMember
+	for p.i < len(p.s) {
+		key, err := p.key()
+		if err != nil {
+			return nil, err
+		}
+		var it sfItem
+		if p.i < len(p.s) && p.s[p.i] == '=' {
+			p.i++
+			it, err = p.item()
+		} else {
+			it, err = p.params(true) // a bare key is the Boolean true
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range out {
+			if m.key == key {
+				return nil, fmt.Errorf("key %s repeated", key)
+			}
+		}
+		out = append(out, sfMember{key, it})
+		p.skip(" \t")
+		if p.i == len(p.s) {
+			return out, nil
+		}
+		if p.s[p.i] != ',' {
+			return nil, fmt.Errorf("at %d: want ',' between members, got %q", p.i, p.s[p.i])
+		}
+		p.i++
+		p.skip(" \t")
+		if p.i == len(p.s) {
+			return nil, errors.New("trailing comma")
+		}
+	}
+	return out, nil
+}
+
 type sfParser struct {
 	s string
 	i int
@@ -1025,6 +1076,11 @@ func (p *sfParser) item() (sfItem, error) {
 	if err != nil {
 		return sfItem{}, err
 	}
+	return p.params(v)
+}
+
+// params reads the parameters of an Item whose bare value v was read.
+func (p *sfParser) params(v any) (sfItem, error) {
 	it := sfItem{value: v}
 	for p.i < len(p.s) && p.s[p.i] == ';' {
 		p.i++

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs redis-server,
-# valkey-server and prometheus when missing, checks that both ways of
+# valkey-server, prometheus (for e2e's TestComingFromMholt), and node and
+# npm (to run npm's ratelimit-header-parser on the header families,
+# e2e/header_families_test.go) when missing, checks that both ways of
 # building Caddy with Floodgate work, runs every Go test with the race
 # detector against redis-server, then the packages that start a server
 # again against valkey-server (FLOODGATE_REDIS_SERVER=valkey,
@@ -80,6 +82,13 @@ if ! command -v valkey-server >/dev/null 2>&1 || ! command -v valkey-cli >/dev/n
 		target=(-t "$codename-backports")
 	fi
 	apt_install "${target[@]}" valkey-server valkey-tools
+fi
+
+# node and npm: e2e's TestHeaderParserReads installs npm's
+# ratelimit-header-parser (pinned in e2e/testdata/ratelimit-header-parser)
+# into the user's cache and runs it with node.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+	apt_install nodejs npm
 fi
 
 bin=$(mktemp -d)
