@@ -87,9 +87,9 @@ http://{{http}} {
 // startExample runs one of the README's example Caddyfiles (under
 // examples/) as written, but on the harness's ports: its admin endpoint
 // (localhost:2019) and site (:8080, beyond loopback) may be taken, and its
-// upstream (localhost:9000), if it has one, is the test's: upstream, which
-// is "" for an example without one.
-func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
+// upstreams (localhost:9000, localhost:9001, ...), if it has any, are the
+// test's: upstreams, in that order ("" or none for an example without).
+func startExample(t *testing.T, name string, upstreams ...string) *caddyproc.Instance {
 	t.Helper()
 	raw, err := os.ReadFile("../examples/" + name)
 	if err != nil {
@@ -100,8 +100,10 @@ func startExample(t *testing.T, name, upstream string) *caddyproc.Instance {
 		{"admin localhost:2019", "admin {{admin}}\n\tdefault_bind 127.0.0.1"},
 		{"\n:8080 {", "\nhttp://{{http}} {"},
 	}
-	if upstream != "" {
-		subs = append(subs, [2]string{"localhost:9000", upstream})
+	for i, upstream := range upstreams {
+		if upstream != "" {
+			subs = append(subs, [2]string{fmt.Sprintf("localhost:%d", 9000+i), upstream})
+		}
 	}
 	for _, sub := range subs {
 		if !strings.Contains(cfg, sub[0]) {
