@@ -13,11 +13,11 @@ import (
 // decide has the stores decide req's records in name order, stopping at
 // the first that refuses the request or fails closed; a record over the
 // limit of an `exceeded pass` zone is passed on and does not stop them.
-// It is the only place the request path asks a store. The records of remote stores are
-// asked all at once when there are two or more, so a request waits for
-// one round trip rather than one per zone; what those after a refusal
-// took is then given back, so the outcome is the same as deciding them in
-// turn.
+// It is the only place the request path asks a store. The records of
+// remote stores are asked all at once when there are two or more, so a
+// request waits for one round trip rather than one per zone; what those
+// after a refusal took is then given back, so the outcome is the same as
+// deciding them in turn.
 func (h *Handler) decide(r *http.Request, req *request) {
 	ctx := r.Context()
 	req.askAhead(ctx)
@@ -248,7 +248,9 @@ func (h *Handler) refuseUnasked(r *http.Request, rec *zoneRecord) (stop bool) {
 	}
 	rec.adm = limiter.Admission{Decision: d}
 	rec.phase = refused
-	res := resultDenied // `exceeded pass` passes on a request over the limit, not a block or a missing key
+	// `exceeded pass` passes on a request over the limit, not a blocked
+	// key or a missing one.
+	res := resultDenied
 	if z.dryRun {
 		res = resultDryRunDenied
 	}
