@@ -276,6 +276,7 @@ func (z *Zone) options(block string) map[string]option {
 		"ipv4_prefix": intOption(&z.IPv4Prefix, ipv4PrefixBound),
 		"ipv6_prefix": intOption(&z.IPv6Prefix, ipv6PrefixBound),
 		"dry_run":     flagOption(&z.DryRun),
+		"exceeded":    stringOption("refuse | pass", &z.Exceeded),
 		"local_quota": fractionOption(&z.LocalQuota, localQuotaBound),
 		"deny_cache": {args: "<duration> | off", parse: func(d *caddyfile.Dispenser) error {
 			v, err := oneArg(d)

@@ -11,12 +11,13 @@ import (
 )
 
 // decide has the stores decide req's records in name order, stopping at
-// the first that refuses the request or fails closed. It is the only
-// place the request path asks a store. The records of remote stores are
-// asked all at once when there are two or more, so a request waits for
-// one round trip rather than one per zone; what those after a refusal
-// took is then given back, so the outcome is the same as deciding them in
-// turn.
+// the first that refuses the request or fails closed; a record over the
+// limit of an `exceeded pass` zone is passed on and does not stop them.
+// It is the only place the request path asks a store. The records of
+// remote stores are asked all at once when there are two or more, so a
+// request waits for one round trip rather than one per zone; what those
+// after a refusal took is then given back, so the outcome is the same as
+// deciding them in turn.
 func (h *Handler) decide(r *http.Request, req *request) {
 	ctx := r.Context()
 	req.askAhead(ctx)
@@ -34,6 +35,9 @@ func (h *Handler) decide(r *http.Request, req *request) {
 			req.withdrawAfter(i + 1)
 			return
 		}
+		if rec.phase == passedOn && req.passing < 0 {
+			req.passing = i
+		}
 	}
 }
 
@@ -49,9 +53,9 @@ func (h *Handler) count(rec *zoneRecord) {
 	}
 	switch {
 	case n.exempt:
-		z.metrics.count(true, z.dryRun, limiter.SourceStore)
+		z.metrics.count(resultAllowed, limiter.SourceStore)
 	case n.badCost:
-		z.metrics.count(false, true, limiter.SourceStore)
+		z.metrics.count(resultDryRunDenied, limiter.SourceStore)
 	}
 }
 
@@ -194,22 +198,36 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 		left := max(time.Millisecond, rec.until.Sub(h.now()))
 		d.RetryAfter, d.ResetAfter = min(d.RetryAfter, left), min(d.ResetAfter, left)
 	}
-	rec.phase = admitted
+	res := resultAllowed
 	if !d.Allowed {
+		res = z.overLimit()
+	}
+	switch res {
+	case resultAllowed:
+		rec.phase = admitted
+	case resultPassed:
+		rec.phase = passedOn
+	default:
 		rec.phase = refused
 	}
 	if d.Allowed && z.watches {
 		req.watches = true
 	}
-	z.metrics.count(d.Allowed, z.dryRun, d.Source)
+	z.metrics.count(res, d.Source)
 	z.hot.Add(maphash.String(hotSeed, rec.key), rec.key, !d.Allowed)
 	if z.timed {
 		h.sample(z, rec.key, *d, rec.source(), rec.took)
 	}
 	switch {
-	case !d.Allowed && z.dryRun:
-		h.logDenial(r, z, rec.key, *d, true)
-	case !d.Allowed:
+	case res == resultDryRunDenied:
+		h.logDenial(r, z, rec.key, *d, res)
+	case res == resultPassed:
+		// The request goes on holding nothing here (a refusal holds
+		// nothing) and is neither held nor settled by this zone; the
+		// response only loses the zone's response_cost field.
+		h.logDenial(r, z, rec.key, *d, res)
+		req.watches = req.watches || rec.stripsResponseCost()
+	case res == resultDenied:
 		return true
 	case l.traits.HoldsRequests && d.RetryAfter > req.hold && !z.dryRun:
 		// A dry run shapes nothing: it reports the hold in its headers
@@ -230,13 +248,31 @@ func (h *Handler) refuseUnasked(r *http.Request, rec *zoneRecord) (stop bool) {
 	}
 	rec.adm = limiter.Admission{Decision: d}
 	rec.phase = refused
-	z.metrics.count(false, z.dryRun, limiter.SourceStore)
+	// `exceeded pass` passes on a request over the limit, not a blocked
+	// key or a missing one.
+	res := resultDenied
+	if z.dryRun {
+		res = resultDryRunDenied
+	}
+	z.metrics.count(res, limiter.SourceStore)
 	h.sample(z, rec.key, limiter.Decision{}, source, 0)
 	if z.dryRun {
-		h.logDenial(r, z, rec.key, d, true)
+		h.logDenial(r, z, rec.key, d, res)
 		return false
 	}
 	return true
+}
+
+// overLimit is what z does with a request over its limit: refuses it,
+// passes it on (`exceeded pass`), or in a dry run neither.
+func (z *zone) overLimit() decisionResult {
+	switch {
+	case z.dryRun:
+		return resultDryRunDenied
+	case z.passExceeded:
+		return resultPassed
+	}
+	return resultDenied
 }
 
 // source names where rec was decided, for samples.

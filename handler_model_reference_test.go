@@ -209,6 +209,10 @@ func (m *hmModel) decide(f *hmFlight, lims []hmLimit) {
 		if !z.costly {
 			cost = 1
 		}
+		if f.exceeded == r.name(z, f.q.inst) {
+			m.passedOn(f, z, l, cost, now)
+			continue
+		}
 		a := &hmAdm{id: len(m.adms), z: z, inst: f.q.inst, key: f.q.key, state: l.state, load: l.load, quota: l.quota,
 			cost: cost, counted: cost, stored: cost, at: now, lo: f.realStart, hi: f.realEnd, window: l.window}
 		if z.alg == "concurrency" {
@@ -221,6 +225,27 @@ func (m *hmModel) decide(f *hmFlight, lims []hmLimit) {
 		f.adms = append(f.adms, a)
 		r.byZone[z.id]++
 		m.checkAdmission(a, f)
+	}
+}
+
+// passedOn checks a request zone z passed on over its limit l (`exceeded
+// pass`): only a zone with the option does, and it takes nothing, so no
+// admission is recorded (the stores' states, compared at quiet points,
+// show whether it took any). A memory fixed window, counted exactly, must
+// have had no room for the request's cost (at least one unit) at now.
+func (m *hmModel) passedOn(f *hmFlight, z *hmZone, l hmLimit, cost, now int64) {
+	r := m.r
+	if !r.passes[z.id] {
+		r.fail("%s passed on by zone %s, which refuses requests over its limit", f.q, z.id)
+		return
+	}
+	r.passedOn[z.id]++
+	r.features["pass"] = true
+	if z.alg == "fixed_window" && !z.redis && l.state != "" {
+		held := m.fwOf(l.state)[now/l.window.Microseconds()]
+		if held+max(cost, 1) <= l.quota {
+			r.fail("%s passed on by zone %s though its window held %d of %d units (state %s): a cost of %d (at least one unit) fitted", f.q, z.id, held, l.quota, l.state, cost)
+		}
 	}
 }
 

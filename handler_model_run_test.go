@@ -149,8 +149,16 @@ type hmRun struct {
 	// features are what the schedule did, for the totals' mixes.
 	features          map[string]bool
 	admitted, refused int
-	byZone            map[string]int
-	resetSeen         bool
+	// passes are the zones (by id) that pass a request over their limit
+	// on (`exceeded pass`) in this schedule, each in half the schedules:
+	// cw, alone on its route (with tiers and overrides), lb, before lc
+	// on its route (zones are decided in name order), which then counts
+	// what lb passed on, and rw, after the concurrency zone rc, over
+	// Redis with leases; passedOn counts the requests each passed on.
+	passes    map[string]bool
+	passedOn  map[string]int
+	byZone    map[string]int
+	resetSeen bool
 	// compared counts the states compared with the stores at quiet
 	// points, and at the end in Redis.
 	compared, comparedRedis int
@@ -219,9 +227,17 @@ func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals
 		keys:     []string{"k0", "k1", "k2"}[:2+rng.IntN(2)],
 		features: map[string]bool{},
 		byZone:   map[string]int{},
+		passedOn: map[string]int{},
 		steps:    hmFlags.Steps(),
 	}
 	r.mixed = !hmSkips("mixed") && rng.IntN(2) == 0
+	// From the seed's bits, not rng, so that a schedule draws its steps
+	// as it did before zones could pass requests on.
+	r.passes = map[string]bool{
+		hmCW.id: !hmSkips("pass") && seed>>1&1 == 1,
+		hmLB.id: !hmSkips("pass") && seed>>2&1 == 1,
+		hmRW.id: !hmSkips("pass") && seed>>3&1 == 1,
+	}
 	r.m = newHMModel(r)
 	return r
 }
@@ -292,7 +308,7 @@ func (r *hmRun) run() bool {
 			r.t.Fatalf("seed %d: instance 1's redis zones are on the instance's clock", r.seed)
 		}
 	}
-	r.logf("seed %d, mixed clocks %v (instance 0's skew %v), keys %v, limits %v, memory window %v, redis window %v", r.seed, r.mixed, r.skew, r.keys, base.events, base.cwWindow, base.redisWindow)
+	r.logf("seed %d, mixed clocks %v (instance 0's skew %v), keys %v, limits %v, memory window %v, redis window %v, passing on %v", r.seed, r.mixed, r.skew, r.keys, base.events, base.cwWindow, base.redisWindow, r.passes)
 	for r.step = 1; r.step <= r.steps && r.failure == ""; r.step++ {
 		r.doStep()
 	}
@@ -386,6 +402,9 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig, redis bool) string {
 		}
 		if z == hmCW {
 			fmt.Fprintf(&b, "\t\ttier {http.request.header.X-Plan} {\n\t\t\tpro %d/%s\n\t\t}\n", cfg.cwPro, cfg.cwWindow)
+		}
+		if r.passes[z.id] {
+			b.WriteString("\t\texceeded pass\n")
 		}
 		if z.redis {
 			b.WriteString("\t\tstore redis\n")
@@ -529,7 +548,10 @@ type hmFlight struct {
 	cancel  context.CancelFunc
 	// called is set when next ran; status is ServeHTTP's (an error's
 	// status, or what next wrote), panicked whether it re-panicked.
+	// exceeded is {http.rate_limit.exceeded.name} as next read it: the
+	// zone that passed the request on over its limit, if one did.
 	called    atomic.Bool
+	exceeded  string
 	status    int
 	panicked  bool
 	adms      []*hmAdm
@@ -577,6 +599,7 @@ func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
 	ctx, f.cancel = context.WithCancel(ctx)
 	req = req.WithContext(ctx)
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+		f.exceeded, _ = repl.GetString("http.rate_limit.exceeded.name")
 		f.called.Store(true)
 		f.once.close(f.decided)
 		f.enteredOnce.close(f.entered)

@@ -118,9 +118,15 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 }
 
 // request runs one request of z's route: to its end, or, for a
-// concurrency zone, until it is decided, leaving it in flight.
+// concurrency zone, until it is decided, leaving it in flight. A route
+// with a zone that passes requests on over its limit (hmRun.passes) gets
+// a second request at once, so that the zone is found over its limit
+// more often.
 func (r *hmRun) request(z *hmZone) {
 	r.send(r.newRequest(z))
+	if slices.ContainsFunc(hmRoutes[routeOf(z)], func(z *hmZone) bool { return r.passes[z.id] }) && r.failure == "" {
+		r.send(r.newRequest(z))
+	}
 }
 
 // send runs q as request does, and reports whether it was admitted.

@@ -25,7 +25,9 @@ import (
 // requests of random cost, count_response and response_cost outcomes (in
 // a header or a trailer), panics in next, leaky_bucket holds and clients
 // that leave during them, requests that stay in flight across steps in
-// concurrency zones, override PUTs, DELETEs and expiries, tiers, admin
+// concurrency zones, zones that pass requests over their limits on
+// (`exceeded pass`: cw, lb and rw in some schedules), override PUTs, DELETEs
+// and expiries, tiers, admin
 // resets (some while lease refills are in flight), reloads that keep or
 // change a limit, clock steps, real time passing, and an instance whose
 // Redis user may not call TIME, so that it decides by its own clock
@@ -63,7 +65,7 @@ func TestHandlerModel(t *testing.T) {
 	// instance's own clock (docs/redis.md, "Servers that refuse TIME
 	// in scripts"), beside instances on Redis's TIME, on one server.
 	srv.SetUser(t, hmNoTimeUser, []string{"on", ">" + hmNoTimePassword, "~*", "&*", "+@all", "-time"})
-	totals := &hmTotals{start: time.Now(), excess: map[string]*hmExcess{}, mixes: map[string]int{}, byZone: map[string]int{}}
+	totals := &hmTotals{start: time.Now(), excess: map[string]*hmExcess{}, mixes: map[string]int{}, byZone: map[string]int{}, passedOn: map[string]int{}}
 	failed := 0
 	for i := range schedules {
 		s := seed + uint64(i)
@@ -101,8 +103,9 @@ var hmFlags = testutil.NewModelFlags(testutil.ModelConfig{
 // "concexpiry" (a concurrency key's override lapsing while its requests
 // are in flight) is ovconc's change of limit by expiry; "edge" (a fixed
 // window tried by the instance behind just after it ended on the clock
-// ahead) is mixed's.
-var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed", "edge"}
+// ahead) is mixed's; "pass" leaves every zone refusing (see
+// hmRun.passes).
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed", "edge", "pass"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool { return hmFlags.Skips(kind) }
@@ -127,7 +130,10 @@ type hmTotals struct {
 	mu                                    sync.Mutex
 	start                                 time.Time
 	schedules, steps, admissions, refused int
-	compared, comparedRedis               int
+	// passedOn counts, per zone, the requests it passed on over its
+	// limit (`exceeded pass`).
+	passedOn                map[string]int
+	compared, comparedRedis int
 	// excess is, per check (an algorithm and store), the largest excess
 	// of admissions over the limit before the bound, and the bound.
 	excess map[string]*hmExcess
@@ -182,6 +188,7 @@ var hmMixes = []struct {
 	{"override expiry", []string{"expiry"}},
 	{"tier", []string{"tier"}},
 	{"cost 0", []string{"cost0"}},
+	{"exceeded pass", []string{"pass"}},
 }
 
 func (tt *hmTotals) schedule(r *hmRun) {
@@ -191,6 +198,9 @@ func (tt *hmTotals) schedule(r *hmRun) {
 	tt.steps += r.step
 	tt.admissions += r.admitted
 	tt.refused += r.refused
+	for z, n := range r.passedOn {
+		tt.passedOn[z] += n
+	}
 	tt.compared += r.compared
 	tt.comparedRedis += r.comparedRedis
 	for z, n := range r.byZone {
@@ -224,6 +234,10 @@ func (tt *hmTotals) report(failed int) string {
 	b.WriteString("  admissions per zone:")
 	for _, z := range hmAllZones {
 		fmt.Fprintf(&b, " %s %d", z.id, tt.byZone[z.id])
+	}
+	b.WriteString("\n  passed on over the limit (exceeded pass), per zone:")
+	for _, z := range []*hmZone{hmCW, hmLB, hmRW} {
+		fmt.Fprintf(&b, " %s %d", z.id, tt.passedOn[z.id])
 	}
 	b.WriteString("\n  largest excess over the limit, per check, against its bound:\n")
 	checks := make([]string, 0, len(tt.excess))

@@ -224,11 +224,14 @@ func appendSFString(b []byte, s string) []byte {
 }
 
 // reported is the record the single-valued headers describe: the refusing
-// zone's, or else the one with the least remaining. req reports at least
-// one record.
+// zone's, else the first passed on over its limit (`exceeded pass`), or
+// else the one with the least remaining. req reports at least one record.
 func (req *request) reported() *zoneRecord {
 	if req.refusal >= 0 {
 		return &req.records[req.refusal]
+	}
+	if req.passing >= 0 {
+		return &req.records[req.passing]
 	}
 	var best *zoneRecord
 	for _, rec := range req.reportedRecords() {

@@ -13,7 +13,7 @@ import (
 // zoneMetrics are one zone's counters, resolved once at provision so the
 // request path only increments them.
 type zoneMetrics struct {
-	allowed, denied, dryRunDenied, storeFailures prometheus.Counter
+	allowed, denied, dryRunDenied, passed, storeFailures prometheus.Counter
 	// fromLease and fromDenyCache count a redis zone's decisions made in
 	// memory by its near cache.
 	fromLease, fromDenyCache prometheus.Counter
@@ -63,7 +63,7 @@ var decisionBuckets = []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e
 // config a registry of its own) and two handlers never register a family
 // twice.
 var metricFamilies = &metricVecs{
-	decisions:     counterVec("decisions_total", "Rate-limit decisions by zone and result (allowed, denied, dry_run_denied).", "result"),
+	decisions:     counterVec("decisions_total", "Rate-limit decisions by zone and result (allowed, denied, dry_run_denied, passed).", "result"),
 	storeFailures: counterVec("store_failures_total", "Store errors and timeouts by zone and the fail mode that applied.", "fail"),
 	local:         counterVec("local_decisions_total", "Decisions of redis zones made in memory without a round trip, by zone and source (lease, deny_cache).", "source"),
 	responseCosts: counterVec("response_costs_total", "Responses of response_cost zones by zone and what their cost header said: read, capped (above the quota, which is charged), missing or invalid (the up-front cost stands).", "result"),
@@ -130,6 +130,7 @@ func (m *metricVecs) forZone(name, fail string, timed, responseCost bool) *zoneM
 		allowed:       m.decisions.WithLabelValues(name, "allowed"),
 		denied:        m.decisions.WithLabelValues(name, "denied"),
 		dryRunDenied:  m.decisions.WithLabelValues(name, "dry_run_denied"),
+		passed:        m.decisions.WithLabelValues(name, "passed"),
 		storeFailures: m.storeFailures.WithLabelValues(name, fail),
 		fromLease:     m.local.WithLabelValues(name, limiter.SourceLease.String()),
 		fromDenyCache: m.local.WithLabelValues(name, limiter.SourceDenyCache.String()),
@@ -226,8 +227,24 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
+// decisionResult is what a zone did with a request: decisions_total's
+// result.
+type decisionResult uint8
+
+const (
+	resultAllowed decisionResult = iota
+	// resultDenied: refused (429).
+	resultDenied
+	// resultDryRunDenied: over the limit of a dry_run zone, which lets
+	// it through as if admitted.
+	resultDryRunDenied
+	// resultPassed: over the limit of an `exceeded pass` zone, which
+	// passes it on taking nothing.
+	resultPassed
+)
+
 // count records a zone's decision; safe on nil.
-func (zm *zoneMetrics) count(allowed, dryRun bool, source limiter.Source) {
+func (zm *zoneMetrics) count(res decisionResult, source limiter.Source) {
 	if zm == nil {
 		return
 	}
@@ -237,11 +254,13 @@ func (zm *zoneMetrics) count(allowed, dryRun bool, source limiter.Source) {
 	case limiter.SourceDenyCache:
 		zm.fromDenyCache.Inc()
 	}
-	switch {
-	case allowed:
+	switch res {
+	case resultAllowed:
 		zm.allowed.Inc()
-	case dryRun:
+	case resultDryRunDenied:
 		zm.dryRunDenied.Inc()
+	case resultPassed:
+		zm.passed.Inc()
 	default:
 		zm.denied.Inc()
 	}

@@ -233,6 +233,18 @@ type Zone struct {
 	// DryRun decides, counts, logs and sets headers, but never refuses.
 	DryRun bool `json:"dry_run,omitempty"`
 
+	// Exceeded says what the zone does with a request over its limit:
+	// "refuse" (default) answers 429; "pass" passes it on to the next
+	// handler, taking nothing in this zone, with the placeholder
+	// {http.rate_limit.exceeded.name} set to the zone's name, so that
+	// later routes can send it elsewhere (a smaller model, a cached
+	// answer) with Caddy's vars matcher. The other zones count the
+	// request as any they admit, since it is served, and one of them may
+	// still refuse it. The response's fields report this zone's state
+	// (no Retry-After). A block override and missing_key deny still
+	// refuse; under dry_run the zone passes nothing on.
+	Exceeded string `json:"exceeded,omitempty"`
+
 	// LocalQuota lets each instance take units of a redis zone's quota
 	// from Redis ahead of requests (a lease) and spend them in memory, so
 	// a busy key costs one round trip per lease instead of one per

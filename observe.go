@@ -30,10 +30,11 @@ func (h *Handler) logStoreFailure(z *zone, err error) {
 		zap.String("zone", z.name), zap.String("fail", z.fail), zap.Error(err))
 }
 
-// logDenial logs a refusal at debug level: under a flood, one line per
-// refused request would cost more than the refusal itself. The access log
-// records every 429.
-func (h *Handler) logDenial(r *http.Request, z *zone, key string, d limiter.Decision, dryRun bool) {
+// logDenial logs a request over a zone's limit at debug level: under a
+// flood, one line per refused request would cost more than the refusal
+// itself. The access log records every 429. res says what the zone did:
+// refused it, or passed it on (passed: true), or in a dry run neither.
+func (h *Handler) logDenial(r *http.Request, z *zone, key string, d limiter.Decision, res decisionResult) {
 	if !h.debugDenials {
 		return
 	}
@@ -45,7 +46,10 @@ func (h *Handler) logDenial(r *http.Request, z *zone, key string, d limiter.Deci
 		zap.String("zone", z.name),
 		zap.Duration("wait", d.RetryAfter),
 		zap.String("remote_ip", z.key.clientIP(r)),
-		zap.Bool("dry_run", dryRun),
+		zap.Bool("dry_run", res == resultDryRunDenied),
+	}
+	if res == resultPassed {
+		fields = append(fields, zap.Bool("passed", true))
 	}
 	if h.LogKey {
 		fields = append(fields, zap.String("key", key))

@@ -40,7 +40,9 @@ type requestPlaceholders struct {
 	// zone decided the request; nil until a handler has decided it.
 	zone                  *zone
 	remaining, retryAfter int64
-	// exceeded is the zone that refused the request, if one has.
+	// exceeded is the zone that refused the request, or else the first
+	// that passed it on over its limit (`exceeded pass`), if one has. A
+	// later handler that admits the request leaves it as it is.
 	exceeded *zone
 }
 
@@ -74,11 +76,12 @@ func (p *requestPlaceholders) useJWT(r *http.Request, v *jwtauth.Verifier) *jwtC
 }
 
 // decide records the decision later handlers and logs see: the refusing
-// zone's, or the one with the least remaining.
+// zone's, else the first passed on over its limit, or else the one with
+// the least remaining (request.reported).
 func (p *requestPlaceholders) decide(req *request, retry int64) {
 	o := req.reported()
 	p.zone, p.remaining, p.retryAfter = o.zone, o.adm.Remaining, retry
-	if req.refusal >= 0 {
+	if req.refusal >= 0 || req.passing >= 0 {
 		p.exceeded = o.zone
 	}
 }

@@ -18,7 +18,9 @@ import (
 //  1. resolve (resolve.go): which zones apply, with the key, limit, state
 //     name and cost of each: a record per zone, no store asked yet;
 //  2. decide (decide.go): the stores decide the records in name order,
-//     remote ones asked together, until one refuses;
+//     remote ones asked together, until one refuses (a record over the
+//     limit of an `exceeded pass` zone is passed on, and does not stop
+//     them);
 //  3. respond (respond.go): headers and placeholders, then the refusal,
 //     or the hold a leaky bucket asks for;
 //  4. serve: the next handler, through a responseWatch when a zone settles
@@ -53,6 +55,10 @@ const (
 	failed
 	// refused: the zone refused the request (or, in dry_run, would have).
 	refused
+	// passedOn: the request is over the zone's limit and the zone passes
+	// it on (`exceeded pass`): it holds nothing, and settles nothing by
+	// the response, but its state is reported.
+	passedOn
 	// admitted: the zone admitted the request; adm holds what it took.
 	admitted
 	// counted: the response's header matched the zone's count_response; a
@@ -121,6 +127,10 @@ type request struct {
 	records []zoneRecord
 	// refusal indexes the record that refuses the request, or is -1.
 	refusal int
+	// passing indexes the first record passed on over its limit
+	// (passedOn), or is -1: the zone {http.rate_limit.exceeded.name}
+	// names unless another refuses the request.
+	passing int
 	// failure is the store error of a `fail closed` zone, which refuses
 	// the request with 503.
 	failure error
@@ -143,7 +153,7 @@ var requests = sync.Pool{New: func() any {
 
 func getRequest() *request {
 	req := requests.Get().(*request)
-	req.refusal, req.failure, req.hold, req.claims, req.watches = -1, nil, 0, nil, false
+	req.refusal, req.passing, req.failure, req.hold, req.claims, req.watches = -1, -1, nil, 0, nil, false
 	return req
 }
 

@@ -61,7 +61,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	retry := max(1, ceilSeconds(wait))
 	h.writeHeaders(w.Header(), req, retry)
 	placeholdersFor(r, repl).decide(req, retry)
-	h.logDenial(r, o.zone, o.key, o.adm.Decision, false)
+	h.logDenial(r, o.zone, o.key, o.adm.Decision, resultDenied)
 	h.events.exceeded(r, o.zone, wait)
 	if !hasErrorRoutes(r) {
 		// Caddy would only log the error at debug level and write the

@@ -34,6 +34,9 @@ const (
 	missingIP   = "ip"
 	missingDeny = "deny"
 	missingSkip = "skip"
+
+	exceededRefuse = "refuse"
+	exceededPass   = "pass"
 )
 
 // zone is a provisioned Zone: its matchers, key and store.
@@ -54,8 +57,12 @@ type zone struct {
 	responseCost  *ResponseCost
 	watches       bool
 	dryRun        bool
-	fail          string
-	limit         limit
+	// passExceeded is `exceeded pass`: a request over the limit is
+	// passed on, not refused (decideRecord). Never set with dryRun,
+	// which passes nothing on.
+	passExceeded bool
+	fail         string
+	limit        limit
 	// tierKey picks a tier's limit from tiers; requests whose value is
 	// not listed use limit.
 	tierKey *keyTemplate
@@ -219,6 +226,11 @@ func (z *Zone) validate(name string) error {
 	case "", missingIP, missingDeny, missingSkip:
 	default:
 		return fmt.Errorf("unknown missing_key %q (want ip, deny or skip)", z.MissingKey)
+	}
+	switch z.Exceeded {
+	case "", exceededRefuse, exceededPass:
+	default:
+		return fmt.Errorf("unknown exceeded %q (want refuse or pass)", z.Exceeded)
 	}
 	if err := ipv4PrefixBound.check(z.IPv4Prefix); err != nil {
 		return err
@@ -387,6 +399,8 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		missing:  cfg.MissingKey,
 		dryRun:   cfg.DryRun,
 		exceeded: fmt.Errorf("rate limit exceeded in zone %q", name),
+		// A dry run changes nothing a request does, routes included.
+		passExceeded: cfg.Exceeded == exceededPass && !cfg.DryRun,
 	}
 	z.placeholder = name
 	var err error

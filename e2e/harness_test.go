@@ -89,7 +89,8 @@ http://{{http}} {
 // (localhost:2019) and site (:8080, beyond loopback) may be taken, and its
 // upstream (localhost:9000), if it has one, is the test's: upstream, which
 // is "" for an example without one. more are further replacements, each
-// of text the example must hold, such as its Redis server's address.
+// of text the example must hold, such as its Redis server's address or a
+// second upstream (localhost:9001).
 func startExample(t *testing.T, name, upstream string, more ...[2]string) *caddyproc.Instance {
 	t.Helper()
 	raw, err := os.ReadFile("../examples/" + name)
