@@ -31,8 +31,8 @@ var needsRE = regexp.MustCompile(`^# Needs ([a-z0-9_.]+) \(`)
 // `{` (global options) or a site address is a whole Caddyfile, adapted as
 // it is; a `redis` block is adapted as the redis block of a rate_limit
 // whose one zone keeps its state there; any other block, one that begins
-// with a directive (`rate_limit`, `map`, `handle_errors`), is adapted as
-// the directives of a site.
+// with a directive (`rate_limit`, `map`, `handle_errors`) or a named
+// matcher (`@spent`), is adapted as the directives of a site.
 func wholeConfig(block string) string {
 	first := ""
 	for line := range strings.SplitSeq(block, "\n") {
@@ -43,6 +43,8 @@ func wholeConfig(block string) string {
 	}
 	word, _, _ := strings.Cut(first, " ")
 	switch {
+	case strings.HasPrefix(word, "@"):
+		// A named matcher: the directives of a site.
 	case !regexp.MustCompile(`^[a-z_]+$`).MatchString(word) || word == "localhost":
 		return block
 	case word == "redis":
