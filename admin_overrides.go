@@ -152,7 +152,7 @@ func overrideQuery(r *http.Request) (overrideTarget, error) {
 	case hasKey && q.Get("key") != "":
 		return overrideTarget{text: q.Get("key"), given: true}, nil
 	case hasKey || r.Method != http.MethodGet:
-		return overrideTarget{}, adminError(http.StatusBadRequest, "the key or prefix query parameter is required: ?key=<the key as the zone sees it, URL-encoded>, or ?prefix=<what the keys start with> for every key that starts so")
+		return overrideTarget{}, adminError(http.StatusBadRequest, "the key query parameter is required: ?key=<the key as the zone sees it, URL-encoded> (or ?prefix=<what the keys start with>, for every key that starts so)")
 	}
 	return overrideTarget{}, nil
 }

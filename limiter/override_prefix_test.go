@@ -219,3 +219,42 @@ func TestCheckOverrideName(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixOverridesReadWhileWritten: requests read the trie without a
+// lock while writes replace it (run with -race): every reader finds the
+// prefix that is never removed, whatever the writes around it do.
+func TestPrefixOverridesReadWhileWritten(t *testing.T) {
+	table := NewOverrideTable()
+	kept := Override{Action: OverrideLimit, Events: 7}
+	table.Put(PrefixOverrideName("acme:"), kept)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if p, o, ok := table.LongestPrefix("acme:1", 6); !ok || p != "acme:" || o != kept {
+					t.Errorf("acme:1 matched %q %+v %v while other prefixes were written", p, o, ok)
+					return
+				}
+			}
+		})
+	}
+	for i := range 2000 {
+		name := PrefixOverrideName(fmt.Sprintf("acme:%d", i%50+10))
+		if i%3 == 0 {
+			table.Remove(name)
+		} else {
+			table.Put(name, Override{Action: OverrideBlock})
+		}
+		if i%500 == 0 {
+			table.Replace(table.Snapshot())
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
