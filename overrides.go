@@ -20,11 +20,11 @@ import (
 // overrideSet is where one zone name's overrides are kept and changed:
 // this instance's memory and Caddy's storage for a memory zone
 // (memoryOverrides), Redis for a redis zone (redisOverrides). The admin API
-// is its only writer.
+// is its only writer. Its overrides are named as limiter.OverrideTable
+// names them: a key's by the key, a prefix's by
+// limiter.PrefixOverrideName.
 type overrideSet interface {
 	// table is the set as the request path reads it.
-	// Its overrides are named as limiter.OverrideTable names them: a
-	// key's by the key, a prefix's by limiter.PrefixOverrideName.
 	table() *limiter.OverrideTable
 	put(ctx context.Context, name string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error)
 	remove(ctx context.Context, name string) (bool, error)
