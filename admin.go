@@ -29,6 +29,9 @@ func init() {
 //	PUT    /rate_limit/zones/<zone>/overrides?key=<key>    set one (body: see overrideBody)
 //	DELETE /rate_limit/zones/<zone>/overrides?key=<key>    remove one
 //
+// The overrides routes take ?prefix=<p> instead of ?key=<key> for the
+// override of every key that starts with p.
+//
 // `tier=<value>` picks a tier's limit. docs/admin-api.md shows each with
 // its answer. Caddy loads every admin.api module by itself:
 // nothing needs configuring.
@@ -195,7 +198,7 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 		res := z.resolve(key, true, tier, nil, time.Time{})
 		st := keyReport{Zone: z.name, Tier: tier, Key: key}
 		if res.inForce && res.failed == nil {
-			v := viewOverride(key, res.override, res.at)
+			v := viewOverride(res.overrideName(), res.override, res.at)
 			st.Override = &v
 		}
 		switch res.verdict {

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -118,11 +119,76 @@ type zoneOverride struct {
 	Override overrideView `json:"override"`
 }
 
-// overrideRemoval is DELETE's answer.
+// overrideRemoval is DELETE's answer: for a key, or a prefix.
 type overrideRemoval struct {
 	Zone    string `json:"zone"`
-	Key     string `json:"key"`
+	Key     string `json:"key,omitempty"`
+	Prefix  string `json:"prefix,omitempty"`
 	Deleted bool   `json:"deleted"`
+}
+
+// overrideTarget is what an overrides route names: one key (?key=) or
+// one prefix (?prefix=), as given; neither lists them all (GET).
+type overrideTarget struct {
+	text     string
+	isPrefix bool
+	given    bool
+}
+
+// overrideQuery reads the target of an overrides route: ?key= or
+// ?prefix=, required but for a GET (which lists them all without).
+func overrideQuery(r *http.Request) (overrideTarget, error) {
+	q := r.URL.Query()
+	hasKey, hasPrefix := q.Has("key"), q.Has("prefix")
+	switch {
+	case hasKey && hasPrefix:
+		return overrideTarget{}, adminError(http.StatusBadRequest, "give ?key= or ?prefix=, not both")
+	case hasPrefix:
+		p := q.Get("prefix")
+		if err := checkOverridePrefix(p); err != nil {
+			return overrideTarget{}, adminError(http.StatusBadRequest, "%v", err)
+		}
+		return overrideTarget{text: p, isPrefix: true, given: true}, nil
+	case hasKey && q.Get("key") != "":
+		return overrideTarget{text: q.Get("key"), given: true}, nil
+	case hasKey || r.Method != http.MethodGet:
+		return overrideTarget{}, adminError(http.StatusBadRequest, "the key query parameter is required: ?key=<the key as the zone sees it, URL-encoded> (or ?prefix=<what the keys start with>, for every key that starts so)")
+	}
+	return overrideTarget{}, nil
+}
+
+// name is the target's name in the set of z (the first zone that reads
+// it): a key as z's requests name it (keyTemplate.typed), or a prefix's
+// limiter.PrefixOverrideName, the prefix escaped as z escapes its keys.
+func (t overrideTarget) name(z *zone) string {
+	if t.isPrefix {
+		return limiter.PrefixOverrideName(z.key.typedPrefix(t.text))
+	}
+	return z.key.typed(t.text)
+}
+
+// check refuses a name no override of the target's kind may have.
+func (t overrideTarget) check(name string) error {
+	if p, isPrefix := limiter.OverridePrefix(name); t.isPrefix && isPrefix {
+		return checkOverridePrefix(p)
+	}
+	return checkOverrideKey(name)
+}
+
+// what is the target as messages name it.
+func (t overrideTarget) what() string {
+	if t.isPrefix {
+		return fmt.Sprintf("prefix %q", t.text)
+	}
+	return fmt.Sprintf("key %q", t.text)
+}
+
+// removal is DELETE's answer for the override kept under name.
+func removal(zone, name string, deleted bool) overrideRemoval {
+	if p, ok := limiter.OverridePrefix(name); ok {
+		return overrideRemoval{Zone: zone, Prefix: p, Deleted: deleted}
+	}
+	return overrideRemoval{Zone: zone, Key: name, Deleted: deleted}
 }
 
 // serveOverrides answers /rate_limit/zones/<zone>/overrides. A name
@@ -135,26 +201,25 @@ func serveOverrides(w http.ResponseWriter, r *http.Request, name string, found [
 	// (the first's, for a name several handlers declare).
 	now := found[0].zone.now()
 	sets := distinctSets(found)
-	q := r.URL.Query()
-	key, hasKey := q.Get("key"), q.Has("key")
-	if hasKey && key == "" || r.Method != http.MethodGet && !hasKey {
-		return adminError(http.StatusBadRequest, "the key query parameter is required: ?key=<the key as the zone sees it, URL-encoded>")
+	target, err := overrideQuery(r)
+	if err != nil {
+		return err
 	}
 	switch r.Method {
 	case http.MethodGet:
-		return listOverrides(w, r, name, sets, key, now)
+		return listOverrides(w, r, name, sets, target, now)
 	case http.MethodPut:
-		return putOverride(w, r, name, sets, key, now)
+		return putOverride(w, r, name, sets, target, now)
 	case http.MethodDelete:
 		var out []overrideRemoval
 		for _, s := range sets {
-			k := s.zone.key.typed(key)
+			k := target.name(s.zone)
 			had, err := s.set.remove(r.Context(), k)
 			if err != nil {
 				return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
 			}
 			s.changed(k)
-			out = append(out, overrideRemoval{Zone: name, Key: k, Deleted: had})
+			out = append(out, removal(name, k, had))
 		}
 		return writeOneOrAll(w, out)
 	}
@@ -195,11 +260,11 @@ func distinctSets(found []registered) []*zoneSet {
 	return sets
 }
 
-func listOverrides(w http.ResponseWriter, r *http.Request, name string, sets []*zoneSet, key string, now time.Time) error {
-	if key != "" {
+func listOverrides(w http.ResponseWriter, r *http.Request, name string, sets []*zoneSet, target overrideTarget, now time.Time) error {
+	if target.given {
 		var out []zoneOverride
 		for _, s := range sets {
-			k := s.zone.key.typed(key)
+			k := target.name(s.zone)
 			all, err := s.set.list(r.Context(), now)
 			if err != nil {
 				return adminError(http.StatusBadGateway, "zone %q: %v", name, err)
@@ -209,7 +274,7 @@ func listOverrides(w http.ResponseWriter, r *http.Request, name string, sets []*
 			}
 		}
 		if len(out) == 0 {
-			return adminError(http.StatusNotFound, "zone %q has no override for key %q", name, key)
+			return adminError(http.StatusNotFound, "zone %q has no override for %s", name, target.what())
 		}
 		return writeOneOrAll(w, out)
 	}
@@ -223,13 +288,23 @@ func listOverrides(w http.ResponseWriter, r *http.Request, name string, sets []*
 		for k, o := range all {
 			zo.Overrides = append(zo.Overrides, viewOverride(k, o, now))
 		}
-		slices.SortFunc(zo.Overrides, func(a, b overrideView) int { return strings.Compare(a.Key, b.Key) })
+		// Keys' overrides first (a prefix's has no key), then prefixes',
+		// each in order.
+		slices.SortFunc(zo.Overrides, func(a, b overrideView) int {
+			switch {
+			case a.Prefix == "" && b.Prefix != "":
+				return -1
+			case a.Prefix != "" && b.Prefix == "":
+				return 1
+			}
+			return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.Prefix, b.Prefix))
+		})
 		out = append(out, zo)
 	}
 	return writeOneOrAll(w, out)
 }
 
-func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zoneSet, key string, now time.Time) error {
+func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zoneSet, target overrideTarget, now time.Time) error {
 	raw, err := io.ReadAll(io.LimitReader(r.Body, maxOverrideBody+1))
 	if err != nil {
 		return adminError(http.StatusBadRequest, "reading the body: %v", err)
@@ -263,22 +338,28 @@ func putOverride(w http.ResponseWriter, r *http.Request, name string, sets []*zo
 				}
 			}
 		}
-		k := s.zone.key.typed(key)
-		if err := limiter.CheckOverrideKey(k); err != nil {
+		k := target.name(s.zone)
+		if err := target.check(k); err != nil {
 			return adminError(http.StatusBadRequest, "zone %q: %v", name, err)
 		}
-		if _, had := s.set.table().Lookup(k); !had && s.set.table().Len() >= maxOverrides {
+		t := s.set.table()
+		_, had := t.Get(k)
+		switch {
+		case had:
+		case t.Len() >= maxOverrides:
 			return adminError(http.StatusBadRequest, "zone %q already holds %d overrides, the most one zone may", name, maxOverrides)
+		case target.isPrefix && t.Prefixes() >= limiter.MaxPrefixOverrides:
+			return adminError(http.StatusBadRequest, "zone %q already holds %d prefix overrides, the most one zone may: delete one, or give the keys a shorter prefix they share", name, limiter.MaxPrefixOverrides)
 		}
 	}
 	var out []zoneOverride
 	for _, s := range sets {
-		k := s.zone.key.typed(key)
+		k := target.name(s.zone)
 		written, err := s.set.put(r.Context(), k, o, keepGen(s.zones, o, now))
 		if err != nil {
 			status := http.StatusBadGateway
 			switch {
-			case errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides):
+			case errors.Is(err, limiter.ErrInvalidOverride) || errors.Is(err, limiter.ErrTooManyOverrides) || errors.Is(err, limiter.ErrTooManyPrefixOverrides):
 				status = http.StatusBadRequest
 			case errors.Is(err, redisstore.ErrOverrideConflict):
 				status = http.StatusConflict

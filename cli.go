@@ -28,7 +28,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "zones | inspect <zone> <key> | reset <zone> <key> | top <zone> | override list|set|block|exempt|delete <zone> [<key>] [<n>/<duration>] [--address <interface>] [--json]",
+		Usage: "zones | inspect <zone> <key> | reset <zone> <key> | top <zone> | override list|set|block|exempt|delete <zone> [<key> | --prefix <p>] [<n>/<duration>] [--address <interface>] [--json]",
 		Short: "Inspects, resets and overrides the rate limits of the running Caddy",
 		Long: `
 Reads the rate limits of the running Caddy instance through its admin API
@@ -41,7 +41,11 @@ precedence over the key's tier and the zone's own limit without a reload:
 <n>/day, <n>/week or <n>/month in a calendar zone; a bare <n> keeps the
 zone's window), 'block' refuses every request of the key, 'exempt' never
 limits it, and 'delete' removes the override. --expires (a duration such as
-90m, or an RFC 3339 time) makes an override lapse by itself. A redis zone's
+90m, or an RFC 3339 time) makes an override lapse by itself. --prefix <p>
+instead of a key names the override of every key that starts with p (keys
+built like {tenant}:{user}: --prefix acme: for one tenant's users): a key's
+own override wins over a prefix's, and a longer prefix over a shorter
+one; each key keeps its own count under the prefix's limit. A redis zone's
 overrides apply on every instance sharing its Redis; a memory zone's on
 this instance only, kept across reloads and restarts.
 
@@ -344,6 +348,9 @@ func cliInspect(api *adminClient, fl caddycmd.Flags, args []string, out io.Write
 		override := "-"
 		if o := s.Override; o != nil {
 			override = o.Action
+			if o.Prefix != "" {
+				override += " (prefix " + o.Prefix + ")"
+			}
 			if o.Expires != "" {
 				override += " until " + o.Expires
 			}
@@ -378,8 +385,8 @@ func cliTop(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) e
 // overrides, listed and changed through the admin API's /overrides routes.
 func overrideCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "override list|set|block|exempt|delete <zone> [<key>] [<n>/<duration>]",
-		Short: "Lists and changes a zone's runtime overrides: one key's own limit, a block or an exemption",
+		Use:   "override list|set|block|exempt|delete <zone> [<key> | --prefix <p>] [<n>/<duration>]",
+		Short: "Lists and changes a zone's runtime overrides: one key's (or a prefix's keys') own limit, a block or an exemption",
 		// A mistyped subcommand fails, rather than printing the help and
 		// exiting 0 as a command without a Run does.
 		Args: cobra.ArbitraryArgs,
@@ -393,13 +400,43 @@ func overrideCommand() *cobra.Command {
 		},
 	}
 	cmd.AddCommand(
-		cliCommandArgs("list", "<zone> [<key>]", "Lists a zone's overrides, or one key's", cobra.RangeArgs(1, 2), cliOverrideList),
-		withOverrideSet(cliCommand("set", "<zone> <key> <n>/<duration> [--burst <n>] [--expires <duration>|<RFC 3339>]", "Gives a key a limit of its own, such as 1000/1h", 3, cliOverrideSet)),
-		withExpires(cliCommand("block", "<zone> <key> [--expires <duration>|<RFC 3339>]", "Refuses every request of a key (429)", 2, cliOverrideAction("block"))),
-		withExpires(cliCommand("exempt", "<zone> <key> [--expires <duration>|<RFC 3339>]", "Never limits a key", 2, cliOverrideAction("exempt"))),
-		cliCommand("delete", "<zone> <key>", "Removes a key's override: the key's tier or the zone decides it again", 2, cliOverrideDelete),
+		withPrefix(cliCommandArgs("list", "<zone> [<key> | --prefix <p>]", "Lists a zone's overrides, or one key's or prefix's", cobra.RangeArgs(1, 2), cliOverrideList), 0),
+		withPrefix(withOverrideSet(cliCommand("set", "<zone> <key>|--prefix <p> <n>/<duration> [--burst <n>] [--expires <duration>|<RFC 3339>]", "Gives a key, or every key under a prefix, a limit of its own, such as 1000/1h", 3, cliOverrideSet)), 1),
+		withPrefix(withExpires(cliCommand("block", "<zone> <key>|--prefix <p> [--expires <duration>|<RFC 3339>]", "Refuses every request of a key, or of every key under a prefix (429)", 2, cliOverrideAction("block"))), 0),
+		withPrefix(withExpires(cliCommand("exempt", "<zone> <key>|--prefix <p> [--expires <duration>|<RFC 3339>]", "Never limits a key, or any key under a prefix", 2, cliOverrideAction("exempt"))), 0),
+		withPrefix(cliCommand("delete", "<zone> <key>|--prefix <p>", "Removes a key's or a prefix's override: its keys' tier or the zone decides them again", 2, cliOverrideDelete), 0),
 	)
 	return cmd
+}
+
+// withPrefix adds --prefix to an override subcommand, which then names
+// the override of every key that starts with it instead of one key's:
+// the <key> argument is left out, so the subcommand takes <zone> and
+// rest more arguments (list: <zone> alone).
+func withPrefix(cmd *cobra.Command, rest int) *cobra.Command {
+	cmd.Flags().String("prefix", "", "The override of every key that starts with this, instead of one key's (a key's own override still wins, and a longer prefix over a shorter one)")
+	withKey := cmd.Args
+	cmd.Args = func(cmd *cobra.Command, args []string) error {
+		if cmd.Flags().Changed("prefix") {
+			return cobra.ExactArgs(1+rest)(cmd, args)
+		}
+		return withKey(cmd, args)
+	}
+	return cmd
+}
+
+// overrideArgs splits an override subcommand's arguments into the URI of
+// the override they name (a key's, or with --prefix a prefix's; the
+// zone's overrides when they name neither) and the arguments after it.
+func overrideArgs(fl caddycmd.Flags, args []string) (uri string, rest []string) {
+	zone := args[0]
+	switch {
+	case fl.Changed("prefix"):
+		return overridesURI(zone, "prefix", fl.String("prefix")), args[1:]
+	case len(args) > 1:
+		return overridesURI(zone, "key", args[1]), args[2:]
+	}
+	return overridesURI(zone, "", ""), nil
 }
 
 // withExpires adds --expires to the subcommands that set an override.
@@ -415,17 +452,18 @@ func withOverrideSet(cmd *cobra.Command) *cobra.Command {
 }
 
 // overridesURI is the admin API URI of a zone's overrides, and of one
-// key's when key is not "".
-func overridesURI(zone, key string) string {
+// key's or prefix's when param ("key" or "prefix") is not "".
+func overridesURI(zone, param, value string) string {
 	uri := zonePath(zone) + "/overrides"
-	if key != "" {
-		uri += "?" + url.Values{"key": {key}}.Encode()
+	if param != "" {
+		uri += "?" + url.Values{param: {value}}.Encode()
 	}
 	return uri
 }
 
-// overrideHeader heads the tables of overrides.
-var overrideHeader = []string{"ZONE", "KEY", "ACTION", "LIMIT", "WINDOW", "BURST", "EXPIRES", "EXPIRES IN"}
+// overrideHeader heads the tables of overrides: each row has a KEY or a
+// PREFIX, the other "-".
+var overrideHeader = []string{"ZONE", "KEY", "PREFIX", "ACTION", "LIMIT", "WINDOW", "BURST", "EXPIRES", "EXPIRES IN"}
 
 // overrideRow is one override as a table shows it: a window or burst the
 // override leaves to the zone reads "zone's" and "-", an action without a
@@ -453,7 +491,7 @@ func overrideRow(zone string, v overrideView) []string {
 			expires = t.UTC().Format(time.RFC3339)
 		}
 	}
-	return []string{zone, v.Key, v.Action, limit, window, burst, expires, in}
+	return []string{zone, orDash(v.Key), orDash(v.Prefix), v.Action, limit, window, burst, expires, in}
 }
 
 // showOverride shows the answer of a PUT, or of a GET of one key: the
@@ -464,11 +502,12 @@ func showOverride(api *adminClient, out io.Writer, method, uri string, body []by
 	})
 }
 
-func cliOverrideList(api *adminClient, _ caddycmd.Flags, args []string, out io.Writer) error {
-	if len(args) == 2 {
-		return showOverride(api, out, http.MethodGet, overridesURI(args[0], args[1]), nil)
+func cliOverrideList(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
+	uri, _ := overrideArgs(fl, args)
+	if len(args) == 2 || fl.Changed("prefix") {
+		return showOverride(api, out, http.MethodGet, uri, nil)
 	}
-	return show(api, out, http.MethodGet, overridesURI(args[0], ""), overrideHeader, func(zo zoneOverrides) [][]string {
+	return show(api, out, http.MethodGet, uri, overrideHeader, func(zo zoneOverrides) [][]string {
 		rows := make([][]string, 0, len(zo.Overrides))
 		for _, v := range zo.Overrides {
 			rows = append(rows, overrideRow(zo.Zone, v))
@@ -478,11 +517,12 @@ func cliOverrideList(api *adminClient, _ caddycmd.Flags, args []string, out io.W
 }
 
 func cliOverrideSet(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
-	body, err := overrideSetBody(args[2], fl)
+	uri, rest := overrideArgs(fl, args)
+	body, err := overrideSetBody(rest[0], fl)
 	if err != nil {
 		return err
 	}
-	return showOverride(api, out, http.MethodPut, overridesURI(args[0], args[1]), body)
+	return showOverride(api, out, http.MethodPut, uri, body)
 }
 
 // overrideSetBody is the PUT body of `override set`: its limit written as
@@ -533,12 +573,14 @@ func cliOverrideAction(action string) cliFunc {
 		if err != nil {
 			return err
 		}
-		return showOverride(api, out, http.MethodPut, overridesURI(args[0], args[1]), body)
+		uri, _ := overrideArgs(fl, args)
+		return showOverride(api, out, http.MethodPut, uri, body)
 	}
 }
 
-func cliOverrideDelete(api *adminClient, _ caddycmd.Flags, args []string, out io.Writer) error {
-	return show(api, out, http.MethodDelete, overridesURI(args[0], args[1]), []string{"ZONE", "KEY", "DELETED"}, func(r overrideRemoval) [][]string {
-		return [][]string{{r.Zone, r.Key, strconv.FormatBool(r.Deleted)}}
+func cliOverrideDelete(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
+	uri, _ := overrideArgs(fl, args)
+	return show(api, out, http.MethodDelete, uri, []string{"ZONE", "KEY", "PREFIX", "DELETED"}, func(r overrideRemoval) [][]string {
+		return [][]string{{r.Zone, orDash(r.Key), orDash(r.Prefix), strconv.FormatBool(r.Deleted)}}
 	})
 }

@@ -186,6 +186,19 @@ func (t *keyTemplate) typed(v string) string {
 	return escapeKey(t.maskIP(v))
 }
 
+// typedPrefix is the prefix of the keys the zone evaluates that starts
+// every key whose value starts with p as typed: escaped as evaluate
+// escapes keys (a key that starts with NUL gets another in front, and so
+// does a prefix), never masked (a prefix is not an address; the keys it
+// is matched against are, grouped by the zone's prefix lengths). A
+// template without placeholders takes it as typed, as typed does.
+func (t *keyTemplate) typedPrefix(p string) string {
+	if len(t.parts) == 1 && !t.parts[0].placeholder {
+		return p
+	}
+	return escapeKey(p)
+}
+
 // clientIP is Caddy's client IP for r, grouped by prefix.
 func (t *keyTemplate) clientIP(r *http.Request) string {
 	ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)

@@ -20,12 +20,14 @@ import (
 // overrideSet is where one zone name's overrides are kept and changed:
 // this instance's memory and Caddy's storage for a memory zone
 // (memoryOverrides), Redis for a redis zone (redisOverrides). The admin API
-// is its only writer.
+// is its only writer. Its overrides are named as limiter.OverrideTable
+// names them: a key's by the key, a prefix's by
+// limiter.PrefixOverrideName.
 type overrideSet interface {
 	// table is the set as the request path reads it.
 	table() *limiter.OverrideTable
-	put(ctx context.Context, key string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error)
-	remove(ctx context.Context, key string) (bool, error)
+	put(ctx context.Context, name string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error)
+	remove(ctx context.Context, name string) (bool, error)
 	// list is the set as its store holds it, those lapsed by now (on
 	// the asking handler's clock) left out.
 	list(ctx context.Context, now time.Time) (map[string]limiter.Override, error)
@@ -144,8 +146,9 @@ func quotaOfOverride(o limiter.Override) overrideQuota {
 	return overrideQuota{events: o.Events, burst: o.Burst, window: o.Window, period: o.Period}
 }
 
-// lookup returns key's override, lapsed or not (the caller asks Active).
-// A zone without overrides pays one atomic load.
+// lookup returns key's own override, lapsed or not (the caller asks
+// Active); zone.overrideOf is what applies to it, a prefix's included. A
+// zone without overrides of keys pays one atomic load.
 func (st *overrideRules) lookup(key string) (limiter.Override, bool) {
 	if st == nil {
 		return limiter.Override{}, false
@@ -228,11 +231,12 @@ func (z *zone) checkOverride(o limiter.Override) error {
 	return nil
 }
 
-// overrideChanged returns what this instance leased for key under any
-// of the zone's limits, once key's override was set, changed or removed:
-// units leased under one limit are never spent under another. The
-// returns run off the caller's path.
-func (z *zone) overrideChanged(key string, logger *zap.Logger) {
+// overrideChanged returns what this instance leased for the keys of
+// override name (a key, or every key under a prefix's
+// limiter.PrefixOverrideName) under any of the zone's limits, once its
+// override was set, changed or removed: units leased under one limit are
+// never spent under another. The returns run off the caller's path.
+func (z *zone) overrideChanged(name string, logger *zap.Logger) {
 	var nears []*nearcache.Cache
 	for _, l := range z.limits() {
 		if l.near != nil {
@@ -245,8 +249,15 @@ func (z *zone) overrideChanged(key string, logger *zap.Logger) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), nearCloseTimeout)
 		defer cancel()
+		prefix, isPrefix := limiter.OverridePrefix(name)
 		for _, n := range nears {
-			if err := n.ReturnLease(ctx, key); err != nil && logger != nil {
+			var err error
+			if isPrefix {
+				err = n.ReturnLeasesWithPrefix(ctx, prefix)
+			} else {
+				err = n.ReturnLease(ctx, name)
+			}
+			if err != nil && logger != nil {
 				logger.Warn("leases of a key whose override changed could not be returned to Redis; they return when its state expires",
 					zap.String("zone", z.name), zap.Error(err))
 			}
@@ -292,9 +303,13 @@ func (z *zone) logOverrideFailure(logger *zap.Logger, err error) {
 	}
 }
 
-// overrideView is an override as the admin API shows it.
+// overrideView is an override as the admin API shows it: a key's, or
+// a prefix's.
 type overrideView struct {
-	Key    string `json:"key"`
+	Key string `json:"key,omitempty"`
+	// Prefix is set instead of Key for a prefix override, which applies
+	// to every key that starts with it.
+	Prefix string `json:"prefix,omitempty"`
 	Action string `json:"action"`
 	Limit  int64  `json:"limit,omitempty"`
 	// Window is the override's own window ("1h0m0s", or a calendar
@@ -307,9 +322,13 @@ type overrideView struct {
 	ExpiresIn float64 `json:"expires_in,omitempty"`
 }
 
-// viewOverride shows o, set for key, at now.
-func viewOverride(key string, o limiter.Override, now time.Time) overrideView {
-	v := overrideView{Key: key, Action: o.Action.String(), Limit: o.Events, Burst: o.Burst}
+// viewOverride shows o, kept under name (a key, or a prefix's
+// limiter.PrefixOverrideName), at now.
+func viewOverride(name string, o limiter.Override, now time.Time) overrideView {
+	v := overrideView{Key: name, Action: o.Action.String(), Limit: o.Events, Burst: o.Burst}
+	if p, ok := limiter.OverridePrefix(name); ok {
+		v.Key, v.Prefix = "", p
+	}
 	switch {
 	case o.Period != "":
 		v.Window = string(o.Period)
@@ -331,13 +350,14 @@ func (z *zone) overrideCount() int {
 	return z.ov.set.table().Len()
 }
 
-// sweepOverrides removes the zone's overrides that lapsed by now on its
-// handler's clock, giving back what their keys leased under them.
+// sweepOverrides removes the zone's overrides (keys' and prefixes') that
+// lapsed by now on its handler's clock, giving back what their keys
+// leased under them.
 func (z *zone) sweepOverrides(logger *zap.Logger) {
 	if z.ov == nil || z.ov.set == nil {
 		return
 	}
-	for _, key := range z.ov.set.table().RemoveExpired(z.now()) {
-		z.overrideChanged(key, logger)
+	for _, name := range z.ov.set.table().RemoveExpired(z.now()) {
+		z.overrideChanged(name, logger)
 	}
 }

@@ -81,7 +81,7 @@ func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher
 	all := make(map[string]limiter.Override, len(stored.Overrides))
 	for k, v := range stored.Overrides {
 		var o limiter.Override
-		if err := json.Unmarshal(v, &o); err != nil || limiter.CheckOverrideKey(k) != nil {
+		if err := json.Unmarshal(v, &o); err != nil || limiter.CheckOverrideName(k) != nil {
 			logger.Warn("a saved override cannot be read; skipped", zap.String("zone", zone), zap.String("key_hash", keys.Hex(k)), zap.Error(err))
 			continue
 		}
@@ -93,21 +93,50 @@ func loadMemoryOverrides(ctx caddy.Context, zone string, keys *limiter.KeyHasher
 	return m
 }
 
+// checkOverrideKey refuses a key no override may have, as the admin API
+// names it: one that starts like a prefix override's name is refused too
+// (a zone's requests never have one: see limiter.PrefixOverrideName).
+func checkOverrideKey(key string) error {
+	if err := limiter.CheckOverrideKey(key); err != nil {
+		return err
+	}
+	if _, isPrefix := limiter.OverridePrefix(key); isPrefix {
+		return errors.New(`a key may not start with NUL "prefix" NUL, which names prefix overrides: give the prefix as ?prefix=`)
+	}
+	return nil
+}
+
+// checkOverridePrefix refuses a prefix no override may have, as the
+// admin API names it.
+func checkOverridePrefix(p string) error {
+	switch {
+	case p == "":
+		return errors.New("an empty prefix would match every key, which is the zone's own limit: change the zone's rate in the config instead, or give a prefix of at least one byte")
+	case len(p) > limiter.MaxOverrideKeyLen:
+		return fmt.Errorf("prefix of %d bytes is longer than the %d an override's may be", len(p), limiter.MaxOverrideKeyLen)
+	}
+	return nil
+}
+
 func (m *memoryOverrides) table() *limiter.OverrideTable { return m.t }
 
-func (m *memoryOverrides) put(ctx context.Context, key string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error) {
-	if err := limiter.CheckOverrideKey(key); err != nil {
+func (m *memoryOverrides) put(ctx context.Context, name string, o limiter.Override, keep limiter.KeepGen) (limiter.Override, error) {
+	if err := limiter.CheckOverrideName(name); err != nil {
 		return limiter.Override{}, err
 	}
-	o, err := m.t.PutWithin(key, o, maxOverrides, keep)
+	o, err := m.t.PutWithin(name, o, maxOverrides, keep)
 	if err != nil {
-		return limiter.Override{}, fmt.Errorf("zone %q: %w (the most one zone may is %d)", m.name, err, maxOverrides)
+		most := maxOverrides
+		if errors.Is(err, limiter.ErrTooManyPrefixOverrides) {
+			most = limiter.MaxPrefixOverrides
+		}
+		return limiter.Override{}, fmt.Errorf("zone %q: %w (the most one zone may is %d)", m.name, err, most)
 	}
 	return o, m.save(ctx, m.changes.Add(1))
 }
 
-func (m *memoryOverrides) remove(ctx context.Context, key string) (bool, error) {
-	if !m.t.Remove(key) {
+func (m *memoryOverrides) remove(ctx context.Context, name string) (bool, error) {
+	if !m.t.Remove(name) {
 		return false, nil
 	}
 	return true, m.save(ctx, m.changes.Add(1))

@@ -60,14 +60,16 @@ type resolution struct {
 	// until is when the key's override limit lapses (zero: never, or no
 	// override limit).
 	until time.Time
-	// override is the key's override in force at at, when inForce.
+	// override is the key's override in force at at, when inForce: its
+	// own, or prefix's when prefix is not "".
 	override limiter.Override
 	inForce  bool
+	prefix   string
 	// failed is why override, a limit, cannot be applied (its limit
 	// cannot be built): the key is then decided as if it had none.
 	failed error
 	// at is the time the override was judged at; zero when the key has
-	// none.
+	// none (and the caller gave no time).
 	at time.Time
 }
 
@@ -78,9 +80,10 @@ type resolution struct {
 // value of the zone's tier placeholder ("" when it has none or it is
 // missing): a listed value picks its tier's limit, any other the zone's.
 // A key's override in force at at decides before its tier, its tier
-// before the zone. A zero at is now on the zone's handler's clock, read
-// only when the key has an override, so a request without one reads no
-// clock. It allocates nothing but an override limit's state name.
+// before the zone (see overrideOf for which override). A zero at is now
+// on the zone's handler's clock, read only when the key has an override,
+// so a request without one reads no clock. It allocates nothing but an
+// override limit's state name.
 func (z *zone) resolve(key string, found bool, tier string, r *http.Request, at time.Time) resolution {
 	res := resolution{limit: z.tierLimit(tier)}
 	if !found {
@@ -95,18 +98,12 @@ func (z *zone) resolve(key string, found bool, tier string, r *http.Request, at 
 		key = missingKeyNamespace + z.key.clientIP(r)
 	}
 	res.key, res.state = key, key
-	o, ok := z.ov.lookup(key)
+	o, prefix, ok := z.overrideOf(key, &at)
+	res.at = at
 	if !ok {
 		return res
 	}
-	if at.IsZero() {
-		at = z.now()
-	}
-	res.at = at
-	if !o.Active(at) {
-		return res
-	}
-	res.override, res.inForce = o, true
+	res.override, res.inForce, res.prefix = o, true, prefix
 	switch o.Action {
 	case limiter.OverrideExempt:
 		res.verdict = verdictExempt
@@ -121,6 +118,49 @@ func (z *zone) resolve(key string, found bool, tier string, r *http.Request, at 
 		res.limit, res.state, res.until = l, z.overrideStateKey(key, &o), o.Expires
 	}
 	return res
+}
+
+// overrideName is the name of the override in force (see inForce): the
+// key's, or its prefix's.
+func (res *resolution) overrideName() string {
+	if res.prefix != "" {
+		return limiter.PrefixOverrideName(res.prefix)
+	}
+	return res.key
+}
+
+// overrideOf is key's override in force at *at, and the prefix it is
+// set for ("" for the key's own): the key's own beats the longest prefix
+// of the key that has one. One that has lapsed but is not yet swept is
+// passed over for the next: the key's own for its longest prefix's, a
+// prefix's for a shorter one's. *at is read (a zero one set to now on
+// the zone's handler's clock) only once an override is found, lapsed or
+// not: a key without one reads no clock, and on a zone without prefix
+// overrides pays one atomic load for them.
+func (z *zone) overrideOf(key string, at *time.Time) (limiter.Override, string, bool) {
+	if z.ov == nil {
+		return limiter.Override{}, "", false
+	}
+	t := z.ov.set.table()
+	o, ok := t.Lookup(key)
+	prefix, most := "", len(key)
+	if !ok {
+		if prefix, o, ok = t.LongestPrefix(key, most); !ok {
+			return limiter.Override{}, "", false
+		}
+	}
+	if at.IsZero() {
+		*at = z.now()
+	}
+	for !o.Active(*at) {
+		if prefix != "" {
+			most = len(prefix) - 1
+		}
+		if prefix, o, ok = t.LongestPrefix(key, most); !ok {
+			return limiter.Override{}, "", false
+		}
+	}
+	return o, prefix, true
 }
 
 // tierValue is the value of z's tier placeholder for r, or "" when the

@@ -261,12 +261,20 @@ func (o *Override) Policy(p Policy) Policy {
 	return p
 }
 
-// OverrideTable is one zone's overrides by key, read on every request of
-// the zone and written rarely. A zone without any pays one atomic load.
+// OverrideTable is one zone's overrides by name (a key's, or a prefix's:
+// PrefixOverrideName), read on every request of the zone and written
+// rarely. A zone without any pays two atomic loads; one with prefix
+// overrides but no key's own pays one load and a walk of its trie that
+// ends where the key leaves every prefix.
 type OverrideTable struct {
-	n  atomic.Int64
-	mu sync.RWMutex
-	m  map[string]Override
+	// n counts the overrides, exact the keys' own among them: a lookup of
+	// a key takes the lock only when some key has one.
+	n, exact atomic.Int64
+	// prefixes is the trie of the prefix overrides, nil when there are
+	// none; replaced whole under mu (see prefixNode).
+	prefixes atomic.Pointer[prefixNode]
+	mu       sync.RWMutex
+	m        map[string]Override
 }
 
 // NewOverrideTable returns an empty table.
@@ -274,10 +282,10 @@ func NewOverrideTable() *OverrideTable {
 	return &OverrideTable{m: map[string]Override{}}
 }
 
-// Lookup returns key's override, expired or not: the caller, which knows
-// the time, asks Active.
+// Lookup returns key's own override, expired or not: the caller, which
+// knows the time, asks Active. A prefix's override is LongestPrefix's.
 func (t *OverrideTable) Lookup(key string) (Override, bool) {
-	if t == nil || t.n.Load() == 0 {
+	if t == nil || t.exact.Load() == 0 {
 		return Override{}, false
 	}
 	t.mu.RLock()
@@ -286,48 +294,116 @@ func (t *OverrideTable) Lookup(key string) (Override, bool) {
 	return o, ok
 }
 
-// Put sets key's override, reporting whether that changed it.
-func (t *OverrideTable) Put(key string, o Override) bool {
+// Get returns the override kept under name (a key, or a prefix's
+// PrefixOverrideName), expired or not.
+func (t *OverrideTable) Get(name string) (Override, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	o, ok := t.m[name]
+	return o, ok
+}
+
+// LongestPrefix returns the override of the longest prefix of key, at
+// most most bytes long, that has one, expired or not: most is len(key)
+// for any, or one less than a lapsed prefix's length for the next one
+// down. It takes no lock and allocates nothing.
+func (t *OverrideTable) LongestPrefix(key string, most int) (prefix string, o Override, ok bool) {
+	if t == nil {
+		return "", Override{}, false
+	}
+	root := t.prefixes.Load()
+	if root == nil {
+		return "", Override{}, false
+	}
+	n := root.longest(key, most)
+	if n == nil {
+		return "", Override{}, false
+	}
+	return n.prefix, n.o, true
+}
+
+// Put sets name's override, reporting whether that changed it.
+func (t *OverrideTable) Put(name string, o Override) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old, had := t.m[key]
-	t.m[key] = o
-	t.n.Store(int64(len(t.m)))
+	old, had := t.m[name]
+	t.setLocked(name, o, had)
 	return !had || old != o
 }
 
 // PutWithin is Put for the table that is a zone's only store (a memory
-// zone's), holding at most most overrides: a new key is refused with
-// ErrTooManyOverrides once it holds that many, and o's Gen is decided by
-// keep from the key's override as it stands (see KeepGen; nil: o's as
-// given), all under one lock, so writers at once can neither pass the
-// bound nor each start the key afresh. It returns the override put.
-func (t *OverrideTable) PutWithin(key string, o Override, most int, keep KeepGen) (Override, error) {
+// zone's), holding at most most overrides, MaxPrefixOverrides of them
+// prefixes': a new name is refused with ErrTooManyOverrides (or, a
+// prefix's, ErrTooManyPrefixOverrides) once it holds that many, and o's
+// Gen is decided by keep from the name's override as it stands (see
+// KeepGen; nil: o's as given), all under one lock, so writers at once
+// can neither pass the bounds nor each start the key afresh. It returns
+// the override put.
+func (t *OverrideTable) PutWithin(name string, o Override, most int, keep KeepGen) (Override, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old, had := t.m[key]
+	old, had := t.m[name]
 	if !had && len(t.m) >= most {
 		return Override{}, fmt.Errorf("%w: the zone holds %d already", ErrTooManyOverrides, len(t.m))
 	}
+	if _, isPrefix := OverridePrefix(name); isPrefix && !had {
+		if n := len(t.m) - int(t.exact.Load()); n >= MaxPrefixOverrides {
+			return Override{}, fmt.Errorf("%w: the zone holds %d already", ErrTooManyPrefixOverrides, n)
+		}
+	}
 	o = o.WithGen(old, had, keep)
-	t.m[key] = o
-	t.n.Store(int64(len(t.m)))
+	t.setLocked(name, o, had)
 	return o, nil
 }
 
-// Remove deletes key's override, reporting whether there was one.
-func (t *OverrideTable) Remove(key string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, had := t.m[key]
-	delete(t.m, key)
+// setLocked puts o under name, which the table held already when had.
+// The name of an empty prefix, which no writer puts (CheckOverrideName),
+// is kept as a key's would be, and so matches no request's key.
+func (t *OverrideTable) setLocked(name string, o Override, had bool) {
+	t.m[name] = o
+	if p, isPrefix := OverridePrefix(name); isPrefix && p != "" {
+		root := t.prefixes.Load()
+		if root == nil {
+			root = &prefixNode{}
+		}
+		t.prefixes.Store(root.with(p, p, o))
+	} else if !had {
+		t.exact.Add(1)
+	}
 	t.n.Store(int64(len(t.m)))
-	return had
 }
 
-// Replace makes the table hold exactly all, and returns the keys whose
+// Remove deletes name's override, reporting whether there was one.
+func (t *OverrideTable) Remove(name string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, had := t.m[name]; !had {
+		return false
+	}
+	t.removeLocked(name)
+	return true
+}
+
+// removeLocked deletes name's override, which the table holds.
+func (t *OverrideTable) removeLocked(name string) {
+	delete(t.m, name)
+	if p, isPrefix := OverridePrefix(name); isPrefix && p != "" {
+		if root := t.prefixes.Load(); root != nil {
+			root, _ = root.without(p, true)
+			if len(root.kids) == 0 {
+				root = nil
+			}
+			t.prefixes.Store(root)
+		}
+	} else {
+		t.exact.Add(-1)
+	}
+	t.n.Store(int64(len(t.m)))
+}
+
+// Replace makes the table hold exactly all, and returns the names whose
 // override it changed (set, changed or removed), so their leases can be
-// given back.
+// given back. The table keeps all.
 func (t *OverrideTable) Replace(all map[string]Override) []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -343,12 +419,25 @@ func (t *OverrideTable) Replace(all map[string]Override) []string {
 		}
 	}
 	t.m = all
-	t.n.Store(int64(len(all)))
+	t.rebuildLocked()
 	return changed
 }
 
+// rebuildLocked makes the counts and the trie those of t.m.
+func (t *OverrideTable) rebuildLocked() {
+	var prefixes []prefixEntry
+	for name, o := range t.m {
+		if p, isPrefix := OverridePrefix(name); isPrefix && p != "" {
+			prefixes = append(prefixes, prefixEntry{p, o})
+		}
+	}
+	t.prefixes.Store(buildPrefixes(prefixes))
+	t.exact.Store(int64(len(t.m) - len(prefixes)))
+	t.n.Store(int64(len(t.m)))
+}
+
 // RemoveExpired deletes every override that lapsed by now and returns
-// their keys.
+// their names.
 func (t *OverrideTable) RemoveExpired(now time.Time) []string {
 	if t.n.Load() == 0 {
 		return nil
@@ -356,13 +445,22 @@ func (t *OverrideTable) RemoveExpired(now time.Time) []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var gone []string
+	prefixes := false
 	for k, o := range t.m {
 		if !o.Active(now) {
-			delete(t.m, k)
 			gone = append(gone, k)
+			delete(t.m, k)
+			if p, isPrefix := OverridePrefix(k); isPrefix && p != "" {
+				prefixes = true
+			}
 		}
 	}
-	t.n.Store(int64(len(t.m)))
+	if prefixes {
+		t.rebuildLocked()
+	} else {
+		t.exact.Add(-int64(len(gone)))
+		t.n.Store(int64(len(t.m)))
+	}
 	return gone
 }
 
@@ -377,13 +475,21 @@ func (t *OverrideTable) Snapshot() map[string]Override {
 	return out
 }
 
-// Len is how many overrides the table holds, lapsed ones included until
-// they are removed.
+// Len is how many overrides the table holds, keys' and prefixes', lapsed
+// ones included until they are removed.
 func (t *OverrideTable) Len() int {
 	if t == nil {
 		return 0
 	}
 	return int(t.n.Load())
+}
+
+// Prefixes is how many of them are prefixes'.
+func (t *OverrideTable) Prefixes() int {
+	if t == nil {
+		return 0
+	}
+	return int(t.n.Load() - t.exact.Load())
 }
 
 // MaxOverrides bounds how many overrides one zone holds.

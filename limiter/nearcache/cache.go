@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -857,4 +858,46 @@ func (mc *clock) now() int64 {
 // microseconds converts a count of µs to a Duration.
 func microseconds(us int64) time.Duration {
 	return time.Duration(us) * time.Microsecond
+}
+
+// ReturnLeasesWithPrefix is ReturnLease for every key the cache holds
+// that starts with prefix, because a prefix override was set, changed or
+// removed. It visits the shards one at a time, each returned in one call
+// to the store, and waits for the returns until ctx is done.
+func (c *Cache) ReturnLeasesWithPrefix(ctx context.Context, prefix string) error {
+	var errs []error
+	for i := range c.shards {
+		if err := c.returnShardLeases(ctx, &c.shards[i], prefix); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// returnShardLeases is ReturnLeasesWithPrefix for one shard, holding its
+// backs lock as ReturnLease does.
+func (c *Cache) returnShardLeases(ctx context.Context, sh *nearShard, prefix string) error {
+	sh.backs.RLock()
+	defer sh.backs.RUnlock()
+	var back []limiter.Return
+	var units int64
+	sh.mu.Lock()
+	for key, k := range sh.keys {
+		if !strings.HasPrefix(key, prefix) {
+			continue
+		}
+		if k.units > 0 {
+			back = append(back, limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt})
+			units += k.units
+		}
+		k.units, k.expires, k.deniedUntil = 0, 0, 0
+	}
+	sh.mu.Unlock()
+	if len(back) == 0 {
+		return nil
+	}
+	if err := c.store.ReturnMany(ctx, back); err != nil {
+		return fmt.Errorf("returning %d unspent units of %d leases: %w", units, len(back), err)
+	}
+	return nil
 }

@@ -116,8 +116,9 @@ type Overrides struct {
 	onError  func(err error)
 	script   *redis.Script
 	// most is the most overrides a zone may hold: MaxOverrides, less in
-	// tests.
-	most int
+	// tests; mostPrefixes the most of them prefixes':
+	// MaxPrefixOverrides, less in tests.
+	most, mostPrefixes int
 	// genMu makes this instance's SetGen calls one at a time, so they
 	// never refuse each other's conditional writes; only other
 	// instances' writes can come between a read and its write.
@@ -204,17 +205,18 @@ func NewOverrides(client redis.UniversalClient, opts OverridesOptions) (*Overrid
 		return nil, fmt.Errorf("runtime overrides: negative refresh %v or timeout %v", opts.Refresh, opts.Timeout)
 	}
 	r := &Overrides{
-		client:   client,
-		prefix:   opts.Prefix,
-		refresh:  opts.Refresh,
-		timeout:  opts.Timeout,
-		clock:    opts.Clock,
-		onChange: opts.OnChange,
-		onSkip:   opts.OnSkip,
-		onError:  opts.OnError,
-		script:   redis.NewScript(lua.OverrideSet()),
-		zones:    map[string]*overrideZone{},
-		most:     limiter.MaxOverrides,
+		client:       client,
+		prefix:       opts.Prefix,
+		refresh:      opts.Refresh,
+		timeout:      opts.Timeout,
+		clock:        opts.Clock,
+		onChange:     opts.OnChange,
+		onSkip:       opts.OnSkip,
+		onError:      opts.OnError,
+		script:       redis.NewScript(lua.OverrideSet()),
+		zones:        map[string]*overrideZone{},
+		most:         limiter.MaxOverrides,
+		mostPrefixes: limiter.MaxPrefixOverrides,
 	}
 	if r.prefix == "" {
 		r.prefix = DefaultPrefix
@@ -331,10 +333,12 @@ func (z *overrideZone) wait(ctx context.Context) (*limiter.OverrideTable, error)
 
 // Set writes key's override for zone in Redis, applies it to this
 // instance's table at once (when Zone opened the zone here), and
-// publishes the change. It refuses (ErrInvalidOverride) a key that is
-// empty or longer than MaxOverrideKeyLen, an override Check refuses or
-// whose expiry has passed, and (ErrTooManyOverrides) a new key when the
-// zone holds MaxOverrides already. It writes o's Gen as given.
+// publishes the change. key is the override's name: a key, or a prefix's
+// limiter.PrefixOverrideName. It refuses (ErrInvalidOverride) a name
+// limiter.CheckOverrideName refuses, an override Check refuses or whose
+// expiry has passed, (ErrTooManyOverrides) a new key when the zone holds
+// MaxOverrides already, and (ErrTooManyPrefixOverrides) a new prefix when
+// it holds MaxPrefixOverrides prefixes. It writes o's Gen as given.
 func (r *Overrides) Set(ctx context.Context, zone, key string, o limiter.Override) error {
 	_, err := r.SetGen(ctx, zone, key, o, nil)
 	return err
@@ -363,7 +367,7 @@ func (r *Overrides) SetGen(ctx context.Context, zone, key string, o limiter.Over
 	fail := func(err error) (limiter.Override, error) {
 		return limiter.Override{}, fmt.Errorf("override of %q in zone %q: %w", key, zone, err)
 	}
-	if err := limiter.CheckOverrideKey(key); err != nil {
+	if err := limiter.CheckOverrideName(key); err != nil {
 		return fail(fmt.Errorf("%w: %w", limiter.ErrInvalidOverride, err))
 	}
 	if err := o.Check(); err != nil {
@@ -442,6 +446,8 @@ func (r *Overrides) setRecord(ctx context.Context, zone, key string, o limiter.O
 		return limiter.Override{}, fmt.Errorf("setting it: %w: the zone holds %d, the most it may", limiter.ErrTooManyOverrides, r.most)
 	case existed == -2:
 		return limiter.Override{}, ErrOverrideConflict
+	case existed == -3:
+		return limiter.Override{}, fmt.Errorf("setting it: %w: the zone holds %d, the most it may", limiter.ErrTooManyPrefixOverrides, r.mostPrefixes)
 	}
 	return stored, nil
 }
@@ -451,7 +457,7 @@ func (r *Overrides) setRecord(ctx context.Context, zone, key string, o limiter.O
 // one. Deleting a key that has none changes nothing and publishes
 // nothing.
 func (r *Overrides) Delete(ctx context.Context, zone, key string) (bool, error) {
-	if err := limiter.CheckOverrideKey(key); err != nil {
+	if err := limiter.CheckOverrideName(key); err != nil {
 		return false, fmt.Errorf("override of %q in zone %q: %w: %w", key, zone, limiter.ErrInvalidOverride, err)
 	}
 	existed, err := r.write(ctx, zone, key, "", 0, nil, nil)
@@ -465,7 +471,8 @@ func (r *Overrides) Delete(ctx context.Context, zone, key string) (bool, error) 
 // the field holds *expect when expect is not nil, and applies the write
 // to the zone's table when the zone is open here; o is the record as read
 // back, nil for a delete. It returns the script's existed (1, 0, -1 for a
-// set that is full, -2 for a field that no longer held *expect).
+// set that is full, -2 for a field that no longer held *expect, -3 for a
+// new prefix in a set that holds as many as it may).
 func (r *Overrides) write(ctx context.Context, zone, key, rec string, keep int64, o *limiter.Override, expect *string) (int64, error) {
 	r.mu.Lock()
 	if r.closed {
@@ -483,7 +490,7 @@ func (r *Overrides) write(ctx context.Context, zone, key, rec string, keep int64
 	}
 	set := r.setKey(zone)
 	callCtx, cancel := r.call(ctx)
-	args := []any{key, rec, next, keep, set, zone, r.most}
+	args := []any{key, rec, next, keep, set, zone, r.most, limiter.PrefixCountField, r.mostPrefixes}
 	if expect != nil {
 		args = append(args, *expect)
 	}
@@ -868,12 +875,13 @@ func (r *Overrides) readSet(zone, version string, h map[string]string) (string, 
 	now := r.clock.Now()
 	set := make(map[string]limiter.Override, len(h))
 	var lapsed map[string]string
-	extra := 0
+	extra, extraPrefixes, prefixes := 0, 0, 0
 	for k, v := range h {
-		if k == "" {
+		if k == "" || k == limiter.PrefixCountField {
 			continue
 		}
 		o, ok := r.readRecord(zone, k, v)
+		_, isPrefix := limiter.OverridePrefix(k)
 		switch {
 		case !ok:
 		case !o.Active(now):
@@ -883,12 +891,20 @@ func (r *Overrides) readSet(zone, version string, h map[string]string) (string, 
 			lapsed[k] = v
 		case len(set) >= r.most:
 			extra++
+		case isPrefix && prefixes >= r.mostPrefixes:
+			extraPrefixes++
 		default:
 			set[k] = o
+			if isPrefix {
+				prefixes++
+			}
 		}
 	}
 	if extra > 0 {
 		r.fail(fmt.Errorf("overrides of zone %q: the set holds %d more than the %d a zone may; they are skipped", zone, extra, r.most))
+	}
+	if extraPrefixes > 0 {
+		r.fail(fmt.Errorf("overrides of zone %q: the set holds %d more prefixes than the %d a zone may; they are skipped", zone, extraPrefixes, r.mostPrefixes))
 	}
 	return version, set, lapsed
 }
@@ -897,7 +913,7 @@ func (r *Overrides) readSet(zone, version string, h map[string]string) (string, 
 // cannot be applied.
 func (r *Overrides) readRecord(zone, key, v string) (limiter.Override, bool) {
 	var o limiter.Override
-	err := limiter.CheckOverrideKey(key)
+	err := limiter.CheckOverrideName(key)
 	if err == nil && len(v) > maxOverrideRecordLen {
 		err = fmt.Errorf("override record of %d bytes, more than %d", len(v), maxOverrideRecordLen)
 	}
@@ -906,8 +922,8 @@ func (r *Overrides) readRecord(zone, key, v string) (limiter.Override, bool) {
 	}
 	if err != nil {
 		if r.onSkip != nil {
-			if len(key) > limiter.MaxOverrideKeyLen {
-				key = key[:limiter.MaxOverrideKeyLen]
+			if len(key) > limiter.MaxOverrideNameLen {
+				key = key[:limiter.MaxOverrideNameLen]
 			}
 			r.onSkip(zone, key, err)
 		}
@@ -927,7 +943,7 @@ func (r *Overrides) prune(ctx context.Context, zone, setKey string, lapsed map[s
 	}
 	ctx, cancel := r.call(ctx)
 	defer cancel()
-	args := func(k, v string) []any { return []any{k, "", "", 0, setKey, zone, 0, v} }
+	args := func(k, v string) []any { return []any{k, "", "", 0, setKey, zone, 0, limiter.PrefixCountField, 0, v} }
 	keys := []string{setKey}
 	n := 0
 	var first, err error
@@ -1023,7 +1039,7 @@ func parseOverrideMessage(payload, zone string) (prev, next, key string, ok bool
 	prev, rest, ok1 := strings.Cut(payload, "\n")
 	next, rest, ok2 := strings.Cut(rest, "\n")
 	key, ok3 := strings.CutPrefix(rest, zone+"\n")
-	if !ok1 || !ok2 || !ok3 || next == "" || limiter.CheckOverrideKey(key) != nil {
+	if !ok1 || !ok2 || !ok3 || next == "" || limiter.CheckOverrideName(key) != nil {
 		return "", "", "", false
 	}
 	return prev, next, key, true
