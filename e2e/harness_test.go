@@ -986,26 +986,14 @@ type sfItem struct {
 // refused). It is strict, so a field it accepts parses anywhere.
 func parseSFList(s string) ([]sfItem, error) {
 	p := &sfParser{s: s}
-	p.skip(" ")
 	var out []sfItem
-	for p.i < len(p.s) {
+	err := p.members(func() error {
 		it, err := p.item()
-		if err != nil {
-			return nil, err
-		}
 		out = append(out, it)
-		p.skip(" \t")
-		if p.i == len(p.s) {
-			return out, nil
-		}
-		if p.s[p.i] != ',' {
-			return nil, fmt.Errorf("at %d: want ',' between members, got %q", p.i, p.s[p.i])
-		}
-		p.i++
-		p.skip(" \t")
-		if p.i == len(p.s) {
-			return nil, errors.New("trailing comma")
-		}
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -1022,12 +1010,11 @@ type sfMember struct {
 // repeats one says two things and a client may read either.
 func parseSFDictionary(s string) ([]sfMember, error) {
 	p := &sfParser{s: s}
-	p.skip(" ")
 	var out []sfMember
-	for p.i < len(p.s) {
+	err := p.members(func() error {
 		key, err := p.key()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		var it sfItem
 		if p.i < len(p.s) && p.s[p.i] == '=' {
@@ -1037,26 +1024,18 @@ func parseSFDictionary(s string) ([]sfMember, error) {
 			it, err = p.params(true) // a bare key is the Boolean true
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, m := range out {
 			if m.key == key {
-				return nil, fmt.Errorf("key %s repeated", key)
+				return fmt.Errorf("key %s repeated", key)
 			}
 		}
 		out = append(out, sfMember{key, it})
-		p.skip(" \t")
-		if p.i == len(p.s) {
-			return out, nil
-		}
-		if p.s[p.i] != ',' {
-			return nil, fmt.Errorf("at %d: want ',' between members, got %q", p.i, p.s[p.i])
-		}
-		p.i++
-		p.skip(" \t")
-		if p.i == len(p.s) {
-			return nil, errors.New("trailing comma")
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -1064,6 +1043,32 @@ func parseSFDictionary(s string) ([]sfMember, error) {
 type sfParser struct {
 	s string
 	i int
+}
+
+// members reads the comma-separated members of a List or a Dictionary,
+// the whole string, calling member to read each: the separators and the
+// white space around them are the same in both (RFC 9651 4.2.1, 4.2.2),
+// and neither may end in a comma.
+func (p *sfParser) members(member func() error) error {
+	p.skip(" ")
+	for p.i < len(p.s) {
+		if err := member(); err != nil {
+			return err
+		}
+		p.skip(" \t")
+		if p.i == len(p.s) {
+			return nil
+		}
+		if p.s[p.i] != ',' {
+			return fmt.Errorf("at %d: want ',' between members, got %q", p.i, p.s[p.i])
+		}
+		p.i++
+		p.skip(" \t")
+		if p.i == len(p.s) {
+			return errors.New("trailing comma")
+		}
+	}
+	return nil
 }
 
 func (p *sfParser) skip(chars string) {
