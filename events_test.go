@@ -43,14 +43,7 @@ func (eventRecorder) Handle(_ context.Context, e caddy.Event) error {
 // the wait and the client's IP, as mholt/caddy-ratelimit does, and that an
 // admitted request emits nothing.
 func TestEventEmitted(t *testing.T) {
-	adminPort, err := testutil.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpPort, err := testutil.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	adminPort, httpPort := loopbackPorts(t)
 	cfg := fmt.Sprintf(`{
 	"admin": {"listen": "127.0.0.1:%d", "config": {"persist": false}},
 	"logging": {"logs": {"default": {"level": "ERROR"}}},
@@ -66,26 +59,11 @@ func TestEventEmitted(t *testing.T) {
 		}}}
 	}
 }`, adminPort, httpPort)
-	if err := caddy.Load([]byte(cfg), true); err != nil {
-		t.Fatalf("loading Caddy: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	c := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: time.Minute}
-	t.Cleanup(c.CloseIdleConnections)
+	c := loadCaddy(t, []byte(cfg))
 	url := fmt.Sprintf("http://127.0.0.1:%d/", httpPort)
 	for _, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("X-Client", "k")
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			t.Fatalf("GET %s: status %d, want %d", url, resp.StatusCode, want)
+		if code, _, _ := getWith(t, c, url, "X-Client", "k"); code != want {
+			t.Fatalf("GET %s: status %d, want %d", url, code, want)
 		}
 	}
 	select {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,14 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	// log_append, and the file writer and JSON encoder of the access log.
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/logging"
 	_ "github.com/caddyserver/caddy/v2/modules/logging"
-
-	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // TestExceededPassRoutes runs Caddy in this process with a Caddyfile that
@@ -31,14 +27,7 @@ import (
 // emitted for it. Once the requests zone refuses, the refusal is a 429
 // that emits the event, as without the option.
 func TestExceededPassRoutes(t *testing.T) {
-	adminPort, err := testutil.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpPort, err := testutil.FreePort("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	adminPort, httpPort := loopbackPorts(t)
 	logFile := filepath.Join(t.TempDir(), "access.log")
 	site := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
@@ -91,28 +80,12 @@ http://127.0.0.1:%d {
 	for len(recordedEvents) > 0 {
 		<-recordedEvents
 	}
-	if err := caddy.Load(out, true); err != nil {
-		t.Fatalf("loading Caddy: %v", err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
-	c := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: time.Minute}
-	t.Cleanup(c.CloseIdleConnections)
+	c := loadCaddy(t, out)
 
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat", httpPort)
 	get := func(key string) (int, http.Header, string) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("X-API-Key", key)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header, string(body)
+		return getWith(t, c, url, "X-API-Key", key)
 	}
 	noEvent := func(what string) {
 		t.Helper()

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -26,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
@@ -306,6 +308,57 @@ func eachStore(t *testing.T, f func(t *testing.T, store string)) {
 	for _, store := range []string{storeMemory, storeRedis} {
 		t.Run(store, func(t *testing.T) { f(t, store) })
 	}
+}
+
+// Caddy run in this process, whole: config in, HTTP out.
+
+// loopbackPorts are two free ports on 127.0.0.1: one for Caddy's admin
+// endpoint and one for its HTTP server.
+func loopbackPorts(t *testing.T) (adminPort, httpPort int) {
+	t.Helper()
+	var err error
+	if adminPort, err = testutil.FreePort("127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if httpPort, err = testutil.FreePort("127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	return adminPort, httpPort
+}
+
+// loadCaddy runs cfg, a JSON config, as this process's Caddy until the
+// test ends, and returns a client for its servers that goes through no
+// proxy.
+func loadCaddy(t *testing.T, cfg []byte) *http.Client {
+	t.Helper()
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading Caddy: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	c := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: time.Minute}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
+// getWith sends GET url through c with the header field name: value, and
+// returns the response's status, header and body.
+func getWith(t *testing.T, c *http.Client, url, name, value string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(name, value)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: reading the body: %v", url, err)
+	}
+	return resp.StatusCode, resp.Header, string(body)
 }
 
 // Overrides and the admin API.
