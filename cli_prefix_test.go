@@ -2,34 +2,13 @@ package ratelimit
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
-	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 )
-
-// cliAgainstAdmin is an admin client of the real admin routes, served
-// in-process for the test.
-func cliAgainstAdmin(t *testing.T) *adminClient {
-	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := serveAdmin(w, r); err != nil {
-			var ae caddy.APIError
-			errors.As(err, &ae)
-			w.WriteHeader(ae.HTTPStatus)
-			_ = json.NewEncoder(w).Encode(ae)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	return &adminClient{addr: strings.TrimPrefix(srv.URL, "http://")}
-}
 
 // cliRows runs subcommand cmd (f its function) with argv as typed after
 // it, flags included, as cobra would (its flags parsed, its arguments

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -163,16 +162,7 @@ func TestCLIInspectShowsOverride(t *testing.T) {
 	const name, ip = "ov_cli_ex", "198.51.100.201"
 	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "rate 10/1m")))
 	setOverride(t, h, name, ip, limiter.Override{Action: limiter.OverrideExempt})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := serveAdmin(w, r); err != nil {
-			var ae caddy.APIError
-			errors.As(err, &ae)
-			w.WriteHeader(ae.HTTPStatus)
-			_ = json.NewEncoder(w).Encode(ae)
-		}
-	}))
-	defer srv.Close()
-	api := &adminClient{addr: strings.TrimPrefix(srv.URL, "http://")}
+	api := cliAgainstAdmin(t)
 	cmd := withTier(cliCommand("inspect", "", "", 2, cliInspect))
 	var out bytes.Buffer
 	if err := cliInspect(api, caddycmd.Flags{FlagSet: cmd.Flags()}, []string{name, ip}, &out); err != nil {

@@ -418,6 +418,22 @@ func adminOverride(t *testing.T, method, name, key, body string) (int, string) {
 	return w.Code, w.Body.String()
 }
 
+// cliAgainstAdmin is an admin client, as the CLI's subcommands use, of
+// the real admin routes served in this process until the test ends.
+func cliAgainstAdmin(t *testing.T) *adminClient {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := serveAdmin(w, r); err != nil {
+			var ae caddy.APIError
+			errors.As(err, &ae)
+			w.WriteHeader(ae.HTTPStatus)
+			_ = json.NewEncoder(w).Encode(ae)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return &adminClient{addr: strings.TrimPrefix(srv.URL, "http://")}
+}
+
 // Requests held in flight.
 
 // heldRequest is one request a test keeps in flight: its next handler
