@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,6 +111,23 @@ func redisBlockFor(t *testing.T, store string) string {
 	return redisConfig(redistest.Start(t).Addr())
 }
 
+// passingPair provisions, for store, two fixed_window zones keyed by the
+// client's IP and named for the test (prefix_a_<store>, prefix_b_<store>):
+// a, with `exceeded pass` and aOpts, and b, decided after it, with bOpts.
+// redis is the redis block a redis store needs (redisBlockFor), which a
+// test may give another handler too.
+func passingPair(t *testing.T, store, redis, prefix string, aOpts, bOpts []string) (h *Handler, a, b string) {
+	t.Helper()
+	a, b = prefix+"_a_"+store, prefix+"_b_"+store
+	zone := []string{"key ip", "algorithm fixed_window", "store " + store}
+	h = provisionHandler(t, rateLimitConfig(
+		zoneConfig(a, slices.Concat(zone, []string{"exceeded pass"}, aOpts)...),
+		zoneConfig(b, slices.Concat(zone, bOpts)...),
+		redis,
+	))
+	return h, a, b
+}
+
 // denyCacheOff is the option that turns a redis zone's denial cache off,
 // or nothing for memory.
 func denyCacheOff(store string) string {
@@ -164,12 +182,8 @@ func TestExceededCaddyfile(t *testing.T) {
 func TestExceededPassPassesOn(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		ip := map[string]string{storeMemory: "198.51.100.201", storeRedis: "198.51.100.202"}[store]
-		a, b := "xp_on_a_"+store, "xp_on_b_"+store
-		h := provisionHandler(t, rateLimitConfig(
-			zoneConfig(a, "key ip", "algorithm fixed_window", "rate 5/1h", "cost {http.request.header.X-Cost}", "exceeded pass", "store "+store, denyCacheOff(store)),
-			zoneConfig(b, "key ip", "algorithm fixed_window", "rate 3/1h", "store "+store),
-			redisBlockFor(t, store),
-		))
+		h, a, b := passingPair(t, store, redisBlockFor(t, store), "xp_on",
+			[]string{"rate 5/1h", "cost {http.request.header.X-Cost}", denyCacheOff(store)}, []string{"rate 3/1h"})
 		za, zb := handlerZone(t, h, a), handlerZone(t, h, b)
 		cost := func(n int) map[string]string { return map[string]string{"X-Cost": strconv.Itoa(n)} }
 
@@ -391,14 +405,9 @@ func TestExceededPassNotHeld(t *testing.T) {
 func TestExceededPassCountResponse(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		ip := map[string]string{storeMemory: "198.51.100.209", storeRedis: "198.51.100.210"}[store]
-		a, b := "xp_count_a_"+store, "xp_count_b_"+store
-		h := provisionHandler(t, rateLimitConfig(
-			zoneConfig(a, "key ip", "algorithm fixed_window", "rate 1/1h", "exceeded pass", "store "+store,
-				"count_response {", "status 401", "}"),
-			zoneConfig(b, "key ip", "algorithm fixed_window", "rate 5/1h", "store "+store,
-				"count_response {", "status 401", "}"),
-			redisBlockFor(t, store),
-		))
+		count401 := []string{"count_response {", "status 401", "}"}
+		h, a, b := passingPair(t, store, redisBlockFor(t, store), "xp_count",
+			append([]string{"rate 1/1h"}, count401...), append([]string{"rate 5/1h"}, count401...))
 		failures := func(z string) int64 { return storeRemaining(t, h, z, ip) }
 		wantServed(t, "first (401)", servePassing(h, ip, nil, answer(401)), 401, "")
 		if failures(a) != 0 || failures(b) != 4 {
@@ -429,13 +438,10 @@ func TestExceededPassCountResponse(t *testing.T) {
 func TestExceededPassResponseCost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string) {
 		ip := map[string]string{storeMemory: "198.51.100.211", storeRedis: "198.51.100.212"}[store]
-		a, b := "xp_cost_a_"+store, "xp_cost_b_"+store
 		redis := redisBlockFor(t, store)
-		h := provisionHandler(t, rateLimitConfig(
-			zoneConfig(a, "key ip", "algorithm fixed_window", "rate 100/1h", "cost 10", "response_cost X-Tokens", "exceeded pass", "store "+store),
-			zoneConfig(b, "key ip", "algorithm fixed_window", "rate 1000/1h", "cost 10", "response_cost X-Tokens", "store "+store),
-			redis,
-		))
+		tokens := []string{"cost 10", "response_cost X-Tokens"}
+		h, a, b := passingPair(t, store, redis, "xp_cost",
+			append([]string{"rate 100/1h"}, tokens...), append([]string{"rate 1000/1h"}, tokens...))
 		left := func(z string) int64 { return storeRemaining(t, h, z, ip) }
 		p := servePassing(h, ip, nil, answer(200, "X-Tokens", "95"))
 		wantAdmitted(t, "first (95 tokens)", p)
