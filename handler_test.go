@@ -318,13 +318,8 @@ func TestTiersPickLimitAndKeepStateApart(t *testing.T) {
 		}
 	}`)
 	send := func(key, plan string) (int, string) {
-		hdrs := map[string]string{"X-API-Key": key}
-		if plan != "" {
-			hdrs["X-Plan"] = plan
-		}
-		r, _ := newKeyRequest("198.51.100.20", hdrs)
-		w, code := serve(h, r, okHandler)
-		return code, w.Header().Get("RateLimit-Policy")
+		code, hdr := servePlan(h, "198.51.100.20", plan, map[string]string{"X-API-Key": key})
+		return code, hdr.Get("RateLimit-Policy")
 	}
 	for _, tc := range []struct {
 		plan   string

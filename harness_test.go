@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -256,7 +257,17 @@ func serveIP(h *Handler, ip string) int {
 // serveKey sends one request from ip with header X-Plan: plan (if not
 // "") and returns its status and rate-limit fields.
 func serveKey(h *Handler, ip, plan string) (int, http.Header) {
-	hdr := map[string]string{}
+	return servePlan(h, ip, plan, nil)
+}
+
+// servePlan sends one request from ip with the given header fields (a
+// key's, say) and X-Plan: plan (if not ""), and returns its status and
+// response header.
+func servePlan(h *Handler, ip, plan string, headers map[string]string) (int, http.Header) {
+	hdr := maps.Clone(headers)
+	if hdr == nil {
+		hdr = map[string]string{}
+	}
 	if plan != "" {
 		hdr["X-Plan"] = plan
 	}

@@ -55,13 +55,8 @@ func pxHandler(t *testing.T, name, store string, clock limiter.Clock) *Handler {
 // pxServe sends one request of key (with X-Plan: plan when not "") and
 // returns its status and X-RateLimit-Limit.
 func pxServe(h *Handler, key, plan string) (int, string) {
-	hdr := map[string]string{"X-Key": key}
-	if plan != "" {
-		hdr["X-Plan"] = plan
-	}
-	r, _ := newKeyRequest("203.0.113.1", hdr)
-	w, code := serve(h, r, okHandler)
-	return code, w.Header().Get("X-RateLimit-Limit")
+	code, hdr := servePlan(h, "203.0.113.1", plan, map[string]string{"X-Key": key})
+	return code, hdr.Get("X-RateLimit-Limit")
 }
 
 // pxAdmin sends one request to the overrides route of zone name with the
