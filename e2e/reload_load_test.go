@@ -157,22 +157,14 @@ func runReloadUnderLoad(t *testing.T, srv *redistest.Server) {
 			admitted.Add(1)
 		}
 	}
-	stop := make(chan struct{})
+	stop := testutil.Repeat(reloadClients, func() bool {
+		r, err := send(c, http.MethodGet, url)
+		count(r, err)
+		answers.Add(1)
+		return true
+	})
+	// wg waits for the requests each reload holds.
 	var wg sync.WaitGroup
-	for range reloadClients {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, err := send(c, http.MethodGet, url)
-				count(r, err)
-				answers.Add(1)
-			}
-		})
-	}
 	// The first request took one unit before the load began.
 	admitted.Add(1)
 	// straddled counts held requests the old config decided after Cleanup.
@@ -201,12 +193,12 @@ func runReloadUnderLoad(t *testing.T, srv *redistest.Server) {
 			}
 		}
 		if err != nil {
-			close(stop)
+			stop()
 			wg.Wait()
 			t.Fatalf("reload %d: %v\n%s", i, err, inst.Log())
 		}
 	}
-	close(stop)
+	stop()
 	wg.Wait()
 	// The load may have ended before the zone was exhausted; exhaust it
 	// now, one request at a time, so "exactly the limit" is a full check.

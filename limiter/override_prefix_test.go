@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // prefixModel is what LongestPrefix must answer, by brute force: the
@@ -227,23 +229,13 @@ func TestPrefixOverridesReadWhileWritten(t *testing.T) {
 	table := NewOverrideTable()
 	kept := Override{Action: OverrideLimit, Events: 7}
 	table.Put(PrefixOverrideName("acme:"), kept)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if p, o, ok := table.LongestPrefix("acme:1", 6); !ok || p != "acme:" || o != kept {
-					t.Errorf("acme:1 matched %q %+v %v while other prefixes were written", p, o, ok)
-					return
-				}
-			}
-		})
-	}
+	stop := testutil.Repeat(4, func() bool {
+		if p, o, ok := table.LongestPrefix("acme:1", 6); !ok || p != "acme:" || o != kept {
+			t.Errorf("acme:1 matched %q %+v %v while other prefixes were written", p, o, ok)
+			return false
+		}
+		return true
+	})
 	for i := range 2000 {
 		name := PrefixOverrideName(fmt.Sprintf("acme:%d", i%50+10))
 		if i%3 == 0 {
@@ -255,6 +247,5 @@ func TestPrefixOverridesReadWhileWritten(t *testing.T) {
 			table.Replace(table.Snapshot())
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 }
