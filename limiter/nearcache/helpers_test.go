@@ -3,6 +3,7 @@ package nearcache
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -41,6 +42,25 @@ func openCache(t testing.TB, store limiter.Leaser, p limiter.Policy, opts Option
 	}
 	t.Cleanup(func() { _ = cache.Close(context.Background()) })
 	return cache
+}
+
+// withUnspentLeases opens a memory store of 100 tokens an hour behind a
+// cache that leases half of what is left, and takes 1 unit twice for each
+// key: a lease of 1, then of 2, so the store counts 3 taken for the key
+// and the cache holds 1 of them leased and unspent.
+func withUnspentLeases(t *testing.T, keys ...string) (*limiter.Memory, *Cache) {
+	t.Helper()
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: 100, Window: time.Hour}
+	store := newTestMemory(t, p, nil)
+	cache := openCache(t, store, p, Options{LeaseFraction: 0.5})
+	for _, k := range keys {
+		for range 2 {
+			if d, err := cache.Take(context.Background(), k, 1); err != nil || !d.Allowed {
+				t.Fatalf("take %s: %+v %v", k, d, err)
+			}
+		}
+	}
+	return store, cache
 }
 
 // ceilDiv is ⌈a/b⌉ for a >= 0 and b > 0.
