@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // Many goroutines add while others read Top and rotate; run with -race.
@@ -13,24 +15,14 @@ import (
 func TestConcurrentAddAndTop(t *testing.T) {
 	const capacity, keys, writers, perWriter = 128, 100, 8, 20_000
 	c, _ := newTestCounter(capacity)
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	for range 2 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				top := c.Top(10)
-				if len(top) > 10 || !slices.IsSortedFunc(top, func(a, b Entry) int { return int(b.Requests) - int(a.Requests) }) {
-					t.Errorf("Top(10) during adds: %+v", top)
-				}
-				c.Rotate()
-			}
-		})
-	}
+	stop := testutil.Repeat(2, func() bool {
+		top := c.Top(10)
+		if len(top) > 10 || !slices.IsSortedFunc(top, func(a, b Entry) int { return int(b.Requests) - int(a.Requests) }) {
+			t.Errorf("Top(10) during adds: %+v", top)
+		}
+		c.Rotate()
+		return true
+	})
 	var writersWG sync.WaitGroup
 	for w := range writers {
 		writersWG.Go(func() {
@@ -41,8 +33,7 @@ func TestConcurrentAddAndTop(t *testing.T) {
 		})
 	}
 	writersWG.Wait()
-	close(done)
-	wg.Wait()
+	stop()
 
 	var total uint64
 	for _, e := range c.Top(capacity) {
