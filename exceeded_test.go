@@ -108,7 +108,9 @@ func redisBlockFor(t *testing.T, store string) string {
 	if store != storeRedis {
 		return ""
 	}
-	return redisConfig(redistest.Start(t).Addr())
+	// timeout 1s: under a loaded CI machine the 5 ms default can fail a
+	// decision open, which is not what these tests ask about.
+	return redisConfig(redistest.Start(t).Addr(), "timeout 1s")
 }
 
 // passingPair provisions, for store, two fixed_window zones keyed by the
@@ -504,7 +506,7 @@ func TestExceededPassNearCache(t *testing.T) {
 	const ip = "198.51.100.213"
 	h := provisionHandler(t, rateLimitConfig(
 		zoneConfig("xp_near", "key ip", "algorithm fixed_window", "rate 4/1h", "store redis", "local_quota 0.5", "exceeded pass"),
-		redisConfig(redistest.Start(t).Addr()),
+		redisConfig(redistest.Start(t).Addr(), "timeout 1s"),
 	))
 	z := handlerZone(t, h, "xp_near")
 	for i := range 4 {
