@@ -36,6 +36,7 @@ import (
 
 	"github.com/floodgatehq/caddy-ratelimit/internal/caddyproc"
 	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // Figures the docs give, which tests wait on or bound by.
@@ -218,6 +219,24 @@ func get(t *testing.T, c *http.Client, url string, headers ...string) response {
 }
 
 // sequence sends n GETs one after another and returns their responses.
+// untilReloaded sends GETs of url until one is served the way the
+// config just loaded serves it (served says so, or why not): Caddy's
+// /load returns once the old servers have begun to shut down, and a
+// connection the old server accepts in that moment (its own comment says
+// the scheduler may delay its Shutdown) is still served by the old config.
+// Each GET is one the test would otherwise assert on, so only requests
+// that change nothing in a store may be sent this way.
+func untilReloaded(t *testing.T, c *http.Client, url string, served func(response) error, headers ...string) {
+	t.Helper()
+	testutil.Eventually(t, "a reload serves "+url, func() error {
+		r, err := send(c, http.MethodGet, url, headers...)
+		if err != nil {
+			return err
+		}
+		return served(r)
+	})
+}
+
 func sequence(t *testing.T, c *http.Client, n int, url string, headers ...string) []response {
 	t.Helper()
 	out := make([]response, n)

@@ -6,6 +6,7 @@ package e2e
 // a reload and a restart, ignored while its zone is out of the config.
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -604,6 +605,13 @@ func TestOverrideZoneRemovedIgnoredThenBack(t *testing.T) {
 	if err := inst.Load(overridesSite(false, "")); err != nil {
 		t.Fatal(err)
 	}
+	// k is blocked, so a request the old config still serves takes nothing.
+	untilReloaded(t, c, inst.URL("/plan"), func(r response) error {
+		if r.hasRateLimitHeaders() {
+			return fmt.Errorf("served with the zone: %d %v", r.code, r.header)
+		}
+		return nil
+	}, "X-Client", "k")
 	for i, r := range sequence(t, c, 4, inst.URL("/plan"), "X-Client", "k") {
 		if r.code != 200 || r.hasRateLimitHeaders() {
 			t.Errorf("/plan without its zone, request %d: %d %v, want 200 and no fields", i+1, r.code, r.header)
@@ -619,6 +627,13 @@ func TestOverrideZoneRemovedIgnoredThenBack(t *testing.T) {
 	if err := inst.Load(overridesSite(true, "")); err != nil {
 		t.Fatal(err)
 	}
+	// /plan is not limited by the old config, so its requests count nowhere.
+	untilReloaded(t, c, inst.URL("/plan"), func(r response) error {
+		if !r.hasRateLimitHeaders() {
+			return fmt.Errorf("served without the zone: %d", r.code)
+		}
+		return nil
+	}, "X-Client", "k")
 	wantCodes(t, "k blocked again", sequence(t, c, 1, inst.URL("/plan"), "X-Client", "k"), 429)
 	wantLimit(t, "l under its override again", sequence(t, c, 1, inst.URL("/plan"), "X-Client", "l"), "plan", 9, 200)
 	if l := listOverrides(t, inst, "plan"); len(l) != 2 {
