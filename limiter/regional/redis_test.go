@@ -225,3 +225,30 @@ func TestRegionsRefillAcrossTheDelay(t *testing.T) {
 	}
 	t.Logf("%d decisions from the pool, %d refills across the delay; %d global script calls for 200 decisions", len(fast), len(slow), calls1-calls0)
 }
+
+// TestRegionsSpendWhatTheyHoldWhenGlobalIsDown: with global stopped, a
+// region admits exactly the units its pool holds, then fails (the zone's
+// fail mode decides).
+func TestRegionsSpendWhatTheyHoldWhenGlobalIsDown(t *testing.T) {
+	storetest.AwayFromHourEnd()
+	h := startRegions(t)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 1000, Window: time.Hour}
+	s := h.instance(t, 0, "down", p, 0.5)
+	ctx := context.Background()
+	for range 40 {
+		storetest.MustAdmit(t, s, "k")
+	}
+	in, err := s.Inspect(ctx, "k")
+	if err != nil || in.Units == 0 {
+		t.Fatalf("the pool holds %+v (%v); want units", in, err)
+	}
+	h.global.Stop()
+	for i := range in.Units {
+		if a, err := s.Take(ctx, "k", 1); err != nil || !a.Allowed {
+			t.Fatalf("take %d of the %d units held, global down: %+v %v", i+1, in.Units, a, err)
+		}
+	}
+	if a, err := s.Take(ctx, "k", 1); err == nil {
+		t.Fatalf("a take past the pool's units with global down: %+v, want an error", a)
+	}
+}
