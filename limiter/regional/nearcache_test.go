@@ -21,7 +21,7 @@ func TestNearCacheLeaseEndsWithTheRegionsWindow(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: 10 * time.Second}
 	end := storetest.AlignedBase(p) + p.Window.Microseconds()
-	clock := testutil.NewClock(time.UnixMicro(end - 300_000))
+	clock := testutil.NewClock(time.UnixMicro(end - 500_000))
 	global, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
 	if err != nil {
 		t.Fatal(err)
@@ -31,24 +31,25 @@ func TestNearCacheLeaseEndsWithTheRegionsWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.Close(ctx) }()
+	// Another instance's requests leave the region a batch of 4 with 3
+	// units, granted 500ms before the window's end.
+	for range 4 {
+		storetest.MustAdmit(t, s, "k")
+	}
+	clock.Advance(200 * time.Millisecond)
 	cache, err := nearcache.New(s, p, nearcache.Options{LeaseFraction: 0.2, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = cache.Close(ctx) }()
-	for range 4 { // leases of 1 and 2 used up, then one of 4
-		storetest.MustAdmit(t, cache, "k")
+	storetest.MustAdmit(t, cache, "k")      // a lease of 1, from the region's batch
+	a := storetest.MustAdmit(t, cache, "k") // a lease of 2, one left
+	if a.ResetAfter != 300*time.Millisecond {
+		t.Fatalf("%+v: want the region's decision resetting at the window's end, 300ms away", a.Decision)
 	}
-	if a := storetest.MustAdmit(t, cache, "k"); a.Source != limiter.SourceLease || a.ResetAfter != 300*time.Millisecond {
-		t.Fatalf("%+v: want a lease decision resetting at the window's end, 300ms away", a.Decision)
-	}
-	clock.Advance(300*time.Millisecond - time.Microsecond)
-	if a := storetest.MustAdmit(t, cache, "k"); a.Source != limiter.SourceLease {
-		t.Fatalf("just before the window's end: source %v, want lease", a.Source)
-	}
-	clock.Advance(time.Microsecond)
-	a := storetest.MustAdmit(t, cache, "k")
-	if a.Source != limiter.SourceStore || a.ResetAfter != p.Window {
-		t.Fatalf("at the window's end: %+v; want the region's decision of a new window", a.Decision)
+	clock.Advance(300 * time.Millisecond)
+	a = storetest.MustAdmit(t, cache, "k")
+	if a.Source == limiter.SourceLease || a.ResetAfter != p.Window {
+		t.Fatalf("at the window's end: %+v; want the region's decision of a new window, not the lease of the last", a.Decision)
 	}
 }
