@@ -445,6 +445,11 @@ func (h *Handler) zoneNeeds(z *Zone) error {
 	if z.Store == storeRedis && h.Redis == nil {
 		return errors.New("store redis needs a redis block in this rate_limit")
 	}
+	if z.Store == storeRedis && h.Redis.Global != nil {
+		if a := z.policy().Algorithm; !a.Traits().Leases {
+			return fmt.Errorf("the redis block's global applies only to token_bucket, fixed_window, sliding_window_log and sliding_window_counter, not %s: a region cannot hold its units ahead of requests", a)
+		}
+	}
 	return nil
 }
 
