@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -103,4 +104,21 @@ func (g *GlobalRedisConfig) parse(d *caddyfile.Dispenser) error {
 		return refuseAt(d, line, "%s: %v", block, err)
 	}
 	return nil
+}
+
+// server names the global server as the zones API shows it: its url
+// (resolved, without the password or query options), or its addresses or
+// shards, and the Sentinel master's name. It never holds a secret.
+func (g *GlobalRedisConfig) server() string {
+	c := g.resolved()
+	switch {
+	case c.URL != "":
+		u, _, _ := strings.Cut(c.URL, "?")
+		return redactUserinfo(u)
+	case len(c.Shards) > 0:
+		return "shards " + strings.Join(c.Shards, ",")
+	case c.MasterName != "":
+		return "sentinel " + c.MasterName + " at " + strings.Join(c.Addresses, ",")
+	}
+	return strings.Join(c.Addresses, ",")
 }

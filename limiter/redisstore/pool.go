@@ -44,6 +44,25 @@ func (p *Pool) Key(key string) string { return p.store.Key(key) + ":pool" }
 // Up reports whether calls go to Redis now (see Store.Up).
 func (p *Pool) Up() bool { return p.store.Up() }
 
+// Preload connects to the pool's Redis and loads the pool's scripts
+// there, as Store.Preload does the store's, so a region's first spend is
+// an ordinary one.
+func (p *Pool) Preload(ctx context.Context) error {
+	r := p.store
+	probeErr := r.serverClock.probeStale(ctx)
+	if err := r.loadScripts(ctx, p.spend, p.fill); err != nil {
+		return fmt.Errorf("regional pool: %w", err)
+	}
+	if probeErr != nil {
+		return fmt.Errorf("regional pool for zone %q: %w", r.zone, probeErr)
+	}
+	return nil
+}
+
+// InstanceClock reports whether the pool's Redis refuses TIME in scripts
+// (see Store.InstanceClock).
+func (p *Pool) InstanceClock() bool { return p.store.InstanceClock() }
+
 // run calls script on key's pool with first (the prelude's cost
 // argument) and rest after the prelude's four, under the store's timeout
 // and breaker.
