@@ -169,6 +169,10 @@ func TestRegionsExactAcrossInstances(t *testing.T) {
 	if st.Limit != regionsLimit || st.Remaining != 0 || rg.GlobalRemaining != 0 || rg.GlobalResetAfter <= 0 {
 		t.Errorf("inspect fixed_window_60: %+v %+v, want nothing left in global", st, rg)
 	}
+	wantRow(t, "inspect", cliTable(t, s.insts[1], "inspect", "fixed_window_60", "global"),
+		map[string]string{"ZONE": "fixed_window_60", "REMAINING": "0", "REGION": "0 for 0s", "GLOBAL REMAINING": "0"})
+	wantRow(t, "zones", cliTable(t, s.insts[3], "zones"),
+		map[string]string{"ZONE": "fixed_window_60", "GLOBAL": "redis://" + s.proxy.Addr()})
 	var zones []map[string]any
 	adminCall(t, s.insts[2], http.MethodGet, "/rate_limit/zones", &zones)
 	for _, z := range zones {
