@@ -105,8 +105,15 @@ type zoneInfo struct {
 	// Clock is what a redis zone's decisions are timed by: "redis" (the
 	// server's TIME) or "instance" (this instance's clock, on a server
 	// that refuses TIME in scripts).
-	Clock string     `json:"clock,omitempty"`
-	Tiers []tierInfo `json:"tiers,omitempty"`
+	Clock string `json:"clock,omitempty"`
+	// Global names the global server of a zone shared across regions
+	// (the redis block's global): its url without password or options,
+	// or its addresses; RegionQuota is the most of a key's quota this
+	// region holds at once. StoreUp is then false while either the
+	// region's Redis or global is skipped by its breaker.
+	Global      string     `json:"global,omitempty"`
+	RegionQuota float64    `json:"region_quota,omitempty"`
+	Tiers       []tierInfo `json:"tiers,omitempty"`
 }
 
 // tierInfo is one tier of a zone.
@@ -137,6 +144,9 @@ func listZones() []zoneInfo {
 			info.Store, info.Clock = storeRedis, clockRedis
 			if z.instanceClock() {
 				info.Clock = clockInstance
+			}
+			if z.global != "" {
+				info.Global, info.RegionQuota = z.global, z.regionQuota
 			}
 		} else {
 			n := z.keysHeld()
@@ -170,6 +180,21 @@ type keyReport struct {
 	// its own limit's, or a block's (limit 0, reset_after the wait), or an
 	// exemption's (no limit: the numbers are 0).
 	Override *overrideView `json:"override,omitempty"`
+	// Region is, for a zone shared across regions, the key's units in this
+	// region and its count in global; Remaining above counts both.
+	Region *regionReport `json:"region,omitempty"`
+}
+
+// regionReport is a key of a zone shared across regions as inspect
+// answers it: the batch of units this region holds (spendable for
+// LapsesAfter seconds more), how long the region still repeats global's
+// refusal, and global's own count.
+type regionReport struct {
+	Units            int64   `json:"units"`
+	LapsesAfter      float64 `json:"lapses_after"`
+	DeniedFor        float64 `json:"denied_for,omitempty"`
+	GlobalRemaining  int64   `json:"global_remaining"`
+	GlobalResetAfter float64 `json:"global_reset_after"`
 }
 
 // keyQuery reads the key and tier of an inspect or reset.
@@ -210,9 +235,22 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 		}
 		l, state := res.limit, res.state
 		d, err := l.store.Peek(r.Context(), state)
+		if err != nil {
+			return st, err
+		}
 		st.Limit, _ = l.policy.Quota()
 		st.Remaining, st.ResetAfter = d.Remaining, d.ResetAfter.Seconds()
-		return st, err
+		if l.region != nil {
+			in, err := l.region.store.Inspect(r.Context(), state)
+			if err != nil {
+				return st, err
+			}
+			st.Region = &regionReport{
+				Units: in.Units, LapsesAfter: in.Lapses.Seconds(), DeniedFor: in.Denied.Seconds(),
+				GlobalRemaining: in.Global.Remaining, GlobalResetAfter: in.Global.ResetAfter.Seconds(),
+			}
+		}
+		return st, nil
 	})
 }
 

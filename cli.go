@@ -324,7 +324,7 @@ func seconds(s float64) string {
 }
 
 func cliZones(api *adminClient, _ caddycmd.Flags, _ []string, out io.Writer) error {
-	header := []string{"ZONE", "ALGORITHM", "STORE", "LIMIT", "WINDOW", "KEYS", "STORE UP", "TIERS"}
+	header := []string{"ZONE", "ALGORITHM", "STORE", "LIMIT", "WINDOW", "KEYS", "STORE UP", "GLOBAL", "TIERS"}
 	return show(api, out, http.MethodGet, adminPrefix+"zones", header, func(z zoneInfo) [][]string {
 		keys, up := "-", "no"
 		if z.Keys != nil {
@@ -337,12 +337,12 @@ func cliZones(api *adminClient, _ caddycmd.Flags, _ []string, out io.Writer) err
 		for _, t := range z.Tiers {
 			tiers = append(tiers, fmt.Sprintf("%s=%d/%s", t.Value, t.Limit, seconds(t.Window)))
 		}
-		return [][]string{{z.Zone, z.Algorithm, z.Store, strconv.FormatInt(z.Limit, 10), seconds(z.Window), keys, up, orDash(strings.Join(tiers, ","))}}
+		return [][]string{{z.Zone, z.Algorithm, z.Store, strconv.FormatInt(z.Limit, 10), seconds(z.Window), keys, up, orDash(z.Global), orDash(strings.Join(tiers, ","))}}
 	})
 }
 
 func cliInspect(api *adminClient, fl caddycmd.Flags, args []string, out io.Writer) error {
-	header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER", "OVERRIDE"}
+	header := []string{"ZONE", "TIER", "KEY", "LIMIT", "REMAINING", "RESET AFTER", "OVERRIDE", "REGION", "GLOBAL REMAINING"}
 	return show(api, out, http.MethodGet, keyURI(fl, args), header, func(s keyReport) [][]string {
 		limit, remaining, reset := strconv.FormatInt(s.Limit, 10), strconv.FormatInt(s.Remaining, 10), seconds(s.ResetAfter)
 		override := "-"
@@ -359,7 +359,17 @@ func cliInspect(api *adminClient, fl caddycmd.Flags, args []string, out io.Write
 				limit, remaining, reset = "-", "-", "-"
 			}
 		}
-		return [][]string{{s.Zone, orDash(s.Tier), s.Key, limit, remaining, reset, override}}
+		region, global := "-", "-"
+		if g := s.Region; g != nil {
+			// The units this region holds and for how long, and global's
+			// own count.
+			region = strconv.FormatInt(g.Units, 10) + " for " + seconds(g.LapsesAfter)
+			if g.DeniedFor > 0 {
+				region += ", refused for " + seconds(g.DeniedFor)
+			}
+			global = strconv.FormatInt(g.GlobalRemaining, 10)
+		}
+		return [][]string{{s.Zone, orDash(s.Tier), s.Key, limit, remaining, reset, override, region, global}}
 	})
 }
 

@@ -50,6 +50,10 @@ type metricVecs struct {
 	responseCosts *prometheus.CounterVec
 	overrides     *prometheus.CounterVec
 	seconds       *prometheus.HistogramVec
+	// globalRefills and globalUnits count what the regions of zones with
+	// a global server take from it and give back (see regionCounters).
+	globalRefills *prometheus.CounterVec
+	globalUnits   *prometheus.CounterVec
 }
 
 // decisionBuckets are the decision-time histogram's buckets, from 5 µs (a
@@ -68,6 +72,13 @@ var metricFamilies = &metricVecs{
 	local:         counterVec("local_decisions_total", "Decisions of redis zones made in memory without a round trip, by zone and source (lease, deny_cache).", "source"),
 	responseCosts: counterVec("response_costs_total", "Responses of response_cost zones by zone and what their cost header said: read, capped (above the quota, which is charged), missing or invalid (the up-front cost stands).", "result"),
 	overrides:     counterVec("override_decisions_total", "Requests decided under a runtime override, by zone and the override's action (limit, block, exempt); they count in decisions_total too.", "action"),
+	globalRefills: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "http_rate_limit",
+		Name:      "global_refills_total",
+		Help:      "Batches of units this instance took from the global server for its region, by zone (zones whose redis block has a global server).",
+	}, []string{"zone"}),
+	globalUnits: counterVec("global_units_total", "Units this instance moved between its region and the global server, by zone and movement: taken (in refills) or returned (unspent, or given back).", "movement"),
 	seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
 		Subsystem: "http_rate_limit",
@@ -96,7 +107,7 @@ func registerMetrics(ctx caddy.Context) (*metricVecs, error) {
 		return nil, nil
 	}
 	m := metricFamilies
-	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.responseCosts, m.overrides, m.seconds, zoneGauges} {
+	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.responseCosts, m.overrides, m.seconds, m.globalRefills, m.globalUnits, zoneGauges} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) || are.ExistingCollector != c {
@@ -117,6 +128,42 @@ func (m *metricVecs) forgetZone(name string) {
 	m.responseCosts.DeletePartialMatch(labels)
 	m.overrides.DeletePartialMatch(labels)
 	m.seconds.DeletePartialMatch(labels)
+	m.globalRefills.DeletePartialMatch(labels)
+	m.globalUnits.DeletePartialMatch(labels)
+}
+
+// regionCounters are a regional zone's counters of its dealings with the
+// global server; a nil one counts nothing.
+type regionCounters struct {
+	refills, taken, back prometheus.Counter
+}
+
+// forRegion resolves zone name's regional counters; a nil receiver gives
+// nil (no metrics).
+func (m *metricVecs) forRegion(name string) *regionCounters {
+	if m == nil {
+		return nil
+	}
+	return &regionCounters{
+		refills: m.globalRefills.WithLabelValues(name),
+		taken:   m.globalUnits.WithLabelValues(name, "taken"),
+		back:    m.globalUnits.WithLabelValues(name, "returned"),
+	}
+}
+
+// refilled counts a batch of units global granted; safe on nil.
+func (rc *regionCounters) refilled(units int64) {
+	if rc != nil {
+		rc.refills.Inc()
+		rc.taken.Add(float64(units))
+	}
+}
+
+// returned counts units given back to global; safe on nil.
+func (rc *regionCounters) returned(units int64) {
+	if rc != nil {
+		rc.back.Add(float64(units))
+	}
 }
 
 // forZone resolves a zone's counters, its decision-time histogram when

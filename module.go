@@ -120,6 +120,13 @@ type Handler struct {
 	// its pool key.
 	redis    pooledRedis
 	redisKey string
+	// global is the shared client of the redis block's global block, with
+	// its breaker, and its pool key; set only with that block.
+	global    pooledRedis
+	globalKey string
+	// metrics are the metric families, nil under disable_metrics; set
+	// before the zones are, which count regional refills into them.
+	metrics *metricVecs
 	// overrides are the runtime overrides of the handler's redis zones,
 	// shared with every handler on the same Redis and prefix, released by
 	// overridesKey.
@@ -348,6 +355,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("registering metrics: %w", err)
 		}
 	}
+	h.metrics = metrics
 	for _, name := range h.zoneNames() {
 		z, err := h.provisionZone(ctx, name, h.RateLimits[name])
 		if err != nil {
@@ -445,6 +453,11 @@ func (h *Handler) zoneNeeds(z *Zone) error {
 	if z.Store == storeRedis && h.Redis == nil {
 		return errors.New("store redis needs a redis block in this rate_limit")
 	}
+	if z.Store == storeRedis && h.Redis.Global != nil {
+		if a := z.policy().Algorithm; !a.Traits().Leases {
+			return fmt.Errorf("the redis block's global applies only to token_bucket, fixed_window, sliding_window_log and sliding_window_counter, not %s: a region cannot hold its units ahead of requests", a)
+		}
+	}
 	return nil
 }
 
@@ -461,10 +474,11 @@ func (h *Handler) Cleanup() error {
 	}
 	h.jwt.Close()
 	if key := h.redisKey; key != "" {
-		ov, ovKey, ovZones := h.overrides, h.overridesKey, h.overrideZones
+		ov, ovKey, ovZones, globalKey := h.overrides, h.overridesKey, h.overrideZones, h.globalKey
 		h.inflight.releaseWhenIdle(func() {
 			releaseRedisOverrides(ov, ovKey, ovZones)
 			releaseRedisClient(key)
+			releaseRedisClient(globalKey)
 		})
 	}
 	return nil
@@ -480,6 +494,13 @@ func (h *Handler) provisionShared(ctx caddy.Context) error {
 		}
 		h.redis, h.redisKey = c, key
 		h.inflight = new(inflight)
+		if g := h.Redis.Global; g != nil {
+			gc, gkey, err := loadRedisClient(g.poolKey(), h.logger.With(zap.String("redis", "global")))
+			if err != nil {
+				return fmt.Errorf("global: %w", err)
+			}
+			h.global, h.globalKey = gc, gkey
+		}
 	}
 	if h.JWT != nil {
 		v, err := h.JWT.newVerifier(ctx, h.logger)
@@ -496,7 +517,9 @@ func (h *Handler) releaseShared() {
 	h.jwt = nil
 	releaseRedisOverrides(h.overrides, h.overridesKey, h.overrideZones)
 	releaseRedisClient(h.redisKey)
+	releaseRedisClient(h.globalKey)
 	h.redis, h.redisKey = pooledRedis{}, ""
+	h.global, h.globalKey = pooledRedis{}, ""
 	h.overrides, h.overridesKey, h.overrideZones = nil, "", nil
 }
 

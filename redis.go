@@ -85,6 +85,14 @@ type RedisConfig struct {
 	// runtime overrides against Redis, catching up a change whose message
 	// it missed. Default: 60s; at least 100ms.
 	OverridesRefresh caddy.Duration `json:"overrides_refresh,omitempty"`
+
+	// Global makes every redis zone of the handler one limit across
+	// regions: the server above (url, addresses...) is this region's,
+	// which keeps the region's pool of units, and Global is the server
+	// that holds each key's true count, which a region asks only when its
+	// pool runs short. Only fixed_window (calendar included),
+	// sliding_window_log, sliding_window_counter and token_bucket zones.
+	Global *GlobalRedisConfig `json:"global,omitempty"`
 }
 
 // validate refuses a block that names no server or contradicts itself
@@ -95,6 +103,11 @@ type RedisConfig struct {
 func (c *RedisConfig) validate() error {
 	if err := c.clientConfig(func(s string) string { return s }).Validate(); err != nil {
 		return err
+	}
+	if c.Global != nil {
+		if err := c.Global.validate(); err != nil {
+			return fmt.Errorf("global: %w", err)
+		}
 	}
 	if err := poolSizeBound.check(c.PoolSize); err != nil {
 		return err
@@ -192,6 +205,11 @@ func (c *RedisConfig) checkResolved() error {
 		}
 		if err != nil {
 			return fmt.Errorf("%s %q is empty when resolved (an unset environment variable?): %w", f.name, redactSecret(f.name, f.value), err)
+		}
+	}
+	if c.Global != nil {
+		if err := c.Global.checkResolved(); err != nil {
+			return fmt.Errorf("global: %w", err)
 		}
 	}
 	return nil
@@ -310,12 +328,18 @@ func urlSetsDialTimeout(raw string) bool {
 
 // UnmarshalCaddyfile parses the `redis` block; the dispenser is on `redis`.
 func (c *RedisConfig) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return parseOptionBlock(d, "redis", c.options(), c.validate)
+	opts := c.options("redis")
+	opts["global"] = option{args: blockArgs, parse: func(d *caddyfile.Dispenser) error {
+		c.Global = new(GlobalRedisConfig)
+		return c.Global.parse(d)
+	}}
+	return parseOptionBlock(d, "redis", opts, c.validate)
 }
 
-// options is the redis block's option table, each option filling its
-// field of c.
-func (c *RedisConfig) options() map[string]option {
+// options is the option table of a block of server settings (the redis
+// block, or its global block), each option filling its field of c; block
+// names it in the refusals of its nested tls block.
+func (c *RedisConfig) options(block string) map[string]option {
 	return map[string]option{
 		"url": {args: "<url>", parse: func(d *caddyfile.Dispenser) error {
 			v, err := oneArg(d)
@@ -350,7 +374,7 @@ func (c *RedisConfig) options() map[string]option {
 		"sentinel_password": stringOption("<password>", &c.SentinelPassword),
 		"db":                intOption(&c.DB, dbBound),
 		"tls": {args: "[insecure_skip_verify] [{ ... }]", parse: func(d *caddyfile.Dispenser) error {
-			return c.parseTLS(d)
+			return c.parseTLS(d, block)
 		}},
 		"timeout":           durationOption(&c.Timeout, timeoutBound),
 		"dial_timeout":      durationOption(&c.DialTimeout, dialTimeoutBound),
@@ -367,7 +391,7 @@ func (c *RedisConfig) options() map[string]option {
 // <name>; insecure_skip_verify }`, and checks the block when it closes,
 // at the tls line. The files are read when the config loads (Provision),
 // so a Caddyfile can be adapted where they do not exist.
-func (c *RedisConfig) parseTLS(d *caddyfile.Dispenser) error {
+func (c *RedisConfig) parseTLS(d *caddyfile.Dispenser, parent string) error {
 	line := d.Line()
 	c.TLS = true
 	switch args := d.RemainingArgs(); {
@@ -377,7 +401,7 @@ func (c *RedisConfig) parseTLS(d *caddyfile.Dispenser) error {
 	default:
 		return errArgCount
 	}
-	const block = "redis: tls"
+	block := parent + ": tls"
 	err := parseBlock(d, block, map[string]option{
 		"ca":                   stringOption("<PEM file>", &c.TLSCA),
 		"cert":                 stringOption("<PEM file>", &c.TLSCert),

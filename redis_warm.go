@@ -30,22 +30,27 @@ const warmBudget = time.Second
 // will not mend it, and ends the warm-up. A TLS connection the server
 // reset names no cause; redisstore.ProbeTLSRefusal asks the server for it.
 func (h *Handler) warmRedis() {
-	var stores []*redisstore.Store
+	var targets []warmTarget
 	for _, z := range h.zones {
 		for _, l := range z.limits() {
-			if l.redis != nil {
-				stores = append(stores, l.redis)
+			switch {
+			case l.region != nil:
+				targets = append(targets,
+					warmTarget{l.region.pool.Preload, h.redis.UniversalClient},
+					warmTarget{l.region.global.Preload, h.global.UniversalClient})
+			case l.redis != nil:
+				targets = append(targets, warmTarget{l.redis.Preload, h.redis.UniversalClient})
 			}
 		}
 	}
-	if len(stores) == 0 {
+	if len(targets) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), warmBudget)
 	defer cancel()
 	var failed error
-	for _, rs := range stores {
-		err := rs.Preload(ctx)
+	for _, tg := range targets {
+		err := tg.preload(ctx)
 		if err == nil {
 			continue
 		}
@@ -53,7 +58,7 @@ func (h *Handler) warmRedis() {
 			h.logger.Error(fix, zap.Error(err))
 			return
 		}
-		if alert := redisstore.ProbeTLSRefusal(ctx, h.redis.UniversalClient, err); alert != nil {
+		if alert := redisstore.ProbeTLSRefusal(ctx, tg.client, err); alert != nil {
 			if fix := tlsConfigFix(alert); fix != "" {
 				h.logger.Error(fix, zap.Error(err), zap.NamedError("server_alert", alert))
 				return
@@ -68,6 +73,13 @@ func (h *Handler) warmRedis() {
 			zap.Duration("budget", warmBudget), zap.Error(failed))
 	}
 	h.checkNotClusterNode(ctx)
+}
+
+// warmTarget is what the warm start preloads: a store's or a regional
+// pool's scripts, and the client they go through.
+type warmTarget struct {
+	preload func(context.Context) error
+	client  redis.UniversalClient
 }
 
 // redisConfigFix names the fix for an error reply by which Redis refuses

@@ -83,6 +83,10 @@ type zone struct {
 	// ov is the zone's runtime overrides (see overrides.go); nil only in
 	// tests that build zones by hand.
 	ov *overrideRules
+	// global names the global server of a zone shared across regions
+	// (GlobalRedisConfig.server), "" for other zones.
+	global      string
+	regionQuota float64
 	// clock is its handler's (Handler.clock; nil is the system clock):
 	// every judgment of time about the zone's overrides (in force,
 	// lapsed, swept) is made on it, on the request path, in the admin
@@ -125,8 +129,12 @@ type limit struct {
 	remote bool
 	// poolKeys name the memory stores this limit holds in memoryStores.
 	poolKeys []string
-	// redis is the limit's Redis store, behind near when there is one.
+	// redis is the limit's Redis store, behind near when there is one;
+	// for a zone shared across regions, its store on the global server.
 	redis *redisstore.Store
+	// region is set for a zone shared across regions (the redis block's
+	// global): its regional store, which store is or sits in front of.
+	region *region
 	// near is the redis store's near cache (leases, denial cache), which
 	// release closes so its leases go back to Redis.
 	near *nearcache.Cache
@@ -403,6 +411,9 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		passExceeded: cfg.Exceeded == exceededPass && !cfg.DryRun,
 	}
 	z.placeholder = name
+	if cfg.Store == storeRedis && h.Redis.Global != nil {
+		z.global, z.regionQuota = h.Redis.Global.server(), h.Redis.Global.regionQuota()
+	}
 	var err error
 	if z.cost, err = cfg.Cost.constant(); err != nil {
 		return nil, err
@@ -504,7 +515,55 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 		l.store, l.poolKeys = mem, []string{key}
 		return l, nil
 	}
-	rs, err := redisstore.New(h.redis.UniversalClient, p, redisstore.Options{
+	var leaser limiter.Leaser
+	if h.Redis.Global != nil {
+		r, err := h.newRegion(name, tier, override, p)
+		if err != nil {
+			return limit{}, fmt.Errorf("regional store: %w", err)
+		}
+		l.region, l.redis, l.remote = r, r.global, true
+		l.store, leaser = r.store, r.store
+	} else {
+		rs, err := h.newRedisStore(name, tier, override, p)
+		if err != nil {
+			return limit{}, fmt.Errorf("redis store: %w", err)
+		}
+		l.store, l.redis, l.remote = rs, rs, true
+		leaser = rs
+	}
+	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
+		logger := h.logger.With(zap.String("zone", name))
+		near, err := nearcache.New(leaser, p, nearcache.Options{
+			LeaseFraction: cfg.LocalQuota,
+			DenyFor:       deny,
+			MaxKeys:       h.MaxKeys,
+			Clock:         h.clock,
+			OnGiveBackError: func(err error) {
+				logger.Warn("unspent lease units could not be returned to Redis; they return when the key's state expires", zap.Error(err))
+			},
+		})
+		if err != nil {
+			if l.region != nil {
+				_ = l.region.store.Close(context.Background())
+			}
+			return limit{}, fmt.Errorf("near cache: %w", err)
+		}
+		l.store, l.near = near, near
+	}
+	if cfg.Fail == failLocal {
+		mem, key, err := loadMemoryStore(state+"\x00local", p, h.MaxKeys, h.clock)
+		if err != nil {
+			return limit{}, err
+		}
+		l.fallback, l.poolKeys = mem, []string{key}
+	}
+	return l, nil
+}
+
+// newRedisStore opens the Redis store of one policy of zone name (tier
+// and override as for newLimit) on the redis block's server.
+func (h *Handler) newRedisStore(name, tier string, override bool, p limiter.Policy) (*redisstore.Store, error) {
+	return redisstore.New(h.redis.UniversalClient, p, redisstore.Options{
 		Prefix:   h.Redis.KeyPrefix,
 		Zone:     name,
 		Tier:     tier,
@@ -518,34 +577,6 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 			h.logger.Warn("concurrency slots of requests in flight could not be renewed in Redis; two failures in a row and they lapse", zap.String("zone", name), zap.Error(err))
 		},
 	})
-	if err != nil {
-		return limit{}, fmt.Errorf("redis store: %w", err)
-	}
-	l.store, l.redis, l.remote = rs, rs, true
-	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
-		logger := h.logger.With(zap.String("zone", name))
-		near, err := nearcache.New(rs, p, nearcache.Options{
-			LeaseFraction: cfg.LocalQuota,
-			DenyFor:       deny,
-			MaxKeys:       h.MaxKeys,
-			Clock:         h.clock,
-			OnGiveBackError: func(err error) {
-				logger.Warn("unspent lease units could not be returned to Redis; they return when the key's state expires", zap.Error(err))
-			},
-		})
-		if err != nil {
-			return limit{}, fmt.Errorf("near cache: %w", err)
-		}
-		l.store, l.near = near, near
-	}
-	if cfg.Fail == failLocal {
-		mem, key, err := loadMemoryStore(state+"\x00local", p, h.MaxKeys, h.clock)
-		if err != nil {
-			return limit{}, err
-		}
-		l.fallback, l.poolKeys = mem, []string{key}
-	}
-	return l, nil
 }
 
 // limits lists the zone's own limit, its tiers' and those built for its
@@ -568,6 +599,11 @@ func (z *zone) release() {
 	for _, l := range z.limits() {
 		if l.near != nil {
 			_ = l.near.Close(ctx)
+		}
+		if l.region != nil {
+			// After the near cache, whose leases go back into the
+			// region's units: the region's units go back to global.
+			_ = l.region.store.Close(ctx)
 		}
 		for _, key := range l.poolKeys {
 			releaseMemoryStore(key)
@@ -596,6 +632,9 @@ func (z *zone) storeUp() bool {
 		if l.redis != nil && !l.redis.Up() {
 			return false
 		}
+		if l.region != nil && !l.region.pool.Up() {
+			return false
+		}
 	}
 	return true
 }
@@ -603,7 +642,8 @@ func (z *zone) storeUp() bool {
 // instanceClock reports whether the zone's Redis refuses TIME in scripts,
 // so its stores decide by this instance's clock (redisstore.ServerClock).
 func (z *zone) instanceClock() bool {
-	return z.limit.redis != nil && z.limit.redis.InstanceClock()
+	l := &z.limit
+	return (l.redis != nil && l.redis.InstanceClock()) || (l.region != nil && l.region.pool.InstanceClock())
 }
 
 // keysHeld is how many keys the zone's memory stores hold (its own limit's

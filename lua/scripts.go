@@ -54,6 +54,26 @@ var overrideSet string
 // the writes the set holds (see limiter/redisstore/overrides.go).
 func OverrideSet() string { return overrideSet }
 
+// PoolSpend and PoolFill are the sources of the two scripts of a
+// region's pool in the regional Redis (limiter/regional, run by
+// limiter/redisstore's Pool): spending units from a key's batch or
+// claiming its refill, and putting units in (a batch, a give-back, a
+// drain of a lapsed batch). Both start with prelude.lua, for the clock.
+func PoolSpend() string { return mustJoin("prelude.lua", "pool_spend.lua") }
+
+// PoolFill: see PoolSpend.
+func PoolFill() string { return mustJoin("prelude.lua", "pool_fill.lua") }
+
+// mustJoin joins parts named by this package's constants: a missing one
+// is a build mistake, which the portability test reports.
+func mustJoin(names ...string) string {
+	src, err := join(names)
+	if err != nil {
+		panic(err)
+	}
+	return src
+}
+
 // Script is the source of one script: prelude.lua followed by the named
 // files in order. It fails only for a name that is not a file of this
 // package, which a test of the algorithm table catches.

@@ -35,10 +35,17 @@ type Proxy struct {
 // Start listens on a free loopback port and forwards what it accepts to
 // target, delaying every chunk by delay in each direction.
 func Start(target string, delay time.Duration) (*Proxy, error) {
+	return StartOn("127.0.0.1:0", target, delay)
+}
+
+// StartOn is Start listening on addr: a proxy closed and started again on
+// its address stands for a link cut and restored, the server behind it
+// keeping its state.
+func StartOn(addr, target string, delay time.Duration) (*Proxy, error) {
 	if delay < 0 {
 		return nil, fmt.Errorf("delayproxy: negative delay %s", delay)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("delayproxy: listening: %w", err)
 	}

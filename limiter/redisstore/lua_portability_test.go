@@ -280,7 +280,8 @@ func luaUses(src string) (luaUse, error) {
 // such as Dragonfly run Lua 5.4 and refuse undeclared keys.
 func TestLuaScriptsPortable(t *testing.T) {
 	type source struct{ name, text string }
-	sources := []source{{"time_probe", lua.TimeProbe()}, {"override_set", lua.OverrideSet()}}
+	sources := []source{{"time_probe", lua.TimeProbe()}, {"override_set", lua.OverrideSet()},
+		{"pool_spend", lua.PoolSpend()}, {"pool_fill", lua.PoolFill()}}
 	for _, alg := range algorithmTable {
 		for _, s := range []struct {
 			what string

@@ -33,8 +33,13 @@ func (r *Store) Preload(ctx context.Context) error {
 
 // load is Preload's loading of the scripts.
 func (r *Store) load(ctx context.Context) error {
+	return r.loadScripts(ctx, r.script, r.batchScript)
+}
+
+// loadScripts loads scripts on every server of the store's client.
+func (r *Store) loadScripts(ctx context.Context, scripts ...*redis.Script) error {
 	load := func(ctx context.Context, c redis.Scripter) error {
-		for _, s := range []*redis.Script{r.script, r.batchScript} {
+		for _, s := range scripts {
 			if err := s.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("redis store for zone %q: loading its scripts: %w", r.zone, err)
 			}

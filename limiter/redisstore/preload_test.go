@@ -84,3 +84,27 @@ func TestPreloadLoadsLiveShardsWhenOneIsDown(t *testing.T) {
 		t.Errorf("the live shard's scripts after Preload with another shard down: %v, want both loaded", ok)
 	}
 }
+
+// TestRedisPoolPreload: a region's pool loads its two scripts before any
+// spend.
+func TestRedisPoolPreload(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Minute}
+	pool, err := NewPool(s.Client(t), p, Options{Zone: "preload"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pool.Preload(ctx); err != nil {
+		t.Fatalf("Preload: %v", err)
+	}
+	exists, err := s.Client(t).ScriptExists(ctx, pool.spend.Hash(), pool.fill.Hash()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exists[0] || !exists[1] {
+		t.Errorf("the pool's scripts loaded after Preload: %v, want both", exists)
+	}
+}

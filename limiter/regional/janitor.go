@@ -1,0 +1,90 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+)
+
+// janitor returns the unspent units of the batches this instance
+// installed once they lapse, every quarter of a lifetime: a region's idle
+// units are back in global within a quarter lifetime of their lapse.
+func (s *Store) janitor() {
+	defer close(s.stopped)
+	tick := time.NewTicker(Lifetime / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+			s.sweep(context.Background(), false)
+		}
+	}
+}
+
+// sweep drains the lapsed batches this instance installed (every one,
+// lapsed or not, when all is set) from the pool and returns their units
+// to global in one call. A batch that another instance's refill replaced
+// is that instance's to return (Pool.Fill hands it the rest).
+func (s *Store) sweep(ctx context.Context, all bool) {
+	now := s.now()
+	type due struct {
+		key string
+		b   filledBatch
+	}
+	var dues []due
+	s.mu.Lock()
+	for key, b := range s.filled {
+		if all || now >= b.lapses {
+			dues = append(dues, due{key, b})
+		}
+	}
+	s.mu.Unlock()
+	var returns []limiter.Return
+	for _, d := range dues {
+		dr, err := s.pool.Drain(ctx, d.key, d.b.mark, all)
+		if err != nil {
+			s.failed(err)
+			continue // the next sweep tries again
+		}
+		if dr.Outcome == DrainLater {
+			continue
+		}
+		s.mu.Lock()
+		if s.filled[d.key] == d.b {
+			delete(s.filled, d.key)
+		}
+		s.mu.Unlock()
+		if dr.Outcome == DrainTaken {
+			returns = append(returns, limiter.Return{Key: d.key, Units: dr.Units, Taken: limiter.Receipt{At: d.b.mark, Mark: d.b.mark}})
+		}
+	}
+	if len(returns) > 0 {
+		s.returnToGlobal(returns)
+	}
+}
+
+// Close returns every batch this instance installed to global, lapsed or
+// not, and stops its janitor; it waits for the returns until ctx is done.
+// The region's other instances refill as they need. The store still
+// decides afterwards: Caddy may route requests to a handler after its
+// Cleanup.
+func (s *Store) Close(ctx context.Context) error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	<-s.stopped
+	s.sweep(ctx, true)
+	done := make(chan struct{})
+	go func() {
+		s.returning.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return errors.Join(errors.New("regional store: batches still being returned"), ctx.Err())
+	}
+}
