@@ -23,7 +23,7 @@ func TestRegionsShareOneLimit(t *testing.T) {
 	config := func(region *redistest.Server, extra ...string) string {
 		return rateLimitConfig(
 			zoneConfig(zone, append([]string{"events 20", "window 1m", "algorithm fixed_window", "store redis"}, extra...)...),
-			configBlock("redis", "url redis://"+region.Addr(), configBlock("global", "url redis://"+global.Addr(), "region_quota 0.25")),
+			configBlock("redis", "url redis://"+region.Addr(), "timeout 1s", configBlock("global", "url redis://"+global.Addr(), "region_quota 0.25")),
 		)
 	}
 	a := provisionHandler(t, config(regions[0]))
