@@ -58,6 +58,13 @@ import (
 //         entry of the clock behind, W for the other's).
 //       - token_bucket: "can refill up to δ early (up to r × δ more
 //         units)": B + r × (T + δ), plus r × 1 s for the lease.
+//   - zones with `global` (gf, gt; docs/regions.md, "What it
+//     guarantees"), their instances in two regions: every admission in
+//     any region spends a unit global counted, so fixed_window at most L
+//     per window over all instances (a batch lapses at its window's end),
+//     and token_bucket B + r × T + r × (1 s + the refund delay), + r × 2 s
+//     with local_quota; on the servers' TIME (one machine's clock), so
+//     without skew.
 //     sliding_window_counter (the documented bound is fixed_window's) and
 //     leaky_bucket (token_bucket's) have no redis zone here.
 //   - response_cost: what a charge takes past the up-front cost is the
@@ -126,6 +133,9 @@ func (m *hmModel) concurrencyHint(a *hmAdm) string {
 }
 
 func (z *hmZone) store() string {
+	if z.global {
+		return "regions"
+	}
 	if z.redis {
 		return "redis"
 	}
@@ -221,13 +231,13 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 		worst, fail = m.checkWindows(as, quota, w)
 	case "sliding_window_log":
 		bound = "L per span of W, W − δ for entries of a clock behind another"
-		dmax := max(m.offset(0), 0)
+		dmax := max(m.offset(z, 0), 0)
 		for _, a := range as {
 			u := a.counted
 			for _, b := range as {
 				// b's entry stays in a's log for W − (dmax − d_b) of
 				// real time at least (see the bounds above).
-				span := w - (dmax - m.offset(b.inst))
+				span := w - (dmax - m.offset(z, b.inst))
 				if b != a && b.lo > a.hi-span && b.hi <= a.lo {
 					u += b.counted
 				}
@@ -242,6 +252,17 @@ func (m *hmModel) checkRedis(state string, z *hmZone) {
 		// in which a refund may come after its take), in exact integers.
 		bound = "B + r×(T + δ) + r×1s"
 		skew := m.r.skew.Abs().Microseconds()
+		if z.global {
+			// Regions: units taken from global's bucket at a refill are
+			// spent up to a batch's lifetime (1 s) later, and r×2 s more
+			// with local_quota on top (docs/regions.md, "What it
+			// guarantees"); the near cache's lease second is within
+			// those. On the servers' TIME: no skew.
+			bound, skew = "B + r×T + r×(1s + refund delay)", 0
+			if m.r.regionLease {
+				bound, skew = bound+" + r×2s (local_quota)", 2*time.Second.Microseconds()
+			}
+		}
 		for _, a := range as {
 			for _, e := range as {
 				if e.hi < a.lo {
@@ -366,7 +387,20 @@ func (r *hmRun) quiet(why string) {
 // (docs/near-cache.md) and Redis counts exactly what was admitted in the
 // window current. A state that took a charge, or whose admissions or reading
 // straddle a window edge, or that a race step left unsure of, is not
-// compared.
+// compared. With regions, gf's count on the global server too: each
+// instance's Cleanup returns the batches it installed (after its near
+// cache's leases went back into them), so global counts exactly what
+// was admitted in the window current, in both regions.
+//
+// Only here are the zones with `global` compared with their stores: at
+// a quiet point (hmRun.quiet) global still counts the units the regions'
+// pools hold, spendable until their batch lapses (a second, or the
+// window's end) and returned to global up to a quarter second after
+// that by the instance that installed the batch; the model would have to
+// follow each batch's units, lifetime and janitor to say what global and
+// each pool hold then, and the regional store's own model test
+// (limiter/regional TestModel) does just that. A schedule's end, once
+// every batch went back, is the point where the count is the model's.
 func (r *hmRun) finalRedis() {
 	type peek struct {
 		z     *hmZone
@@ -385,12 +419,16 @@ func (r *hmRun) finalRedis() {
 	// model cannot know it (refused requests took it).
 	peeker := r.inst[0]
 	for _, in := range r.inst {
-		if r.m.offset(in.i) > r.m.offset(peeker.i) {
+		if r.m.offset(hmRF, in.i) > r.m.offset(hmRF, peeker.i) {
 			peeker = in
 		}
 	}
+	zones := []*hmZone{hmRF, hmRW}
+	if r.regions {
+		zones = append(zones, hmGF)
+	}
 	for _, in := range []*hmInstance{peeker} {
-		for _, z := range []*hmZone{hmRF, hmRW} {
+		for _, z := range zones {
 			for _, key := range r.keys {
 				now := r.rclock.Now()
 				l := r.m.limitAt(in, z, key, "", now.UnixMicro())
@@ -412,6 +450,9 @@ func (r *hmRun) finalRedis() {
 	for _, in := range r.inst {
 		_ = in.h.Cleanup()
 		_ = in.hr.Cleanup()
+		if in.hg != nil {
+			_ = in.hg.Cleanup()
+		}
 		in.cleaned = true
 	}
 	ctx := context.Background()
@@ -429,7 +470,7 @@ func (r *hmRun) finalRedis() {
 		// one a key holds (windowsOf): compared only when every admission
 		// of the zone and key that can be in that window or a later one is
 		// certainly in that one.
-		off := r.m.offset(p.inst)
+		off := r.m.offset(p.z, p.inst)
 		if floorDiv(before+off, w) != floorDiv(after+off, w) {
 			continue
 		}
@@ -474,7 +515,7 @@ func (r *hmRun) finalRedis() {
 // response ends), recorded or still pending. With every instance on one
 // clock this is the windows a spans.
 func (m *hmModel) windowsOf(a *hmAdm, w int64) (s, e int64) {
-	d := m.offset(a.inst)
+	d := m.offset(a.z, a.inst)
 	s, e = floorDiv(a.lo+d, w), floorDiv(a.hi+d, w)
 	for _, b := range m.writers {
 		if b.z != a.z || b.key != a.key || b.lo >= a.hi {
@@ -484,13 +525,13 @@ func (m *hmModel) windowsOf(a *hmAdm, w int64) (s, e int64) {
 		if b.until != 0 {
 			end = min(end, b.until)
 		}
-		e = max(e, floorDiv(end+m.offset(b.inst), w))
+		e = max(e, floorDiv(end+m.offset(b.z, b.inst), w))
 	}
 	for _, f := range m.pending {
 		if f.q.key != a.key || !slices.Contains(hmRoutes[f.q.route], a.z) || f.realStart >= a.hi {
 			continue
 		}
-		e = max(e, floorDiv(min(a.hi, f.realEnd)+m.offset(f.q.inst), w))
+		e = max(e, floorDiv(min(a.hi, f.realEnd)+m.offset(a.z, f.q.inst), w))
 	}
 	return s, e
 }

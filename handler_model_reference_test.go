@@ -138,11 +138,12 @@ func (m *hmModel) limitAt(in *hmInstance, z *hmZone, key, plan string, now int64
 	return l
 }
 
-// offset is how far (µs) the clock instance inst's redis scripts decide
-// by is from real time, Redis's TIME: the skew on instance 0 when the
-// schedule mixes clocks, else none.
-func (m *hmModel) offset(inst int) int64 {
-	if m.r.mixed && inst == 0 {
+// offset is how far (µs) the clock instance inst's scripts of zone z
+// decide by is from real time, Redis's TIME: the skew on instance 0's
+// redis zones when the schedule mixes clocks, else none (the zones with
+// `global` decide by their servers' TIME).
+func (m *hmModel) offset(z *hmZone, inst int) int64 {
+	if m.r.mixed && inst == 0 && z.kind() == hmRedis {
 		return m.r.skew.Microseconds()
 	}
 	return 0

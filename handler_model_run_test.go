@@ -33,6 +33,10 @@ type hmZone struct {
 	costly bool
 	// overrides: the schedules PUT overrides for its keys.
 	overrides bool
+	// global: the zone's redis block has `global` (regions): each
+	// instance decides it against its region's pool, in one of two
+	// regional redis-servers, which refills from a global one.
+	global bool
 }
 
 // The zones, by route: /lb passes lc (count_response) and then lb (a
@@ -61,7 +65,33 @@ var (
 		"rf": {hmRF}, "rl": {hmRL}, "rt": {hmRT}, "rw": {hmRW, hmRC},
 	}
 	hmAllZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRL, hmRT, hmRW}
+
+	// The zones with `global` (docs/regions.md), in the schedules with
+	// regions only, each on a route of its own and in a rate_limit of its
+	// own (the redis block's global applies to all of its zones): gf, a
+	// fixed window whose requests may not count (count_response), and
+	// gt, a token bucket whose responses report their cost
+	// (response_cost). Neither has overrides (kept in each region's
+	// Redis, set per region) nor admin resets (which forget only the
+	// region's pool of the instance the reset reaches, besides global):
+	// the model's states are one per zone, limit and key.
+	hmGF          = &hmZone{id: "gf", alg: "fixed_window", redis: true, global: true, counts: true, costly: true}
+	hmGT          = &hmZone{id: "gt", alg: "token_bucket", redis: true, global: true, charges: true, costly: true}
+	hmGlobalZones = []*hmZone{hmGF, hmGT}
 )
+
+func init() {
+	for _, z := range hmGlobalZones {
+		hmRoutes[z.id] = []*hmZone{z}
+	}
+}
+
+// hmRegions are the servers of the schedules with regions: global, and
+// a Redis per region. Instance i is in region i % 2.
+type hmRegions struct {
+	global *redistest.Server
+	region [2]*redistest.Server
+}
 
 const (
 	// hmLBRate and hmLBBurst are the leaky bucket's: 20/s, so a hold is
@@ -107,7 +137,11 @@ func (c hmConfig) clone() hmConfig {
 type hmInstance struct {
 	i     int
 	h, hr *Handler
-	cfg   hmConfig
+	// hg is the handler of the zones with `global`, in schedules with
+	// regions (nil otherwise): on hmRealClock, its redis block its
+	// region's server with the global one.
+	hg  *Handler
+	cfg hmConfig
 	// cancel ends the handlers' Caddy context once they are cleaned up.
 	cancel context.CancelFunc
 	// url is its redis block's URL.
@@ -122,6 +156,7 @@ type hmRun struct {
 	seed   uint64
 	rng    *rand.Rand
 	srv    *redistest.Server
+	rs     *hmRegions
 	totals *hmTotals
 	clock  *testutil.Clock
 	// rclock is the redis handlers' clock: real time plus every step of
@@ -155,10 +190,16 @@ type hmRun struct {
 	// on its route (zones are decided in name order), which then counts
 	// what lb passed on, and rw, after the concurrency zone rc, over
 	// Redis with leases; passedOn counts the requests each passed on.
-	passes    map[string]bool
-	passedOn  map[string]int
-	byZone    map[string]int
-	resetSeen bool
+	passes   map[string]bool
+	passedOn map[string]int
+	// regions: the schedule has the zones with `global` (hmGlobalZones),
+	// in half the schedules, their instances in two regions; regionLease
+	// gives them local_quota (in half of those); regionQuota is their
+	// global block's region_quota.
+	regions, regionLease bool
+	regionQuota          float64
+	byZone               map[string]int
+	resetSeen            bool
 	// compared counts the states compared with the stores at quiet
 	// points, and at the end in Redis.
 	compared, comparedRedis int
@@ -214,13 +255,13 @@ func (r *hmRun) timeFor(z *hmZone) time.Time {
 	return r.clock.Now()
 }
 
-func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals) *hmRun {
+func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, rs *hmRegions, totals *hmTotals) *hmRun {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
 	// Somewhere in a window, on a clock of its own ahead of real time
 	// (a memory zone's state is the clock's; Redis's is real time).
 	start := time.Now().Add(time.Duration(1+rng.IntN(3600)) * time.Second).Truncate(time.Microsecond)
 	r := &hmRun{
-		t: t, seed: seed, rng: rng, srv: srv, totals: totals,
+		t: t, seed: seed, rng: rng, srv: srv, rs: rs, totals: totals,
 		clock:    testutil.NewClock(start),
 		rclock:   &hmRealClock{},
 		prefix:   fmt.Sprintf("hm%d_", hmSeq.Add(1)),
@@ -238,6 +279,8 @@ func newHMRun(t *testing.T, seed uint64, srv *redistest.Server, totals *hmTotals
 		hmLB.id: !hmSkips("pass") && seed>>2&1 == 1,
 		hmRW.id: !hmSkips("pass") && seed>>3&1 == 1,
 	}
+	r.regions = !hmSkips("regions") && seed>>4&1 == 1
+	r.regionLease = r.regions && seed>>5&1 == 1
 	r.m = newHMModel(r)
 	return r
 }
@@ -290,14 +333,25 @@ func (r *hmRun) run() bool {
 			r.features["ahead"] = true
 		}
 	}
+	if r.regions {
+		// Drawn after the rest, so that a schedule draws what it did before regions.
+		for _, z := range hmGlobalZones {
+			base.events[z.id] = 2 + r.rng.Int64N(5)
+		}
+		r.regionQuota = []float64{0.25, 0.5, 1}[r.rng.IntN(3)]
+		r.features["regions"] = true
+		r.features["regions-lease"] = r.regionLease
+	}
 	for i := range hmInstances {
 		in := &hmInstance{i: i, url: "redis://" + r.srv.Addr()}
 		if i == 0 && r.mixed {
 			in.url = fmt.Sprintf("redis://%s:%s@%s", hmNoTimeUser, hmNoTimePassword, r.srv.Addr())
 		}
 		r.inst = append(r.inst, in)
+	}
+	for _, in := range r.inst {
 		if err := r.provision(in, base.clone()); err != nil {
-			r.t.Fatalf("seed %d: provisioning instance %d: %v", r.seed, i, err)
+			r.t.Fatalf("seed %d: provisioning instance %d: %v", r.seed, in.i, err)
 		}
 	}
 	if r.mixed {
@@ -308,7 +362,7 @@ func (r *hmRun) run() bool {
 			r.t.Fatalf("seed %d: instance 1's redis zones are on the instance's clock", r.seed)
 		}
 	}
-	r.logf("seed %d, mixed clocks %v (instance 0's skew %v), keys %v, limits %v, memory window %v, redis window %v, passing on %v", r.seed, r.mixed, r.skew, r.keys, base.events, base.cwWindow, base.redisWindow, r.passes)
+	r.logf("seed %d, mixed clocks %v (instance 0's skew %v), keys %v, limits %v, memory window %v, redis window %v, passing on %v, regions %v (region_quota %v, local_quota %v)", r.seed, r.mixed, r.skew, r.keys, base.events, base.cwWindow, base.redisWindow, r.passes, r.regions, r.regionQuota, r.regionLease)
 	for r.step = 1; r.step <= r.steps && r.failure == ""; r.step++ {
 		r.doStep()
 	}
@@ -327,20 +381,24 @@ func (r *hmRun) run() bool {
 // cleaned up at once, as Caddy does while their requests still run.
 func (r *hmRun) provision(in *hmInstance, cfg hmConfig) error {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	var hs [2]*Handler
-	for i, redis := range []bool{false, true} {
+	var hs [3]*Handler
+	kinds := []hmHandlerKind{hmMemory, hmRedis}
+	if r.regions {
+		kinds = append(kinds, hmGlobal)
+	}
+	for i, kind := range kinds {
 		h := new(Handler)
-		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(r.caddyfile(in, cfg, redis))); err != nil {
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(r.caddyfile(in, cfg, kind))); err != nil {
 			cancel()
 			return err
 		}
 		h.clock = r.clock
-		if redis {
+		if kind != hmMemory {
 			h.clock = r.rclock
 		}
 		if err := h.Provision(ctx); err != nil {
-			if hs[0] != nil {
-				_ = hs[0].Cleanup()
+			for _, p := range hs[:i] {
+				_ = p.Cleanup()
 			}
 			cancel()
 			return err
@@ -359,23 +417,57 @@ func (r *hmRun) provision(in *hmInstance, cfg hmConfig) error {
 		}
 		sc.SetInstanceClock(hmSkewClock{r.skew})
 	}
-	old, oldR, oldCancel := in.h, in.hr, in.cancel
-	in.h, in.hr, in.cfg, in.cancel = hs[0], hs[1], cfg, cancel
+	old, oldR, oldG, oldCancel := in.h, in.hr, in.hg, in.cancel
+	in.h, in.hr, in.hg, in.cfg, in.cancel = hs[0], hs[1], hs[2], cfg, cancel
 	if old != nil {
 		_ = old.Cleanup()
 		_ = oldR.Cleanup()
+		if oldG != nil {
+			_ = oldG.Cleanup()
+		}
 		r.cleanup = append(r.cleanup, oldCancel)
 	}
 	return nil
 }
 
+// hmHandlerKind is which of an instance's handlers: its memory zones',
+// its redis zones', or its zones with `global`.
+type hmHandlerKind int
+
+const (
+	hmMemory hmHandlerKind = iota
+	hmRedis
+	hmGlobal
+)
+
+func (z *hmZone) kind() hmHandlerKind {
+	switch {
+	case z.global:
+		return hmGlobal
+	case z.redis:
+		return hmRedis
+	}
+	return hmMemory
+}
+
+// handler is in's running handler of z.
+func (in *hmInstance) handler(z *hmZone) *Handler {
+	switch z.kind() {
+	case hmGlobal:
+		return in.hg
+	case hmRedis:
+		return in.hr
+	}
+	return in.h
+}
+
 // caddyfile is instance in's rate_limit directive of its memory zones,
-// or of its redis zones.
-func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig, redis bool) string {
+// of its redis zones, or of its zones with `global`.
+func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig, kind hmHandlerKind) string {
 	var b strings.Builder
 	b.WriteString("rate_limit {\n")
-	for _, z := range hmAllZones {
-		if z.redis != redis {
+	for _, z := range append(hmAllZones[:len(hmAllZones):len(hmAllZones)], hmGlobalZones...) {
+		if z.kind() != kind {
 			continue
 		}
 		fmt.Fprintf(&b, "\tzone %s {\n\t\tmatch {\n\t\t\tpath %s\n\t\t}\n", r.name(z, in.i), pathsOf(z))
@@ -408,14 +500,20 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig, redis bool) string {
 		}
 		if z.redis {
 			b.WriteString("\t\tstore redis\n")
-			if z.alg != "concurrency" {
+			if z.alg != "concurrency" && (!z.global || r.regionLease) {
 				fmt.Fprintf(&b, "\t\tlocal_quota %v\n", hmLocalQuota)
 			}
 		}
 		b.WriteString("\t}\n")
 	}
-	if redis {
+	switch kind {
+	case hmRedis:
 		fmt.Fprintf(&b, "\tredis {\n\t\turl %s\n\t\ttimeout 5s\n\t}\n", in.url)
+	case hmGlobal:
+		// On Redis's TIME (the three servers share this machine's clock),
+		// whatever instance 0's redis zones decide by.
+		fmt.Fprintf(&b, "\tredis {\n\t\turl redis://%s\n\t\ttimeout 5s\n\t\tglobal {\n\t\t\turl redis://%s\n\t\t\tregion_quota %v\n\t\t\ttimeout 5s\n\t\t}\n\t}\n",
+			r.rs.region[in.i%2].Addr(), r.rs.global.Addr(), r.regionQuota)
 	}
 	b.WriteString("}\n")
 	return b.String()
@@ -443,11 +541,7 @@ func routeOf(z *hmZone) string {
 // zoneOf is z in instance in's running handler.
 func (r *hmRun) zoneOf(in *hmInstance, z *hmZone) *zone {
 	name := r.name(z, in.i)
-	h := in.h
-	if z.redis {
-		h = in.hr
-	}
-	for _, zz := range h.zones {
+	for _, zz := range in.handler(z).zones {
 		if zz.name == name {
 			return zz
 		}
@@ -464,6 +558,9 @@ func (r *hmRun) close() {
 		if in.h != nil && !in.cleaned {
 			_ = in.h.Cleanup()
 			_ = in.hr.Cleanup()
+			if in.hg != nil {
+				_ = in.hg.Cleanup()
+			}
 		}
 		if in.cancel != nil {
 			in.cancel()
@@ -623,10 +720,7 @@ func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
 		}
 		return nil
 	})
-	h := r.inst[q.inst].h
-	if hmRoutes[q.route][0].redis {
-		h = r.inst[q.inst].hr
-	}
+	h := r.inst[q.inst].handler(hmRoutes[q.route][0])
 	f.realStart = time.Now().UnixMicro()
 	go func() {
 		defer close(f.done)

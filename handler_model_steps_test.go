@@ -31,6 +31,10 @@ func (r *hmRun) doStep() {
 	case n < 44:
 		unlessSkipped("conc", func() { r.request([]*hmZone{hmCC, hmRC}[r.rng.IntN(2)]) })
 	case n < 60:
+		if r.regions && r.rng.IntN(2) == 0 {
+			r.regionBurst()
+			return
+		}
 		r.request([]*hmZone{hmRF, hmRL, hmRT, hmRW}[r.rng.IntN(4)])
 	case n < 70:
 		if len(r.flights) > 0 {
@@ -178,6 +182,41 @@ func (r *hmRun) send(q hmRequest) bool {
 	return f.called.Load()
 }
 
+// regionBurst sends four to eight requests of one key of a zone with
+// `global` from instances drawn at random, so that the regions compete
+// for the key's units, refill from global and their batches grow. In
+// half the bursts, when the redis window ends within hmRegionEdge, the
+// burst waits for its end half way: units a region took in one window
+// must not be spent in the next (a batch lapses at its window's end),
+// where global grants the limit afresh.
+func (r *hmRun) regionBurst() {
+	z := hmGlobalZones[r.rng.IntN(len(hmGlobalZones))]
+	key := r.keys[r.rng.IntN(len(r.keys))]
+	edge := r.rng.IntN(2) == 0
+	n := 4 + r.rng.IntN(5)
+	for i := range n {
+		if r.failure != "" {
+			return
+		}
+		if i == n/2 && edge {
+			w := r.inst[0].cfg.redisWindow.Microseconds()
+			now := time.Now().UnixMicro()
+			if end := (now/w + 1) * w; end-now < hmRegionEdge.Microseconds() {
+				time.Sleep(time.Duration(end-now+500) * time.Microsecond)
+				r.features["regions-edge"] = true
+				r.logf("regions: slept to the redis window's end")
+			}
+		}
+		q := r.newRequest(z)
+		q.key = key
+		r.send(q)
+	}
+}
+
+// hmRegionEdge: a burst of regionBurst waits for the redis window's end
+// when it comes within this.
+const hmRegionEdge = 40 * time.Millisecond
+
 // hmEdgeOdds: a schedule that mixes clocks takes an edge step at one
 // step in hmEdgeOdds; each sleeps about half a redis window.
 const hmEdgeOdds = 120
@@ -197,7 +236,7 @@ func (r *hmRun) edge() {
 		ahead, behind = 0, 1
 	}
 	w := r.inst[ahead].cfg.redisWindow.Microseconds()
-	off := r.m.offset(ahead)
+	off := r.m.offset(hmRF, ahead)
 	now := time.Now().UnixMicro()
 	// end is when, in real time, the ahead clock's window ends.
 	end := (floorDiv(now+off, w)+1)*w - off
@@ -274,7 +313,7 @@ func (r *hmRun) noteFeatures(q hmRequest, f *hmFlight) {
 	if q.cost == 0 {
 		r.features["cost0"] = true
 	}
-	if r.mixed && q.inst == 0 && hmRoutes[q.route][0].redis {
+	if r.mixed && q.inst == 0 && hmRoutes[q.route][0].kind() == hmRedis {
 		r.features["mixed"] = true
 	}
 }
@@ -512,6 +551,9 @@ func (r *hmRun) reload() {
 	what := "same limits"
 	if !hmSkips("change") && r.rng.IntN(2) == 0 {
 		zs := []*hmZone{hmCW, hmLC, hmML, hmMT, hmWF, hmWC, hmCC, hmRC, hmRF, hmRT, hmRW}
+		if r.regions {
+			zs = append(zs, hmGlobalZones...)
+		}
 		z := zs[r.rng.IntN(len(zs))]
 		if n := max(1, cfg.events[z.id]+[]int64{-1, 1}[r.rng.IntN(2)]); n != cfg.events[z.id] {
 			cfg.events[z.id] = n
@@ -527,6 +569,9 @@ func (r *hmRun) reload() {
 	if err := r.provision(in, cfg); err != nil {
 		r.fail("reload of instance %d: %v", in.i, err)
 		return
+	}
+	if r.regions {
+		r.features["regions-reload"] = true
 	}
 	r.logf("reload instance %d: %s", in.i, what)
 }

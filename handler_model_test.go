@@ -26,7 +26,9 @@ import (
 // a header or a trailer), panics in next, leaky_bucket holds and clients
 // that leave during them, requests that stay in flight across steps in
 // concurrency zones, zones that pass requests over their limits on
-// (`exceeded pass`: cw, lb and rw in some schedules), override PUTs, DELETEs
+// (`exceeded pass`: cw, lb and rw in some schedules), zones whose redis
+// block has `global` (gf, gt: regions, in some schedules; hmRun.regions),
+// override PUTs, DELETEs
 // and expiries, tiers, admin
 // resets (some while lease refills are in flight), reloads that keep or
 // change a limit, clock steps, real time passing, and an instance whose
@@ -65,6 +67,9 @@ func TestHandlerModel(t *testing.T) {
 	// instance's own clock (docs/redis.md, "Servers that refuse TIME
 	// in scripts"), beside instances on Redis's TIME, on one server.
 	srv.SetUser(t, hmNoTimeUser, []string{"on", ">" + hmNoTimePassword, "~*", "&*", "+@all", "-time"})
+	// Regions: two regional servers and a global one, for the schedules
+	// with regions (hmRun.regions).
+	rs := &hmRegions{global: redistest.Start(t), region: [2]*redistest.Server{redistest.Start(t), redistest.Start(t)}}
 	totals := &hmTotals{start: time.Now(), excess: map[string]*hmExcess{}, mixes: map[string]int{}, byZone: map[string]int{}, passedOn: map[string]int{}}
 	failed := 0
 	for i := range schedules {
@@ -72,7 +77,7 @@ func TestHandlerModel(t *testing.T) {
 		if !replay {
 			s = hmSeedFor(i, seed)
 		}
-		run := newHMRun(t, s, srv, totals)
+		run := newHMRun(t, s, srv, rs, totals)
 		if !run.run() {
 			failed++
 			if failed == 1 {
@@ -189,6 +194,10 @@ var hmMixes = []struct {
 	{"tier", []string{"tier"}},
 	{"cost 0", []string{"cost0"}},
 	{"exceeded pass", []string{"pass"}},
+	{"regions", []string{"regions"}},
+	{"regions + local_quota", []string{"regions", "regions-lease"}},
+	{"regions + reload", []string{"regions", "regions-reload"}},
+	{"regions + window's end mid-burst", []string{"regions", "regions-edge"}},
 }
 
 func (tt *hmTotals) schedule(r *hmRun) {
@@ -232,7 +241,7 @@ func (tt *hmTotals) report(failed int) string {
 	fmt.Fprintf(&b, "  schedules %d (%d failed), steps %d, admissions %d, refusals %d\n", tt.schedules, failed, tt.steps, tt.admissions, tt.refused)
 	fmt.Fprintf(&b, "  states compared with the stores: %d at quiet points, %d in Redis at the ends\n", tt.compared, tt.comparedRedis)
 	b.WriteString("  admissions per zone:")
-	for _, z := range hmAllZones {
+	for _, z := range append(hmAllZones[:len(hmAllZones):len(hmAllZones)], hmGlobalZones...) {
 		fmt.Fprintf(&b, " %s %d", z.id, tt.byZone[z.id])
 	}
 	b.WriteString("\n  passed on over the limit (exceeded pass), per zone:")

@@ -84,9 +84,14 @@ func burst(t *testing.T, stores []*regional.Store, key string, n int) int64 {
 	var admitted, failed atomic.Int64
 	var firstErr atomic.Pointer[error]
 	var wg sync.WaitGroup
-	per := n / len(stores) / 8
-	for _, s := range stores {
-		for range 8 {
+	goroutines := len(stores) * 8
+	for i, s := range stores {
+		for j := range 8 {
+			// n/goroutines each, and one more for the first n%goroutines.
+			per := n / goroutines
+			if i*8+j < n%goroutines {
+				per++
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
