@@ -77,7 +77,7 @@ func CheckOverrideName(name string) error {
 // atomic store (OverrideTable.prefixes), so requests read it without a
 // lock while an admin write runs. A lookup walks one node per branching
 // byte of the key: a key that no prefix starts like leaves at the root,
-// after one IndexByte.
+// after one look through its firsts.
 type prefixNode struct {
 	// label is the edge into this node, after the byte that chose it in
 	// the parent's firsts.
@@ -103,8 +103,14 @@ func (n *prefixNode) longest(key string, most int) *prefixNode {
 		if i >= len(key) || i >= most {
 			return best
 		}
-		j := strings.IndexByte(n.firsts, key[i])
-		if j < 0 {
+		// A plain loop, not strings.IndexByte: firsts is short, and the
+		// call's setup cost more than the loop (BENCHMARKS.md, "Header
+		// families and prefix overrides").
+		j, b := 0, key[i]
+		for j < len(n.firsts) && n.firsts[j] != b {
+			j++
+		}
+		if j == len(n.firsts) {
 			return best
 		}
 		c := n.kids[j]
