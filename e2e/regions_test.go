@@ -33,6 +33,9 @@ type regionReport struct {
 	GlobalResetAfter float64 `json:"global_reset_after"`
 }
 
+// globalTimeout is the global block's timeout in these tests.
+const globalTimeout = "5s"
+
 // regionsSetup is the servers and instances of a regions test.
 type regionsSetup struct {
 	global  *redistest.Server
@@ -58,7 +61,10 @@ func startRegions(t *testing.T, routes ...redisRoute) *regionsSetup {
 		s.regions[r] = redistest.Start(t)
 	}
 	for r := range s.regions {
-		block := fmt.Sprintf("redis {\nurl redis://%s\ntimeout %s\nglobal {\nurl redis://%s\nregion_quota 0.1\n}\n}", s.regions[r].Addr(), redisTimeout, px.Addr())
+		// The global server waits up to globalTimeout: under the suite's
+		// race pass a refill 30 ms away each way once took more than the
+		// 1s default, and the zone failed closed.
+		block := fmt.Sprintf("redis {\nurl redis://%s\ntimeout %s\nglobal {\nurl redis://%s\nregion_quota 0.1\ntimeout %s\n}\n}", s.regions[r].Addr(), redisTimeout, px.Addr(), globalTimeout)
 		cfg := redisSite(block, routes...)
 		s.insts = append(s.insts, caddyproc.Start(t, cfg), caddyproc.Start(t, cfg))
 	}
