@@ -101,6 +101,22 @@ type pooledRedis struct {
 // Destruct closes the client once no config uses it.
 func (p pooledRedis) Destruct() error { return p.Close() }
 
+// storeOptions are the redisstore.Options of one policy of zone name (tier
+// and override as for newLimit) on this client: its breaker and server
+// clock, keys under prefix, each call bounded by timeout.
+func (p pooledRedis) storeOptions(prefix string, timeout time.Duration, keys *limiter.KeyHasher, name, tier string, override bool) redisstore.Options {
+	return redisstore.Options{
+		Prefix:      prefix,
+		Zone:        name,
+		Tier:        tier,
+		Override:    override,
+		Timeout:     timeout,
+		Breaker:     p.breaker,
+		Keys:        keys,
+		ServerClock: p.clock,
+	}
+}
+
 // loadRedisClient returns the shared client for cfg, with its breaker and
 // clock, and the key to release it by. The client connects lazily: an
 // unreachable Redis does not stop Caddy from starting; the zones' fail

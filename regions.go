@@ -27,30 +27,12 @@ type region struct {
 func (h *Handler) newRegion(name, tier string, override bool, p limiter.Policy) (*region, error) {
 	g := h.Redis.Global
 	globalTimeout := g.timeout()
-	global, err := redisstore.New(h.global.UniversalClient, p, redisstore.Options{
-		Prefix:      g.KeyPrefix,
-		Zone:        name,
-		Tier:        tier,
-		Override:    override,
-		Timeout:     globalTimeout,
-		Breaker:     h.global.breaker,
-		Keys:        h.keys,
-		ServerClock: h.global.clock,
-	})
+	global, err := redisstore.New(h.global.UniversalClient, p, h.global.storeOptions(g.KeyPrefix, globalTimeout, h.keys, name, tier, override))
 	if err != nil {
 		return nil, err
 	}
 	poolTimeout := time.Duration(h.Redis.Timeout)
-	pool, err := redisstore.NewPool(h.redis.UniversalClient, p, redisstore.Options{
-		Prefix:      h.Redis.KeyPrefix,
-		Zone:        name,
-		Tier:        tier,
-		Override:    override,
-		Timeout:     poolTimeout,
-		Breaker:     h.redis.breaker,
-		Keys:        h.keys,
-		ServerClock: h.redis.clock,
-	})
+	pool, err := redisstore.NewPool(h.redis.UniversalClient, p, h.redis.storeOptions(h.Redis.KeyPrefix, poolTimeout, h.keys, name, tier, override))
 	if err != nil {
 		return nil, err
 	}

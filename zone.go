@@ -563,20 +563,11 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 // newRedisStore opens the Redis store of one policy of zone name (tier
 // and override as for newLimit) on the redis block's server.
 func (h *Handler) newRedisStore(name, tier string, override bool, p limiter.Policy) (*redisstore.Store, error) {
-	return redisstore.New(h.redis.UniversalClient, p, redisstore.Options{
-		Prefix:   h.Redis.KeyPrefix,
-		Zone:     name,
-		Tier:     tier,
-		Override: override,
-		Timeout:  time.Duration(h.Redis.Timeout),
-		Breaker:  h.redis.breaker,
-		Keys:     h.keys,
-
-		ServerClock: h.redis.clock,
-		OnRenewError: func(err error) {
-			h.logger.Warn("concurrency slots of requests in flight could not be renewed in Redis; two failures in a row and they lapse", zap.String("zone", name), zap.Error(err))
-		},
-	})
+	opts := h.redis.storeOptions(h.Redis.KeyPrefix, time.Duration(h.Redis.Timeout), h.keys, name, tier, override)
+	opts.OnRenewError = func(err error) {
+		h.logger.Warn("concurrency slots of requests in flight could not be renewed in Redis; two failures in a row and they lapse", zap.String("zone", name), zap.Error(err))
+	}
+	return redisstore.New(h.redis.UniversalClient, p, opts)
 }
 
 // limits lists the zone's own limit, its tiers' and those built for its
