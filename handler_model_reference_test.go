@@ -16,9 +16,11 @@ import (
 // that state so far).
 type hmModel struct {
 	r         *hmRun
-	overrides map[string]*hmOverride // by zone name and key
-	gen       int
-	epochs    map[string]int
+	overrides map[string]*hmOverride // by zone name and key, or hmPrefixMark and a prefix
+	// bare makes limitAt leave overrides out: the zone's own limit.
+	bare   bool
+	gen    int
+	epochs map[string]int
 	// fw is the exact count of the memory fixed windows (cw, lc) per
 	// state and aligned window, as fixedWindowState keeps it.
 	fw   map[string]map[int64]int64
@@ -124,7 +126,7 @@ func (m *hmModel) limitAt(in *hmInstance, z *hmZone, key, plan string, now int64
 	if z == hmLB {
 		l.quota = hmLBBurst
 	}
-	if o := m.overrides[name+"|"+key]; o != nil && o.active(now) {
+	if o := m.overrideOf(name, key, now); o != nil {
 		l.action = o.action
 		if o.action != "limit" {
 			return l
@@ -136,6 +138,29 @@ func (m *hmModel) limitAt(in *hmInstance, z *hmZone, key, plan string, now int64
 	base := name + "|" + id + "|" + key
 	l.state = base + "#" + strconv.Itoa(m.epochs[base])
 	return l
+}
+
+// hmPrefixMark starts the name a prefix override is kept under in
+// hmModel.overrides: name|<mark><prefix>, which no key of the model has.
+const hmPrefixMark = "\x00prefix\x00"
+
+// overrideOf is the override in force for key in zone name at now, as
+// zone.overrideOf resolves it: the key's own, else that of the longest of
+// its prefixes that has one in force (a lapsed one gives way to the next
+// shorter), else none. bare leaves every override out (resetStates).
+func (m *hmModel) overrideOf(name, key string, now int64) *hmOverride {
+	if m.bare {
+		return nil
+	}
+	if o := m.overrides[name+"|"+key]; o != nil && o.active(now) {
+		return o
+	}
+	for n := len(key); n > 0; n-- {
+		if o := m.overrides[name+"|"+hmPrefixMark+key[:n]]; o != nil && o.active(now) {
+			return o
+		}
+	}
+	return nil
 }
 
 // offset is how far (µs) the clock instance inst's scripts of zone z

@@ -343,7 +343,10 @@ func (r *hmRun) sleep() {
 	r.logf("slept %v", d.Round(time.Millisecond))
 }
 
-// override PUTs or DELETEs a key's override through the admin API.
+// override PUTs or DELETEs a key's override through the admin API, or
+// (a third of the time, not in a concurrency zone, unless "prefix" is
+// skipped) a prefix's: "k", which every key of the model starts with, or
+// a whole key as a prefix, which a key's own override beats.
 func (r *hmRun) override() {
 	var zs []*hmZone
 	for _, z := range hmAllZones {
@@ -362,17 +365,23 @@ func (r *hmRun) override() {
 		r.features["ovconc"] = true
 	}
 	now := r.nowFor(z)
-	old := r.m.overrides[name+"|"+key]
+	query, what := url.Values{"key": {key}}.Encode(), key
+	if z.alg != "concurrency" && !hmSkips("prefix") && r.rng.IntN(3) == 0 {
+		p := []string{"k", key}[r.rng.IntN(2)]
+		query, what = prefixQuery(p), hmPrefixMark+p
+		r.features["prefix"] = true
+	}
+	old := r.m.overrides[name+"|"+what]
 	if old != nil && (!old.active(now) || r.rng.IntN(3) == 0) {
 		// An override lapsed on the test's clock may still stand on the
 		// admin API's (real time, behind it): delete it, so a PUT starts
 		// afresh as the model says.
-		if code, body := adminOverride(r.t, http.MethodDelete, name, key, ""); code != http.StatusOK {
-			r.fail("DELETE override %s %s: %d %s", name, key, code, body)
+		if code, body := pxAdmin(r.t, http.MethodDelete, name, query, ""); code != http.StatusOK {
+			r.fail("DELETE override %s %s: %d %s", name, query, code, body)
 			return
 		}
-		delete(r.m.overrides, name+"|"+key)
-		r.logf("override %s %s deleted", name, key)
+		delete(r.m.overrides, name+"|"+what)
+		r.logf("override %s %s deleted", name, query)
 		return
 	}
 	o := &hmOverride{action: "limit"}
@@ -406,12 +415,12 @@ func (r *hmRun) override() {
 		r.m.gen++
 		o.gen = r.m.gen
 	}
-	if code, resp := adminOverride(r.t, http.MethodPut, name, key, body); code != http.StatusOK {
-		r.fail("PUT override %s %s %s: %d %s", name, key, body, code, resp)
+	if code, resp := pxAdmin(r.t, http.MethodPut, name, query, body); code != http.StatusOK {
+		r.fail("PUT override %s %s %s: %d %s", name, query, body, code, resp)
 		return
 	}
-	r.m.overrides[name+"|"+key] = o
-	r.logf("override %s %s: %s (gen %d)", name, key, body, o.gen)
+	r.m.overrides[name+"|"+what] = o
+	r.logf("override %s %s: %s (gen %d)", name, query, body, o.gen)
 }
 
 // inFlight reports whether requests of key are in flight in zone name.
@@ -462,12 +471,9 @@ func (r *hmRun) resetStates(z *hmZone, in *hmInstance, key string) []string {
 		for _, ov := range []bool{false, true} {
 			l := r.m.limitAt(other, z, key, "", now)
 			if !ov {
-				saved := r.m.overrides[r.name(z, other.i)+"|"+key]
-				delete(r.m.overrides, r.name(z, other.i)+"|"+key)
+				r.m.bare = true
 				l = r.m.limitAt(other, z, key, "", now)
-				if saved != nil {
-					r.m.overrides[r.name(z, other.i)+"|"+key] = saved
-				}
+				r.m.bare = false
 			}
 			if l.action == "limit" && !slices.Contains(states, l.state) {
 				states = append(states, l.state)

@@ -191,6 +191,8 @@ var hmMixes = []struct {
 	{"trailer cost", []string{"trailer"}},
 	{"panic in next", []string{"panic"}},
 	{"override expiry", []string{"expiry"}},
+	{"prefix override", []string{"prefix"}},
+	{"prefix override + expiry", []string{"prefix", "expiry"}},
 	{"tier", []string{"tier"}},
 	{"cost 0", []string{"cost0"}},
 	{"exceeded pass", []string{"pass"}},
