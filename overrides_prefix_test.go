@@ -454,7 +454,8 @@ func BenchmarkHandlerPrefixOverrides(b *testing.B) {
 	} {
 		under := c.key == "tenant-4242:user-42"
 		b.Run(fmt.Sprintf("prefixes=%d/key_under_prefix=%v", c.prefixes, under), func(b *testing.B) {
-			zone := fmt.Sprintf("bench_px_%d_%v", c.prefixes, under)
+			// Zone names of one length, so no state name lands in another size class.
+			zone := fmt.Sprintf("bench_px_%05d_%v", c.prefixes, under)
 			h := provisionHandler(b, "rate_limit {\n zone "+zone+" {\n  key {http.request.header.X-Key}\n  algorithm token_bucket\n  rate 1000000000/1s\n }\n}")
 			z := handlerZone(b, h, zone)
 			all := make(map[string]limiter.Override, c.prefixes)
