@@ -173,6 +173,12 @@ func Available() bool {
 // as everywhere, as AWS ElastiCache Serverless refuses it in scripts.
 var WithoutTime = []string{"--rename-command", "TIME", ""}
 
+// Persistent are the StartArgs of a server that writes every change to
+// its append-only file and fsyncs it before answering (appendfsync
+// always), so a Kill loses nothing and Restart brings back every key with
+// its expiry, as a production server with AOF persistence does.
+var Persistent = []string{"--appendonly", "yes", "--appendfsync", "always"}
+
 // Start starts a standalone server without persistence.
 func Start(t testing.TB) *Server {
 	t.Helper()
@@ -323,6 +329,17 @@ func (s *Server) Stop() {
 	proc.Stop(cmd.Process, done, 5*time.Second, syscall.SIGCONT, syscall.SIGTERM)
 }
 
+// Kill ends the server with SIGKILL, as a crash or an OOM kill would: no
+// shutdown, no final save. It waits for the process to exit; killing a
+// stopped server does nothing. Restart starts it again.
+func (s *Server) Kill() {
+	cmd, done := proc.Take(&s.mu, &s.cmd, &s.done)
+	if cmd == nil {
+		return
+	}
+	proc.Stop(cmd.Process, done, 5*time.Second, syscall.SIGKILL)
+}
+
 // Pause stops the process with SIGSTOP: its port still accepts connections
 // but nothing answers, as with a hung server.
 func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
@@ -341,9 +358,10 @@ func (s *Server) signal(sig syscall.Signal) {
 	}
 }
 
-// Restart stops the server and starts it again on the same port with empty
-// memory, as after a crash without persistence: keys and the script cache
-// are gone.
+// Restart stops the server (if it still runs) and starts it again on the
+// same port and directory. The script cache is gone; so are the keys,
+// unless the server was started with Persistent, whose append-only file
+// brings them back.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()

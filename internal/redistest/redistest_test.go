@@ -92,3 +92,23 @@ func TestStartNeverTakesAnotherServer(t *testing.T) {
 		t.Fatalf("launched on %s, which another server holds: the other server's PING was taken for this one's", other.Addr())
 	}
 }
+
+func TestPersistentKilledKeepsKeys(t *testing.T) {
+	s := StartArgs(t, Persistent...)
+	c := s.Client(t)
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING answered after the kill")
+	}
+	s.Restart()
+	if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("after kill and restart: %q %v, want the key written before the kill", v, err)
+	}
+	if ttl, err := c.TTL(ctx, "k").Result(); err != nil || ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("after kill and restart: TTL %v %v, want the key's expiry kept", ttl, err)
+	}
+}
