@@ -26,7 +26,8 @@ import (
 // a header or a trailer), panics in next, leaky_bucket holds and clients
 // that leave during them, requests that stay in flight across steps in
 // concurrency zones, override PUTs, DELETEs and expiries, tiers, admin
-// resets (some while lease refills are in flight), reloads that keep or
+// resets (some while lease refills are in flight), busy keys of a leased
+// redis zone (refilled ahead while they spend), reloads that keep or
 // change a limit, clock steps, real time passing, and an instance whose
 // Redis user may not call TIME, so that it decides by its own clock
 // beside the others on Redis's. After every step an exact reference model
@@ -102,7 +103,7 @@ var hmFlags = testutil.NewModelFlags(testutil.ModelConfig{
 // are in flight) is ovconc's change of limit by expiry; "edge" (a fixed
 // window tried by the instance behind just after it ended on the clock
 // ahead) is mixed's.
-var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed", "edge"}
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "busy", "reload", "change", "step", "sleep", "mixed", "edge"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool { return hmFlags.Skips(kind) }
