@@ -119,6 +119,11 @@ type Handler struct {
 	// overrideZones are the zone names the handler opened in overrides,
 	// each released once when it is cleaned up.
 	overrideZones []string
+	// reclaims carry the requests of the instances for each other's
+	// leases (reclaims.go), shared with every handler on the same Redis
+	// and prefix, released by reclaimsKey.
+	reclaims    *redisstore.Reclaims
+	reclaimsKey string
 	// clock is the handler's time source, and its memory stores' and
 	// near caches' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
@@ -440,9 +445,10 @@ func (h *Handler) Cleanup() error {
 	}
 	h.jwt.Close()
 	if key := h.redisKey; key != "" {
-		ov, ovKey, ovZones := h.overrides, h.overridesKey, h.overrideZones
+		ov, ovKey, ovZones, recKey := h.overrides, h.overridesKey, h.overrideZones, h.reclaimsKey
 		h.inflight.releaseWhenIdle(func() {
 			releaseRedisOverrides(ov, ovKey, ovZones)
+			releaseRedisReclaims(recKey)
 			releaseRedisClient(key)
 		})
 	}
@@ -474,9 +480,11 @@ func (h *Handler) releaseShared() {
 	h.jwt.Close()
 	h.jwt = nil
 	releaseRedisOverrides(h.overrides, h.overridesKey, h.overrideZones)
+	releaseRedisReclaims(h.reclaimsKey)
 	releaseRedisClient(h.redisKey)
 	h.redis, h.redisKey = pooledRedis{}, ""
 	h.overrides, h.overridesKey, h.overrideZones = nil, "", nil
+	h.reclaims, h.reclaimsKey = nil, ""
 }
 
 func (h *Handler) releaseZones() {

@@ -81,6 +81,9 @@ type zone struct {
 	// lapsed, swept) is made on it, on the request path, in the admin
 	// API and rate_limit_status alike.
 	clock limiter.Clock
+	// stopReclaims ends the zone's listening for other instances'
+	// requests for its leases (reclaims.go); nil when it does not listen.
+	stopReclaims func()
 }
 
 // now is the time on the zone's handler's clock.
@@ -459,6 +462,9 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 			z.tiers[value] = &l
 		}
 	}
+	if h.reclaims != nil && cfg.Store == storeRedis && cfg.LocalQuota > 0 {
+		z.stopReclaims = h.reclaims.Listen(name, z.reclaimed)
+	}
 	return z, nil
 }
 
@@ -510,7 +516,7 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 	l.store, l.redis, l.remote = rs, rs, true
 	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
 		logger := h.logger.With(zap.String("zone", name))
-		near, err := nearcache.New(rs, p, nearcache.Options{
+		opts := nearcache.Options{
 			LeaseFraction: cfg.LocalQuota,
 			DenyFor:       deny,
 			MaxKeys:       h.MaxKeys,
@@ -518,7 +524,18 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 			OnGiveBackError: func(err error) {
 				logger.Warn("unspent lease units could not be returned to Redis; they return when the key's state expires", zap.Error(err))
 			},
-		})
+		}
+		if cfg.LocalQuota > 0 {
+			// Refused a key, ask the other instances for its leases
+			// (reclaims.go).
+			if err := h.loadReclaims(); err != nil {
+				return limit{}, err
+			}
+			rec := h.reclaims
+			opts.Reclaim = func(n string) { rec.Ask(name, n) }
+			opts.Name = rs.Key
+		}
+		near, err := nearcache.New(rs, p, opts)
 		if err != nil {
 			return limit{}, fmt.Errorf("near cache: %w", err)
 		}
@@ -549,6 +566,9 @@ func (z *zone) limits() []*limit {
 // decides afterwards, as Caddy may route requests on old connections to a
 // handler after its Cleanup.
 func (z *zone) release() {
+	if z.stopReclaims != nil {
+		z.stopReclaims()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), nearCloseTimeout)
 	defer cancel()
 	for _, l := range z.limits() {

@@ -39,12 +39,13 @@ func (h *heldAheads) runAll() {
 // 1000 an hour, leases of up to 50.
 var aheadPolicy = limiter.Policy{Algorithm: limiter.FixedWindow, Events: 1000, Window: time.Hour}
 
-// toAhead takes 5 units of key one at a time, the clock standing still:
-// leases of 1, 2 and 4 (the third in a row), and the fifth take, leaving
-// 2 of 4 at once, starts a refill ahead of 8.
+// toAhead takes 9 units of key one at a time, the clock standing still:
+// leases of 1, 2, 4 and 8 (the fourth in a row), and the ninth take,
+// spending the lease of 8 at a rate that runs it out at once, starts a
+// refill ahead of 16. The lease of 8 then holds 6 units.
 func toAhead(t *testing.T, cache *Cache, key string) {
 	t.Helper()
-	for range 5 {
+	for range 9 {
 		storetest.MustAdmit(t, cache, key)
 	}
 }
@@ -62,7 +63,7 @@ func TestRefillAheadWaitedFor(t *testing.T) {
 	if len(held.runs) != 1 {
 		t.Fatalf("%d refills ahead started, want 1", len(held.runs))
 	}
-	for range 2 { // the lease's last 2 units
+	for range 6 { // the lease's last 6 units
 		if d := storetest.MustAdmit(t, cache, "k"); d.Source != limiter.SourceLease {
 			t.Fatalf("source %v, want the lease", d.Source)
 		}
@@ -88,8 +89,8 @@ func TestRefillAheadWaitedFor(t *testing.T) {
 	if !d.Allowed || d.Source != limiter.SourceLease || d.Receipt.Lease != next {
 		t.Fatalf("%+v: want paid from the lease refilled ahead (%d)", d, next)
 	}
-	if sizes := store.leaseSizes(); !slices.Equal(sizes, []int64{1, 2, 4, 8}) {
-		t.Fatalf("lease sizes %v, want 1, 2, 4 and 8 ahead: the waiting request asked nothing", sizes)
+	if sizes := store.leaseSizes(); !slices.Equal(sizes, []int64{1, 2, 4, 8, 16}) {
+		t.Fatalf("lease sizes %v, want 1, 2, 4, 8 and 16 ahead: the waiting request asked nothing", sizes)
 	}
 }
 
@@ -103,34 +104,34 @@ func TestRefillAheadGivesBackWhatTheLeaseLeft(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.SlidingWindowLog, Events: 1000, Window: time.Minute}
 	cache, store := newTestCache(t, p, clock, Options{LeaseFraction: 0.05})
 	var grants []limiter.Receipt
-	for range 5 { // as toAhead, the refill ahead answered at once
+	for range 9 { // as toAhead, the refill ahead answered at once
 		a := storetest.MustAdmit(t, cache, "k")
 		grants = append(grants, a.Receipt)
 	}
-	// The lease of 4 holds 2 units: a request of 3 promotes the lease of
-	// 8 refilled ahead, and the 2 go back to the grant of 4.
-	d, err := cache.Take(ctx, "k", 3)
+	// The lease of 8 holds 6 units: a request of 7 promotes the lease of
+	// 16 refilled ahead, and the 6 go back to the grant of 8.
+	d, err := cache.Take(ctx, "k", 7)
 	if err != nil || !d.Allowed || d.Source != limiter.SourceLease {
-		t.Fatalf("take of 3: %+v, %v; want paid from the lease refilled ahead", d, err)
+		t.Fatalf("take of 7: %+v, %v; want paid from the lease refilled ahead", d, err)
 	}
 	store.mu.Lock()
 	returns := slices.Clone(store.returns)
 	store.mu.Unlock()
-	if len(returns) != 1 || returns[0].Units != 2 || returns[0].Taken.Name() != grants[4].Mark {
-		t.Fatalf("returns %+v, want the 2 units back to the lease of 4's log entry (%d)", returns, grants[4].Mark)
+	if len(returns) != 1 || returns[0].Units != 6 || returns[0].Taken.Name() != grants[8].Mark {
+		t.Fatalf("returns %+v, want the 6 units back to the lease of 8's log entry (%d)", returns, grants[8].Mark)
 	}
-	// 1 + 2 + 4 + 8 taken, 2 back, 5 + 3 spent; and the lease of 8,
-	// spent as fast, was refilled ahead in turn. Every unit taken is
-	// spent, held, or back.
+	// 1 + 2 + 4 + 8 + 16 taken, 6 back, 9 + 7 spent (and any lease
+	// refilled ahead since held): every unit taken is spent, held, or
+	// back.
 	var taken int64
 	for _, n := range store.leaseSizes() {
 		taken += n
 	}
-	if held := cache.held(); taken-2-held != 8 {
-		t.Fatalf("%d units taken, 2 given back, %d held: %d spent, want 8", taken, held, taken-2-held)
+	if held := cache.held(); taken-6-held != 16 {
+		t.Fatalf("%d units taken, 6 given back, %d held: %d spent, want 16", taken, held, taken-6-held)
 	}
-	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 1000-(taken-2) {
-		t.Fatalf("the store has %d left, want %d", st.Remaining, 1000-(taken-2))
+	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 1000-(taken-6) {
+		t.Fatalf("the store has %d left, want %d", st.Remaining, 1000-(taken-6))
 	}
 }
 
@@ -144,7 +145,7 @@ func TestRefillAheadFails(t *testing.T) {
 	toAhead(t, cache, "k")
 	store.failLeases.Store(true)
 	held.runAll()
-	for range 2 {
+	for range 6 {
 		if d := storetest.MustAdmit(t, cache, "k"); d.Source != limiter.SourceLease {
 			t.Fatalf("source %v, want the lease still held", d.Source)
 		}
@@ -174,8 +175,8 @@ func TestRefillAheadAfterReturnLease(t *testing.T) {
 	if h := cache.held(); h != 0 {
 		t.Fatalf("the cache holds %d units after its leases were returned", h)
 	}
-	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 1000-5 {
-		t.Fatalf("the store has %d left, want %d: every unit but the 5 spent back", st.Remaining, 1000-5)
+	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 1000-9 {
+		t.Fatalf("the store has %d left, want %d: every unit but the 9 spent back", st.Remaining, 1000-9)
 	}
 }
 
@@ -198,8 +199,8 @@ func TestRefillAheadAfterClose(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 1000-5 {
-		t.Fatalf("the store has %d left after Close, want %d", st.Remaining, 1000-5)
+	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 1000-9 {
+		t.Fatalf("the store has %d left after Close, want %d", st.Remaining, 1000-9)
 	}
 }
 
@@ -216,8 +217,8 @@ func TestRefillAheadAfterReset(t *testing.T) {
 	}
 	held.runAll()
 	held.inline = true
-	if sizes := store.leaseSizes(); !slices.Equal(sizes, []int64{1, 2, 4}) {
-		t.Fatalf("lease sizes %v, want 1, 2 and 4: the refill ahead of the forgotten key asked nothing", sizes)
+	if sizes := store.leaseSizes(); !slices.Equal(sizes, []int64{1, 2, 4, 8}) {
+		t.Fatalf("lease sizes %v, want 1, 2, 4 and 8: the refill ahead of the forgotten key asked nothing", sizes)
 	}
 	if got := admitAll(t, cache, "k", 1000); got != 1000 {
 		t.Fatalf("admitted %d after the reset, want the fresh window's 1000", got)

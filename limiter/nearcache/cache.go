@@ -40,6 +40,17 @@ type Options struct {
 	// not return (they stay taken in the shared store until its state
 	// expires), so the caller can log it.
 	OnGiveBackError func(error)
+	// Reclaim, when set (with leases), asks the other instances sharing
+	// the store to return their leases of the key named name (see Name):
+	// the cache calls it when the store refuses it a lease, at most once
+	// per LeaseLifetime per key, and then repeats that refusal for at most
+	// ReclaimDeny, so the units that come back are asked for soon. It
+	// must not block. The other instances answer with ReturnNamed.
+	Reclaim func(name string)
+	// Name is a key's name among the instances, which every instance
+	// computes alike and which reveals nothing of the key (the Redis
+	// store's Key); required with Reclaim.
+	Name func(key string) string
 
 	// manualSweep keeps the janitor from starting, so a test decides
 	// when sweeps run (Cache.sweep) and schedules stay deterministic.
@@ -117,6 +128,12 @@ type Cache struct {
 	// rtt is the round trip of lease requests (µs), a moving average over
 	// every key: how early a refill ahead must start (aheadDue).
 	rtt atomic.Int64
+	// reclaim and name are Options.Reclaim and Name; names maps the name
+	// of each key the cache remembers to the key, for ReturnNamed
+	// (nearKey.name), when they are set.
+	reclaim func(name string)
+	name    func(key string) string
+	names   sync.Map
 	// The test hooks of Options.
 	goAhead func(key string, run func())
 	goBack  func(run func())
@@ -227,6 +244,11 @@ type nearKey struct {
 	pendingBacks int
 	// used is when the key was last decided (µs), for the janitor.
 	used int64
+	// name is the key's name among the instances (Options.Name), indexed
+	// in Cache.names while the cache remembers the key; reclaimedAt is
+	// when this instance last asked the others for the key's leases (µs).
+	name        string
+	reclaimedAt int64
 }
 
 // held is the units the key holds in its leases.
@@ -260,6 +282,9 @@ func New(store limiter.Leaser, p limiter.Policy, opts Options) (*Cache, error) {
 	if opts.DenyFor < 0 {
 		return nil, fmt.Errorf("near cache: negative deny duration %v", opts.DenyFor)
 	}
+	if opts.Reclaim != nil && (opts.Name == nil || f == 0) {
+		return nil, errors.New("near cache: reclaiming leases needs leases and a name for each key")
+	}
 	q, _ := p.Quota()
 	c := &Cache{
 		store:           store,
@@ -274,6 +299,8 @@ func New(store limiter.Leaser, p limiter.Policy, opts Options) (*Cache, error) {
 		stop:            make(chan struct{}),
 		stopped:         make(chan struct{}),
 		goAhead:         opts.goAhead,
+		reclaim:         opts.Reclaim,
+		name:            opts.Name,
 		goBack:          opts.goBack,
 		waiting:         opts.waiting,
 	}
@@ -389,7 +416,17 @@ func (c *Cache) Take(ctx context.Context, key string, cost int64) (limiter.Admis
 	}
 }
 
-// remember starts remembering key in sh, whose lock is held, unless the
+// drop stops remembering key, whose nearKey is k, in sh, whose lock is
+// held.
+func (c *Cache) drop(sh *nearShard, key string, k *nearKey) {
+	delete(sh.keys, key)
+	c.keys.Add(-1)
+	if k.name != "" {
+		c.names.Delete(k.name)
+	}
+}
+
+// remember starts remembering key, whose lock is held, unless the
 // cache already holds MaxKeys keys: then it returns nil, and the key is
 // decided by the store alone.
 func (c *Cache) remember(sh *nearShard, key string, now int64) *nearKey {
@@ -399,6 +436,10 @@ func (c *Cache) remember(sh *nearShard, key string, now int64) *nearKey {
 	k := &nearKey{used: now}
 	sh.keys[key] = k
 	c.keys.Add(1)
+	if c.reclaim != nil {
+		k.name = c.name(key)
+		c.names.Store(k.name, key)
+	}
 	return k
 }
 
@@ -479,6 +520,7 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 	c.noteRoundTrip(now - sent)
 
 	var ahead *nearAhead
+	reclaim := false
 	sh.mu.Lock()
 	k.refill = nil
 	r.d, r.err = d, err
@@ -499,8 +541,15 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 			d.Source = limiter.SourceStore
 		}
 	case !d.Allowed:
-		if c.denyFor > 0 {
-			k.cacheDenial(d.Decision, now, c.denyFor)
+		deny := c.denyFor
+		if c.reclaim != nil && now-k.reclaimedAt >= limiter.LeaseLifetime.Microseconds() {
+			// Other instances may hold units of the key in leases: ask
+			// for them, and ask the store again soon.
+			k.reclaimedAt, reclaim = now, true
+			deny = min(deny, ReclaimDeny.Microseconds())
+		}
+		if deny > 0 {
+			k.cacheDenial(d.Decision, now, deny)
 		}
 	default:
 		k.nearLease = c.newLease(d, sent, now)
@@ -518,9 +567,13 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 		k.pendingBacks++
 		defer c.giveBackNow([]nearBack{back})
 	}
+	name := k.name
 	sh.mu.Unlock()
 	close(r.done)
 	c.startAhead(ahead)
+	if reclaim {
+		c.reclaim(name)
+	}
 	if err != nil {
 		return limiter.Admission{}, false, err
 	}
@@ -735,8 +788,7 @@ func (c *Cache) forget(key string) bool {
 	// Removed even while a refill is under way: requests that come after
 	// the reset must not wait for an answer decided before it, but ask
 	// the store afresh. The refill still wakes those already waiting.
-	delete(sh.keys, key)
-	c.keys.Add(-1)
+	c.drop(sh, key, k)
 	k.units, k.expires, k.deniedUntil = 0, 0, 0
 	k.next = nearLease{}
 	k.forgotten = true
@@ -842,8 +894,7 @@ func (c *Cache) sweep(all bool) {
 				k.pendingBacks++
 			}
 			if k.held() == 0 && k.refill == nil && k.pendingBacks == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
-				delete(sh.keys, key)
-				c.keys.Add(-1)
+				c.drop(sh, key, k)
 			}
 		}
 		sh.mu.Unlock()
@@ -888,6 +939,12 @@ func (c *Cache) waitClosed(ctx context.Context) error {
 	}
 }
 
+// ReclaimDeny is the longest a refusal is repeated from the denial cache
+// once the instance asked the others for the key's leases
+// (Options.Reclaim): about what their answer takes, so a unit they return
+// is admitted within tens of milliseconds.
+const ReclaimDeny = 50 * time.Millisecond
+
 // Len is how many keys the cache remembers.
 func (c *Cache) Len() int { return int(c.keys.Load()) }
 
@@ -902,6 +959,24 @@ var _ limiter.Charger = (*Cache)(nil)
 // for the return until ctx is done, but not for a refill ahead under way,
 // which gives back on its own when it answers.
 func (c *Cache) ReturnLease(ctx context.Context, key string) error {
+	return c.returnLeases(ctx, key, false)
+}
+
+// ReturnNamed returns the unspent units of the leases of the key whose
+// name (Options.Name) is name, as ReturnLease does, if the cache holds
+// any: another instance was refused the key and asked for them
+// (Options.Reclaim). The key's next lease is half the size: demand for it
+// is elsewhere too.
+func (c *Cache) ReturnNamed(ctx context.Context, name string) error {
+	key, ok := c.names.Load(name)
+	if !ok {
+		return nil
+	}
+	return c.returnLeases(ctx, key.(string), true)
+}
+
+// returnLeases is ReturnLease; shrink halves the key's next lease.
+func (c *Cache) returnLeases(ctx context.Context, key string, shrink bool) error {
 	sh := c.shard(key)
 	// Held from before the units leave the lease until the store has
 	// them, so no reset runs between (nearShard.backs).
@@ -918,8 +993,12 @@ func (c *Cache) ReturnLease(ctx context.Context, key string) error {
 			}
 			l.units, l.expires = 0, 0
 		}
-		k.deniedUntil = 0
 		k.returns++ // a refill ahead under way gives back what it brings
+		if shrink {
+			k.size = max(1, k.size/2)
+		} else {
+			k.deniedUntil = 0 // a refusal under the old limit
+		}
 	}
 	sh.mu.Unlock()
 	if len(back) == 0 {

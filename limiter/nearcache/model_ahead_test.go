@@ -79,6 +79,50 @@ func (m *modelRun) aheadHooks(gi, inst int, opts *Options) {
 		m.waits <- modelWait{gi, inst, key}
 		<-m.resume
 	}
+	if opts.LeaseFraction > 0 {
+		// A refused instance's request for the others' leases of a key
+		// is delivered at a step of the schedule's choosing (reclaim).
+		opts.Reclaim = func(name string) {
+			m.reclaims = append(m.reclaims, modelReclaim{gi, inst, name})
+			m.logf("gen %d inst %d asks the others for the leases of %s", gi, inst, name)
+		}
+		opts.Name = func(key string) string { return "name:" + key }
+	}
+}
+
+// modelReclaim is a request of instance inst of generation gi for the
+// other instances' leases of the key named name.
+type modelReclaim struct {
+	gi, inst int
+	name     string
+}
+
+// reclaim delivers a random request for leases still undelivered to every
+// other instance of its generation, which returns what it holds of the
+// key (Cache.ReturnNamed), as its subscription would.
+func (m *modelRun) reclaim() {
+	if len(m.reclaims) == 0 {
+		return
+	}
+	i := m.rng.IntN(len(m.reclaims))
+	rc := m.reclaims[i]
+	m.reclaims = slices.Delete(m.reclaims, i, i+1)
+	g := m.gens[rc.gi]
+	for j, cache := range g.caches {
+		if j == rc.inst {
+			continue
+		}
+		held := cache.held()
+		if err := cache.ReturnNamed(m.ctx, rc.name); err != nil {
+			m.fail("gen %d inst %d: returning the leases of %s: %v", rc.gi, j, rc.name, err)
+			return
+		}
+		if now := cache.held(); now != held {
+			m.totals.reclaimed.Add(1)
+			m.logf("gen %d inst %d returns the leases of %s to inst %d: held %d, now %d", rc.gi, j, rc.name, rc.inst, held, now)
+		}
+	}
+	m.drainReturns(g)
 }
 
 // callWaiting runs f, a call of a cache that may wait for a refill ahead
