@@ -117,11 +117,12 @@ func (c *Cache) aheadDue(k *nearKey, key string, si int, cost, now int64) *nearA
 	if k.atWindowEnd && now+margin >= k.expires {
 		return nil // its grant would lapse with the window
 	}
-	room := max(c.maxLease, cost) - left
-	want := min(c.nextSize(k, cost, now, true), room)
+	size, streak := c.sizeFor(k, cost, now, true)
+	want := min(max(size, cost), max(c.maxLease, cost)-left)
 	if want < cost || (c.logsLeasesAhead && want <= cost) {
 		return nil
 	}
+	k.size, k.streak = size, streak
 	k.aheadFor = k.gen
 	k.reserved = want
 	r := &nearRefill{done: make(chan struct{}), again: true}

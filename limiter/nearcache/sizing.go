@@ -26,34 +26,38 @@ import "github.com/floodgatehq/caddy-ratelimit/limiter"
 // lifetime's spend, halved at each lease that lapses, rather than the
 // largest lease it ever had.
 
-// nextSize updates k's size (k's shard is locked) for a lease asked at now
-// by a request of cost, or by a refill ahead started by one, and returns
-// the units to ask for: the size, at least the cost, at most
+// nextSize updates k's size and streak (k's shard is locked) for a lease
+// asked at now by a request of cost, or by a refill ahead started by one,
+// and returns the units to ask for: the size, at least the cost, at most
 // ⌈LeaseFraction × Q⌉ unless the cost is more.
 func (c *Cache) nextSize(k *nearKey, cost, now int64, ahead bool) int64 {
-	life := limiter.LeaseLifetime.Microseconds()
-	switch {
-	case k.gen == 0 || now-k.grantAt >= 2*life:
-		k.size, k.streak = cost, 0
-	default:
-		k.streak++
-		granted := k.granted()
-		if ahead {
-			// The rate since it became current, projected over the
-			// lifetime the lease has from there.
-			spent, elapsed := granted-k.units, max(1, now-k.since)
-			span := max(1, k.expires-k.since)
-			switch {
-			case spent*span >= granted*elapsed:
-				k.size = min(2*k.size, c.maxLease)
-			case 2*spent*span < granted*elapsed:
-				k.size = max(1, k.size/2)
-			}
-		} else if k.units < cost && now-k.grantAt < life {
-			k.size = min(2*k.size, c.maxLease)
-		}
-	}
+	k.size, k.streak = c.sizeFor(k, cost, now, ahead)
 	return min(max(k.size, cost), max(c.maxLease, cost))
+}
+
+// sizeFor is the size and streak nextSize gives k, without changing k.
+func (c *Cache) sizeFor(k *nearKey, cost, now int64, ahead bool) (size int64, streak int) {
+	life := limiter.LeaseLifetime.Microseconds()
+	if k.gen == 0 || now-k.grantAt >= 2*life {
+		return cost, 0
+	}
+	size, streak = k.size, k.streak+1
+	granted := k.granted()
+	if ahead {
+		// The rate since it became current, projected over the lifetime
+		// the lease has from there.
+		spent, elapsed := granted-k.units, max(1, now-k.since)
+		span := max(1, k.expires-k.since)
+		switch {
+		case spent*span >= granted*elapsed:
+			size = min(2*size, c.maxLease)
+		case 2*spent*span < granted*elapsed:
+			size = max(1, size/2)
+		}
+	} else if k.units < cost && now-k.grantAt < life {
+		size = min(2*size, c.maxLease)
+	}
+	return size, streak
 }
 
 // wasted notes that lease l of k (k's shard is locked) goes back with
