@@ -987,14 +987,7 @@ func (c *Cache) returnLeases(ctx context.Context, key string, shrink bool) error
 	var units int64
 	sh.mu.Lock()
 	if k := sh.keys[key]; k != nil {
-		for _, l := range []*nearLease{&k.nearLease, &k.next} {
-			if l.units > 0 {
-				back = append(back, limiter.Return{Key: key, Units: l.units, Taken: l.grant.Receipt})
-				units += l.units
-			}
-			l.units, l.expires = 0, 0
-		}
-		k.returns++ // a refill ahead under way gives back what it brings
+		back, units = k.surrender(key, nil)
 		if shrink {
 			k.size = max(1, k.size/2)
 		} else {
@@ -1009,6 +1002,25 @@ func (c *Cache) returnLeases(ctx context.Context, key string, shrink bool) error
 		return fmt.Errorf("returning %d unspent units of key's leases: %w", units, err)
 	}
 	return nil
+}
+
+// surrender empties k's leases (k's shard is locked), the current one
+// and one refilled ahead, for a return to the store, and makes a refill
+// ahead under way give back what it brings (nearKey.returns): every
+// place the key holds units. It appends their returns to back and
+// reports them with their units. ReturnLease, ReturnNamed and
+// ReturnLeasesWithPrefix all return through it, so none forgets a lease.
+func (k *nearKey) surrender(key string, back []limiter.Return) ([]limiter.Return, int64) {
+	var units int64
+	for _, l := range []*nearLease{&k.nearLease, &k.next} {
+		if l.units > 0 {
+			back = append(back, limiter.Return{Key: key, Units: l.units, Taken: l.grant.Receipt})
+			units += l.units
+		}
+		l.units, l.expires = 0, 0
+	}
+	k.returns++
+	return back, units
 }
 
 // leaseTraits is what the cache must know of how the stores count an
@@ -1076,7 +1088,8 @@ func microseconds(us int64) time.Duration {
 
 // ReturnLeasesWithPrefix is ReturnLease for every key the cache holds
 // that starts with prefix, because a prefix override was set, changed or
-// removed. It visits the shards one at a time, each returned in one call
+// removed: both leases of each key, and what a refill ahead under way
+// brings (nearKey.surrender). It visits the shards one at a time, each returned in one call
 // to the store, and waits for the returns until ctx is done.
 func (c *Cache) ReturnLeasesWithPrefix(ctx context.Context, prefix string) error {
 	var errs []error
@@ -1100,11 +1113,10 @@ func (c *Cache) returnShardLeases(ctx context.Context, sh *nearShard, prefix str
 		if !strings.HasPrefix(key, prefix) {
 			continue
 		}
-		if k.units > 0 {
-			back = append(back, limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt})
-			units += k.units
-		}
-		k.units, k.expires, k.deniedUntil = 0, 0, 0
+		var n int64
+		back, n = k.surrender(key, back)
+		units += n
+		k.deniedUntil = 0 // a refusal under the old limit
 	}
 	sh.mu.Unlock()
 	if len(back) == 0 {
