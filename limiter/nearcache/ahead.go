@@ -104,6 +104,16 @@ func (c *Cache) aheadDue(k *nearKey, key string, si int, cost, now int64) *nearA
 	if k.refill != nil || k.next.units > 0 || k.aheadFor == k.gen || k.streak < aheadStreak || c.closed.Load() {
 		return nil
 	}
+	if !c.spendsAhead(k.grant.Receipt) {
+		// A sliding log's lease that the store did not log ahead: the
+		// next would most likely not be either (a regional store never
+		// logs one, as regional.Store.TakeUpTo grants a log the cost
+		// alone; the Redis store logs a lease of more than its cost,
+		// which this one could not get), and a grant not logged ahead
+		// goes back as soon as it comes: a call and a give-back for
+		// nothing.
+		return nil
+	}
 	granted, left := k.granted(), k.units
 	margin := 2*c.rtt.Load() + aheadSlack
 	spent, elapsed := granted-left, now-k.since
@@ -129,6 +139,13 @@ func (c *Cache) aheadDue(k *nearKey, key string, si int, cost, now int64) *nearA
 	k.refill = r
 	c.aheads.Add(1) // with the cache open and the shard locked: see aheads
 	return &nearAhead{sh: &c.shards[si], si: si, k: k, r: r, key: key, cost: cost, want: want, sent: now, returns: k.returns}
+}
+
+// spendsAhead reports whether units of the grant r may be spent later
+// than the request that took them: always, but for a sliding log, whose
+// store must have logged the grant a lifetime ahead (see Cache.GiveBack).
+func (c *Cache) spendsAhead(r limiter.Receipt) bool {
+	return !c.logsLeasesAhead || r.Name()-r.At >= limiter.LeaseLifetime.Microseconds()
 }
 
 // startAhead sends a refill ahead that aheadDue started, if any, off the
@@ -185,7 +202,7 @@ func (c *Cache) refillAhead(a *nearAhead) {
 	a.r.d, a.r.err = d, err
 	if err == nil && d.Allowed && !k.forgotten {
 		l := c.newLease(d, a.sent, now)
-		spendable := !c.logsLeasesAhead || d.Receipt.Name()-d.Receipt.At >= limiter.LeaseLifetime.Microseconds()
+		spendable := c.spendsAhead(d.Receipt)
 		if c.closed.Load() || k.returns != a.returns || !spendable || now >= l.expires || k.next.units > 0 {
 			back = []limiter.Return{{Key: a.key, Units: l.units, Taken: l.grant.Receipt}}
 		} else {

@@ -678,7 +678,7 @@ func (c *Cache) takesBack(k *nearKey, taken limiter.Receipt, units, now int64) b
 	if ahead := k.next.units + k.reserved; ahead > 0 && k.units+ahead+units > max(c.maxLease, k.granted()) {
 		return false
 	}
-	return !c.logsLeasesAhead || k.grant.Receipt.Name()-k.grant.Receipt.At >= limiter.LeaseLifetime.Microseconds()
+	return c.spendsAhead(k.grant.Receipt)
 }
 
 // Charge implements Charger. The units the key's lease here still holds
