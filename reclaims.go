@@ -18,6 +18,8 @@ import (
 // the zones it serves (redisstore.Reclaims, nearcache.Cache.ReturnNamed;
 // docs/design.md "The near cache"). One redisstore.Reclaims serves every
 // handler on the same Redis and prefix, as the runtime overrides do.
+// Zones whose redis block has a global server do not reclaim (newLimit
+// says why).
 
 // redisReclaimSources pools the Reclaims of each Redis client and prefix.
 var redisReclaimSources = caddy.NewUsagePool()

@@ -522,6 +522,20 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 		return l, nil
 	}
 	var leaser limiter.Leaser
+	// keyName names a key among the instances for lease reclaims
+	// (reclaims.go); nil, no reclaims. A regional zone reclaims nothing:
+	// its store refuses only once global has refused the region, and its
+	// pool then repeats that refusal for up to a quarter lifetime
+	// whatever comes back (limiter/regional), so the refused instance,
+	// asking again after nearcache.ReclaimDeny, would be refused again
+	// and the region's other instances would lose their leases for it;
+	// their units would go to global, to whichever region asks first;
+	// and the units other regions hold, most of what a region is short
+	// of, are beyond its Redis's Pub/Sub. Reclaiming across regions
+	// would need the pool to lift its refusal when units come back and
+	// regions to reclaim batches over global. Refills ahead and sizing
+	// by demand apply to a regional zone as to any store a near cache
+	// leases from.
 	var keyName func(string) string
 	if h.Redis.Global != nil {
 		r, err := h.newRegion(name, tier, override, p)
