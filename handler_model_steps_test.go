@@ -485,14 +485,20 @@ func (r *hmRun) resetStates(z *hmZone, in *hmInstance, key string) []string {
 	return states
 }
 
-// busy sends requests of one key of a leased redis zone from one
-// instance, one after another, as a busy client does: the key's leases
-// come in a row and grow, and once it is low the instance refills it
-// ahead in the background while the requests spend it (README.md "The
-// near cache").
+// busy sends requests of one key of a leased redis zone (a zone with
+// global among them when its schedule leases there) from one instance,
+// one after another, as a busy client does: the key's leases come in a
+// row and grow, and once it is low the instance refills it ahead in the
+// background while the requests spend it (docs/near-cache.md).
 func (r *hmRun) busy() {
-	z := []*hmZone{hmRF, hmRL, hmRT}[r.rng.IntN(3)]
-	q := hmRequest{route: z.id, inst: r.rng.IntN(hmInstances), key: r.keys[r.rng.IntN(len(r.keys))], cost: 1, status: http.StatusOK}
+	zs := []*hmZone{hmRF, hmRL, hmRT}
+	if r.regionLease {
+		// The zones with global lease from their region's units, and
+		// refill ahead from them too.
+		zs = append(zs, hmGlobalZones...)
+	}
+	z := zs[r.rng.IntN(len(zs))]
+	q := hmRequest{route: routeOf(z), inst: r.rng.IntN(hmInstances), key: r.keys[r.rng.IntN(len(r.keys))], cost: 1, status: http.StatusOK}
 	for range 5 + r.rng.IntN(8) {
 		r.send(q)
 		if r.failure != "" {
@@ -500,6 +506,9 @@ func (r *hmRun) busy() {
 		}
 	}
 	r.features["busy"] = true
+	if z.global {
+		r.features["busy-regions"] = true
+	}
 }
 
 // race sends requests of one key of a leased redis zone from every

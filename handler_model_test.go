@@ -195,9 +195,11 @@ var hmMixes = []struct {
 	{"prefix override + expiry", []string{"prefix", "expiry"}},
 	{"tier", []string{"tier"}},
 	{"cost 0", []string{"cost0"}},
+	{"busy key (refilled ahead)", []string{"busy"}},
 	{"exceeded pass", []string{"pass"}},
 	{"regions", []string{"regions"}},
 	{"regions + local_quota", []string{"regions", "regions-lease"}},
+	{"regions + local_quota + busy key", []string{"regions", "busy-regions"}},
 	{"regions + reload", []string{"regions", "regions-reload"}},
 	{"regions + window's end mid-burst", []string{"regions", "regions-edge"}},
 }
