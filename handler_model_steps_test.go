@@ -30,12 +30,14 @@ func (r *hmRun) doStep() {
 		unlessSkipped("hold", func() { r.request(hmLB) })
 	case n < 44:
 		unlessSkipped("conc", func() { r.request([]*hmZone{hmCC, hmRC}[r.rng.IntN(2)]) })
-	case n < 60:
+	case n < 56:
 		if r.regions && r.rng.IntN(2) == 0 {
 			r.regionBurst()
 			return
 		}
 		r.request([]*hmZone{hmRF, hmRL, hmRT, hmRW}[r.rng.IntN(4)])
+	case n < 60:
+		unlessSkipped("busy", r.busy)
 	case n < 70:
 		if len(r.flights) > 0 {
 			r.finish(r.rng.IntN(len(r.flights)))
@@ -481,6 +483,32 @@ func (r *hmRun) resetStates(z *hmZone, in *hmInstance, key string) []string {
 		}
 	}
 	return states
+}
+
+// busy sends requests of one key of a leased redis zone (a zone with
+// global among them when its schedule leases there) from one instance,
+// one after another, as a busy client does: the key's leases come in a
+// row and grow, and once it is low the instance refills it ahead in the
+// background while the requests spend it (docs/near-cache.md).
+func (r *hmRun) busy() {
+	zs := []*hmZone{hmRF, hmRL, hmRT}
+	if r.regionLease {
+		// The zones with global lease from their region's units, and
+		// refill ahead from them too.
+		zs = append(zs, hmGlobalZones...)
+	}
+	z := zs[r.rng.IntN(len(zs))]
+	q := hmRequest{route: routeOf(z), inst: r.rng.IntN(hmInstances), key: r.keys[r.rng.IntN(len(r.keys))], cost: 1, status: http.StatusOK}
+	for range 5 + r.rng.IntN(8) {
+		r.send(q)
+		if r.failure != "" {
+			return
+		}
+	}
+	r.features["busy"] = true
+	if z.global {
+		r.features["busy-regions"] = true
+	}
 }
 
 // race sends requests of one key of a leased redis zone from every

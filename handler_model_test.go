@@ -28,9 +28,9 @@ import (
 // concurrency zones, zones that pass requests over their limits on
 // (`exceeded pass`: cw, lb and rw in some schedules), zones whose redis
 // block has `global` (gf, gt: regions, in some schedules; hmRun.regions),
-// override PUTs, DELETEs
-// and expiries, tiers, admin
-// resets (some while lease refills are in flight), reloads that keep or
+// override PUTs, DELETEs and expiries, tiers, admin resets (some while
+// lease refills are in flight), busy keys of a leased redis zone
+// (refilled ahead while they spend), reloads that keep or
 // change a limit, clock steps, real time passing, and an instance whose
 // Redis user may not call TIME, so that it decides by its own clock
 // beside the others on Redis's. After every step an exact reference model
@@ -110,7 +110,7 @@ var hmFlags = testutil.NewModelFlags(testutil.ModelConfig{
 // window tried by the instance behind just after it ended on the clock
 // ahead) is mixed's; "pass" leaves every zone refusing (see
 // hmRun.passes).
-var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "reload", "change", "step", "sleep", "mixed", "edge", "pass"}
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "busy", "reload", "change", "step", "sleep", "mixed", "edge", "pass"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool { return hmFlags.Skips(kind) }
@@ -195,9 +195,11 @@ var hmMixes = []struct {
 	{"prefix override + expiry", []string{"prefix", "expiry"}},
 	{"tier", []string{"tier"}},
 	{"cost 0", []string{"cost0"}},
+	{"busy key (refilled ahead)", []string{"busy"}},
 	{"exceeded pass", []string{"pass"}},
 	{"regions", []string{"regions"}},
 	{"regions + local_quota", []string{"regions", "regions-lease"}},
+	{"regions + local_quota + busy key", []string{"regions", "busy-regions"}},
 	{"regions + reload", []string{"regions", "regions-reload"}},
 	{"regions + window's end mid-burst", []string{"regions", "regions-edge"}},
 }

@@ -135,6 +135,11 @@ type Handler struct {
 	// overrideZones are the zone names the handler opened in overrides,
 	// each released once when it is cleaned up.
 	overrideZones []string
+	// reclaims carry the requests of the instances for each other's
+	// leases (reclaims.go), shared with every handler on the same Redis
+	// and prefix, released by reclaimsKey.
+	reclaims    *redisstore.Reclaims
+	reclaimsKey string
 	// clock is the handler's time source, and its memory stores' and
 	// near caches' when it creates them; nil is the system clock. Set it
 	// before Provision to step time in a test.
@@ -474,9 +479,10 @@ func (h *Handler) Cleanup() error {
 	}
 	h.jwt.Close()
 	if key := h.redisKey; key != "" {
-		ov, ovKey, ovZones, globalKey := h.overrides, h.overridesKey, h.overrideZones, h.globalKey
+		ov, ovKey, ovZones, recKey, globalKey := h.overrides, h.overridesKey, h.overrideZones, h.reclaimsKey, h.globalKey
 		h.inflight.releaseWhenIdle(func() {
 			releaseRedisOverrides(ov, ovKey, ovZones)
+			releaseRedisReclaims(recKey)
 			releaseRedisClient(key)
 			releaseRedisClient(globalKey)
 		})
@@ -516,11 +522,13 @@ func (h *Handler) releaseShared() {
 	h.jwt.Close()
 	h.jwt = nil
 	releaseRedisOverrides(h.overrides, h.overridesKey, h.overrideZones)
+	releaseRedisReclaims(h.reclaimsKey)
 	releaseRedisClient(h.redisKey)
 	releaseRedisClient(h.globalKey)
 	h.redis, h.redisKey = pooledRedis{}, ""
 	h.global, h.globalKey = pooledRedis{}, ""
 	h.overrides, h.overridesKey, h.overrideZones = nil, "", nil
+	h.reclaims, h.reclaimsKey = nil, ""
 }
 
 func (h *Handler) releaseZones() {

@@ -28,6 +28,9 @@ func TestRegionsShareOneLimit(t *testing.T) {
 	}
 	a := provisionHandler(t, config(regions[0]))
 	b := provisionHandler(t, config(regions[1], "local_quota 0.1"))
+	if b.reclaims != nil {
+		t.Error("a regional zone with local_quota subscribed to lease reclaims: zone.go (keyName) says why it must not")
+	}
 
 	admitted := 0
 	for range 30 {

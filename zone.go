@@ -92,6 +92,9 @@ type zone struct {
 	// lapsed, swept) is made on it, on the request path, in the admin
 	// API and rate_limit_status alike.
 	clock limiter.Clock
+	// stopReclaims ends the zone's listening for other instances'
+	// requests for its leases (reclaims.go); nil when it does not listen.
+	stopReclaims func()
 }
 
 // now is the time on the zone's handler's clock.
@@ -484,6 +487,9 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 			z.tiers[value] = &l
 		}
 	}
+	if h.reclaims != nil && cfg.Store == storeRedis && cfg.LocalQuota > 0 {
+		z.stopReclaims = h.reclaims.Listen(name, z.reclaimed)
+	}
 	return z, nil
 }
 
@@ -516,6 +522,21 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 		return l, nil
 	}
 	var leaser limiter.Leaser
+	// keyName names a key among the instances for lease reclaims
+	// (reclaims.go); nil, no reclaims. A regional zone reclaims nothing:
+	// its store refuses only once global has refused the region, and its
+	// pool then repeats that refusal for up to a quarter lifetime
+	// whatever comes back (limiter/regional), so the refused instance,
+	// asking again after nearcache.ReclaimDeny, would be refused again
+	// and the region's other instances would lose their leases for it;
+	// their units would go to global, to whichever region asks first;
+	// and the units other regions hold, most of what a region is short
+	// of, are beyond its Redis's Pub/Sub. Reclaiming across regions
+	// would need the pool to lift its refusal when units come back and
+	// regions to reclaim batches over global. Refills ahead and sizing
+	// by demand apply to a regional zone as to any store a near cache
+	// leases from.
+	var keyName func(string) string
 	if h.Redis.Global != nil {
 		r, err := h.newRegion(name, tier, override, p)
 		if err != nil {
@@ -529,11 +550,11 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 			return limit{}, fmt.Errorf("redis store: %w", err)
 		}
 		l.store, l.redis, l.remote = rs, rs, true
-		leaser = rs
+		leaser, keyName = rs, rs.Key
 	}
 	if deny := cfg.denyCache(l.traits); cfg.LocalQuota > 0 || deny > 0 {
 		logger := h.logger.With(zap.String("zone", name))
-		near, err := nearcache.New(leaser, p, nearcache.Options{
+		opts := nearcache.Options{
 			LeaseFraction: cfg.LocalQuota,
 			DenyFor:       deny,
 			MaxKeys:       h.MaxKeys,
@@ -541,7 +562,18 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 			OnGiveBackError: func(err error) {
 				logger.Warn("unspent lease units could not be returned to Redis; they return when the key's state expires", zap.Error(err))
 			},
-		})
+		}
+		if cfg.LocalQuota > 0 && keyName != nil {
+			// Refused a key, ask the other instances for its leases
+			// (reclaims.go).
+			if err := h.loadReclaims(); err != nil {
+				return limit{}, err
+			}
+			rec := h.reclaims
+			opts.Reclaim = func(n string) { rec.Ask(name, n) }
+			opts.Name = keyName
+		}
+		near, err := nearcache.New(leaser, p, opts)
 		if err != nil {
 			if l.region != nil {
 				_ = l.region.store.Close(context.Background())
@@ -585,6 +617,9 @@ func (z *zone) limits() []*limit {
 // decides afterwards, as Caddy may route requests on old connections to a
 // handler after its Cleanup.
 func (z *zone) release() {
+	if z.stopReclaims != nil {
+		z.stopReclaims()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), nearCloseTimeout)
 	defer cancel()
 	for _, l := range z.limits() {

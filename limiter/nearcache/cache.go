@@ -41,10 +41,29 @@ type Options struct {
 	// not return (they stay taken in the shared store until its state
 	// expires), so the caller can log it.
 	OnGiveBackError func(error)
+	// Reclaim, when set (with leases), asks the other instances sharing
+	// the store to return their leases of the key named name (see Name):
+	// the cache calls it when the store refuses it a lease, at most once
+	// per LeaseLifetime per key, and then repeats that refusal for at most
+	// ReclaimDeny, so the units that come back are asked for soon. It
+	// must not block. The other instances answer with ReturnNamed.
+	Reclaim func(name string)
+	// Name is a key's name among the instances, which every instance
+	// computes alike and which reveals nothing of the key (the Redis
+	// store's Key); required with Reclaim.
+	Name func(key string) string
 
 	// manualSweep keeps the janitor from starting, so a test decides
 	// when sweeps run (Cache.sweep) and schedules stay deterministic.
 	manualSweep bool
+	// goAhead, when set, is handed each refill ahead of key (run) instead
+	// of a goroutine running it, and goBack each give-back of a retired
+	// lease, so a test decides when they run.
+	goAhead func(key string, run func())
+	goBack  func(run func())
+	// waiting, when set, hears of a request about to wait for the refill
+	// of key under way, so a test can let that refill answer.
+	waiting func(key string)
 }
 
 // Cache keeps leases and refusals in this process in front of a shared
@@ -81,8 +100,10 @@ type Cache struct {
 	// a calendar policy, whose windows it gives.
 	window int64
 	cal    *limiter.CalendarWindows
-	// logsLeasesAhead: see leaseTraits.logsAhead.
+	// logsLeasesAhead: see leaseTraits.logsAhead; returnsCredit: see
+	// leaseTraits.returnsCredit.
 	logsLeasesAhead bool
+	returnsCredit   bool
 	denyFor         int64 // µs
 	maxKeys         int64
 	keys            atomic.Int64
@@ -98,8 +119,26 @@ type Cache struct {
 	stopOnce sync.Once
 	stopped  chan struct{} // closed when the janitor has returned
 	// givingBack counts the give-backs under way, so Close returns only
-	// when nothing is left to refund.
+	// when nothing is left to refund; aheads the refills ahead under way,
+	// whose answers Close waits for as well (they give back what they
+	// bring once the cache is closed). Both are added to under a shard's
+	// lock with the cache open, so before Close's sweep has passed that
+	// shard, and so before Close waits.
 	givingBack sync.WaitGroup
+	aheads     sync.WaitGroup
+	// rtt is the round trip of lease requests (µs), a moving average over
+	// every key: how early a refill ahead must start (aheadDue).
+	rtt atomic.Int64
+	// reclaim and name are Options.Reclaim and Name; names maps the name
+	// of each key the cache remembers to the key, for ReturnNamed
+	// (nearKey.name), when they are set.
+	reclaim func(name string)
+	name    func(key string) string
+	names   sync.Map
+	// The test hooks of Options.
+	goAhead func(key string, run func())
+	goBack  func(run func())
+	waiting func(key string)
 }
 
 type nearShard struct {
@@ -130,12 +169,14 @@ type nearBack struct {
 	shard int
 }
 
-// nearKey is what the cache knows of one key. Its fields are guarded by its
-// shard's lock.
-type nearKey struct {
+// nearLease is one grant of the store's units that a key spends from.
+type nearLease struct {
 	// units is the lease's unspent units, spendable until expires (µs).
 	units   int64
 	expires int64
+	// atWindowEnd is set when expires is the end of the grant's window
+	// rather than a lifetime after the request for it was sent.
+	atWindowEnd bool
 	// grant is the store's decision that granted the lease, at grantAt
 	// (µs) on the cache's clock; gen names the lease among every lease
 	// the cache ever granted (from Cache.gens, zero before the first),
@@ -145,15 +186,53 @@ type nearKey struct {
 	grant   limiter.Admission
 	grantAt int64
 	gen     uint64
-	// size is the next lease's size, before the cost floor.
-	size int64
+	// since is when the lease became the one spent from (its grant, or
+	// the promotion of a lease refilled ahead): its spending rate counts
+	// from there (aheadDue).
+	since int64
+}
+
+// covers reports whether the lease pays cost at now.
+func (l *nearLease) covers(cost, now int64) bool {
+	return l.units >= cost && now < l.expires
+}
+
+// granted is how many units the store granted the lease.
+func (l *nearLease) granted() int64 { return l.grant.Receipt.Granted }
+
+// nearKey is what the cache knows of one key. Its fields are guarded by its
+// shard's lock.
+type nearKey struct {
+	// nearLease is the lease spent from.
+	nearLease
+	// next is a lease refilled ahead (refillAhead), spent once the
+	// current one cannot pay a request: it is then promoted, and what
+	// the current one still holds is given back to its own grant. Every
+	// unit a key holds on an instance, in both leases and in a refill
+	// ahead under way (reserved), is at most max(⌈LeaseFraction × Q⌉,
+	// the grant's cost): the bound on what an instance strands.
+	next nearLease
+	// reserved is what the refill ahead under way asked for.
+	reserved int64
+	// size is the next lease's size, before the cost floor (see
+	// nextSize); streak counts the key's leases in a row, each asked
+	// within 2 lifetimes of the one before; aheadFor is the lease a
+	// refill ahead was last started for, so each lease starts one at
+	// most, whatever it brings.
+	size     int64
+	streak   int
+	aheadFor uint64
+	// returns counts ReturnLease's returns of the key: a refill ahead
+	// that answers after one gives back what it brings.
+	returns uint64
 	// denial is the store's refusal repeated until deniedUntil (µs); it
 	// was made at deniedAt.
 	denial      limiter.Decision
 	deniedAt    int64
 	deniedUntil int64
-	// refill is the lease request under way, which requests that find
-	// the lease short wait for instead of asking the store again.
+	// refill is the lease request under way (asked by a request, or
+	// ahead), which requests that find the lease short wait for instead
+	// of asking the store again: one per key at most.
 	refill *nearRefill
 	// forgotten is set when an admin reset drops the key (Cache.forget)
 	// while a refill may be under way: what the store answers it was
@@ -166,7 +245,15 @@ type nearKey struct {
 	pendingBacks int
 	// used is when the key was last decided (µs), for the janitor.
 	used int64
+	// name is the key's name among the instances (Options.Name), indexed
+	// in Cache.names while the cache remembers the key; reclaimedAt is
+	// when this instance last asked the others for the key's leases (µs).
+	name        string
+	reclaimedAt int64
 }
+
+// held is the units the key holds in its leases.
+func (k *nearKey) held() int64 { return k.units + k.next.units }
 
 // nearRefill is a lease request under way.
 type nearRefill struct {
@@ -174,7 +261,8 @@ type nearRefill struct {
 	d    limiter.Admission
 	err  error
 	// again is set when a reset forgot the key before the request was
-	// sent: the requests waiting for it ask afresh.
+	// sent, and for every refill ahead: the requests waiting for it ask
+	// afresh (a refill ahead leaves its lease, if any, as the key's next).
 	again bool
 }
 
@@ -195,6 +283,9 @@ func New(store limiter.Leaser, p limiter.Policy, opts Options) (*Cache, error) {
 	if opts.DenyFor < 0 {
 		return nil, fmt.Errorf("near cache: negative deny duration %v", opts.DenyFor)
 	}
+	if opts.Reclaim != nil && (opts.Name == nil || f == 0) {
+		return nil, errors.New("near cache: reclaiming leases needs leases and a name for each key")
+	}
 	q, _ := p.Quota()
 	c := &Cache{
 		store:           store,
@@ -208,6 +299,11 @@ func New(store limiter.Leaser, p limiter.Policy, opts Options) (*Cache, error) {
 		onGiveBackError: opts.OnGiveBackError,
 		stop:            make(chan struct{}),
 		stopped:         make(chan struct{}),
+		goAhead:         opts.goAhead,
+		reclaim:         opts.Reclaim,
+		name:            opts.Name,
+		goBack:          opts.goBack,
+		waiting:         opts.waiting,
 	}
 	if p.Algorithm.Traits().Charges {
 		c.charger, _ = store.(limiter.Charger)
@@ -221,6 +317,7 @@ func New(store limiter.Leaser, p limiter.Policy, opts Options) (*Cache, error) {
 		}
 	}
 	c.logsLeasesAhead = lt.logsAhead
+	c.returnsCredit = lt.returnsCredit
 	if c.maxKeys <= 0 {
 		c.maxKeys = limiter.DefaultMaxKeys
 	}
@@ -249,7 +346,8 @@ func (c *Cache) Take(ctx context.Context, key string, cost int64) (limiter.Admis
 	if c.closed.Load() {
 		return c.store.Take(ctx, key, cost)
 	}
-	sh := c.shard(key)
+	si := c.shardIndex(key)
+	sh := &c.shards[si]
 	for {
 		now := c.clock.now()
 		sh.mu.Lock()
@@ -261,17 +359,30 @@ func (c *Cache) Take(ctx context.Context, key string, cost int64) (limiter.Admis
 				sh.mu.Unlock()
 				return limiter.Admission{Decision: d}, nil
 			}
-			if k.units >= cost && now < k.expires {
+			if !k.covers(cost, now) && k.next.units > 0 {
+				// The lease refilled ahead takes over; what the current
+				// one holds goes back to its grant.
+				backs := c.promote(k, key, si, now)
+				sh.mu.Unlock()
+				c.giveBackRetired(backs)
+				continue
+			}
+			if k.covers(cost, now) {
 				k.units -= cost
 				a := c.leaseAdmission(k, now)
+				ahead := c.aheadDue(k, key, si, cost, now)
 				sh.mu.Unlock()
+				c.startAhead(ahead)
 				a = holding(a, c, key, cost)
 				return a, nil
 			}
 			if r := k.refill; r != nil {
-				// Another request is asking the store for this key: wait
-				// for its answer rather than ask again.
+				// Another request, or a refill ahead, is asking the store
+				// for this key: wait for its answer rather than ask again.
 				sh.mu.Unlock()
+				if c.waiting != nil {
+					c.waiting(key)
+				}
 				select {
 				case <-r.done:
 				case <-ctx.Done():
@@ -300,13 +411,23 @@ func (c *Cache) Take(ctx context.Context, key string, cost int64) (limiter.Admis
 				return c.store.Take(ctx, key, cost)
 			}
 		}
-		if a, again, err := c.refill(ctx, sh, k, key, cost, now); !again {
+		if a, again, err := c.refill(ctx, sh, si, k, key, cost, now); !again {
 			return a, err
 		}
 	}
 }
 
-// remember starts remembering key in sh, whose lock is held, unless the
+// drop stops remembering key, whose nearKey is k, in sh, whose lock is
+// held.
+func (c *Cache) drop(sh *nearShard, key string, k *nearKey) {
+	delete(sh.keys, key)
+	c.keys.Add(-1)
+	if k.name != "" {
+		c.names.Delete(k.name)
+	}
+}
+
+// remember starts remembering key, whose lock is held, unless the
 // cache already holds MaxKeys keys: then it returns nil, and the key is
 // decided by the store alone.
 func (c *Cache) remember(sh *nearShard, key string, now int64) *nearKey {
@@ -316,6 +437,10 @@ func (c *Cache) remember(sh *nearShard, key string, now int64) *nearKey {
 	k := &nearKey{used: now}
 	sh.keys[key] = k
 	c.keys.Add(1)
+	if c.reclaim != nil {
+		k.name = c.name(key)
+		c.names.Store(k.name, key)
+	}
 	return k
 }
 
@@ -345,27 +470,17 @@ func (c *Cache) takeFromStore(ctx context.Context, sh *nearShard, key string, co
 	return d, nil
 }
 
-// refill asks the store for a new lease for k, whose shard is locked and
-// is unlocked on return, and spends cost from it. now is when the request
-// was sent, read before the store's clock decided: the lease's lifetime
-// (and a window's end) is measured from it, not from when the answer
-// came, so however slow the reply, the lease is spent only while the
-// store's clock is within a lifetime of the grant and, for the window
-// counters, within the grant's window. It reports again, having asked
-// nothing, when a reset forgot the key before the request could be sent:
-// the caller asks afresh.
-func (c *Cache) refill(ctx context.Context, sh *nearShard, k *nearKey, key string, cost, now int64) (d limiter.Admission, again bool, err error) {
-	// Size: doubled when the last lease was used up within a lifetime of
-	// its grant, restarted at the cost when the key was not leased
-	// recently, else kept.
-	life := limiter.LeaseLifetime.Microseconds()
-	switch {
-	case k.gen == 0 || now-k.grantAt >= 2*life:
-		k.size = cost
-	case k.units < cost && now-k.grantAt < life:
-		k.size = min(2*k.size, c.maxLease)
-	}
-	want := min(max(k.size, cost), max(c.maxLease, cost))
+// refill asks the store for a new lease for k, whose shard (sh, index si)
+// is locked and is unlocked on return, and spends cost from it. now is
+// when the request was sent, read before the store's clock decided: the
+// lease's lifetime (and a window's end) is measured from it, not from
+// when the answer came, so however slow the reply, the lease is spent
+// only while the store's clock is within a lifetime of the grant and, for
+// the window counters, within the grant's window. It reports again,
+// having asked nothing, when a reset forgot the key before the request
+// could be sent: the caller asks afresh.
+func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, key string, cost, now int64) (d limiter.Admission, again bool, err error) {
+	want := c.nextSize(k, cost, now, false)
 	leftover, grant := k.units, k.grant
 	k.units, k.expires = 0, 0
 	r := &nearRefill{done: make(chan struct{})}
@@ -403,7 +518,10 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, k *nearKey, key strin
 	}
 	sent := now
 	now = c.clock.now()
+	c.noteRoundTrip(now - sent)
 
+	var ahead *nearAhead
+	reclaim := false
 	sh.mu.Lock()
 	k.refill = nil
 	r.d, r.err = d, err
@@ -424,41 +542,63 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, k *nearKey, key strin
 			d.Source = limiter.SourceStore
 		}
 	case !d.Allowed:
-		if c.denyFor > 0 {
-			k.cacheDenial(d.Decision, now, c.denyFor)
+		deny := c.denyFor
+		if c.reclaim != nil && now-k.reclaimedAt >= limiter.LeaseLifetime.Microseconds() {
+			// Other instances may hold units of the key in leases: ask
+			// for them, and ask the store again soon.
+			k.reclaimedAt, reclaim = now, true
+			deny = min(deny, ReclaimDeny.Microseconds())
+		}
+		if deny > 0 {
+			k.cacheDenial(d.Decision, now, deny)
 		}
 	default:
-		k.gen = c.gens.Add(1)
-		// The decision's times count on from the answer (the store
-		// decided no later), its lifetime from the send.
-		k.grant, k.grantAt = d, now
-		k.units = d.Receipt.Granted - cost
-		k.expires = sent + life
-		if c.window > 0 && d.Time > 0 {
-			k.expires = min(k.expires, sent+c.window-d.Time%c.window)
-		}
-		if c.cal != nil && d.Time > 0 {
-			_, end := c.cal.At(d.Time)
-			k.expires = min(k.expires, sent+end-d.Time)
-		}
+		k.nearLease = c.newLease(d, sent, now)
+		k.units -= cost
 		d = c.leaseAdmission(k, now)
 		d = holding(d, c, key, cost)
 		d.Source = limiter.SourceStore
+		ahead = c.aheadDue(k, key, si, cost, now)
 	}
 	if c.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
 		// request, as Close may have stopped waiting for give-backs.
-		back := nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, c.shardIndex(key)}
+		back := nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, si}
 		k.units, k.expires = 0, 0
 		k.pendingBacks++
 		defer c.giveBackNow([]nearBack{back})
 	}
+	name := k.name
 	sh.mu.Unlock()
 	close(r.done)
+	c.startAhead(ahead)
+	if reclaim {
+		c.reclaim(name)
+	}
 	if err != nil {
 		return limiter.Admission{}, false, err
 	}
 	return d, false, nil
+}
+
+// newLease is the lease the store's grant d makes: numbered, its
+// decision's times counting on from the answer at now (the store decided
+// no later), its lifetime from the send.
+func (c *Cache) newLease(d limiter.Admission, sent, now int64) nearLease {
+	l := nearLease{units: d.Receipt.Granted, grant: d, grantAt: now, since: now, gen: c.gens.Add(1)}
+	l.expires = sent + limiter.LeaseLifetime.Microseconds()
+	end := l.expires
+	if c.window > 0 && d.Time > 0 {
+		end = sent + c.window - d.Time%c.window
+	}
+	if c.cal != nil && d.Time > 0 {
+		_, e := c.cal.At(d.Time)
+		end = sent + e - d.Time
+	}
+	if end < l.expires {
+		l.expires, l.atWindowEnd = end, true
+	}
+	return l
 }
 
 // leaseAdmission is the admission of a request spent from k's lease at
@@ -515,7 +655,7 @@ func (c *Cache) GiveBack(ctx context.Context, key string, units int64, taken lim
 		now := c.clock.now()
 		sh := c.shard(key)
 		sh.mu.Lock()
-		if k := sh.keys[key]; c.takesBack(k, taken, now) {
+		if k := sh.keys[key]; c.takesBack(k, taken, units, now) {
 			k.units += units
 			a := c.leaseAdmission(k, now)
 			sh.mu.Unlock()
@@ -526,13 +666,19 @@ func (c *Cache) GiveBack(ctx context.Context, key string, units int64, taken lim
 	return c.store.GiveBack(ctx, key, units, taken)
 }
 
-// takesBack reports whether a give-back of taken goes back into k's lease
-// at now (see GiveBack); k's shard is locked.
-func (c *Cache) takesBack(k *nearKey, taken limiter.Receipt, now int64) bool {
+// takesBack reports whether a give-back of units of taken goes back into
+// k's lease at now (see GiveBack); k's shard is locked. While a lease
+// refilled ahead is held or asked for, only as many as keep the key's
+// units on this instance within the bound of a lease (see nearKey.next):
+// the rest go to the store.
+func (c *Cache) takesBack(k *nearKey, taken limiter.Receipt, units, now int64) bool {
 	if k == nil || taken.Lease == 0 || k.gen != taken.Lease || now >= k.expires {
 		return false
 	}
-	return !c.logsLeasesAhead || k.grant.Receipt.Name()-k.grant.Receipt.At >= limiter.LeaseLifetime.Microseconds()
+	if ahead := k.next.units + k.reserved; ahead > 0 && k.units+ahead+units > max(c.maxLease, k.granted()) {
+		return false
+	}
+	return c.spendsAhead(k.grant.Receipt)
 }
 
 // Charge implements Charger. The units the key's lease here still holds
@@ -577,7 +723,8 @@ func (c *Cache) Charge(ctx context.Context, key string, cost int64) (limiter.Adm
 }
 
 // Peek implements Store: the store's state plus what this instance's
-// lease of the key still holds, as a lease decision reports it.
+// leases of the key (the current one and one refilled ahead) still hold,
+// as a lease decision reports it.
 func (c *Cache) Peek(ctx context.Context, key string) (limiter.Decision, error) {
 	d, err := c.store.Peek(ctx, key)
 	if err != nil {
@@ -586,8 +733,13 @@ func (c *Cache) Peek(ctx context.Context, key string) (limiter.Decision, error) 
 	now := c.clock.now()
 	sh := c.shard(key)
 	sh.mu.Lock()
-	if k := sh.keys[key]; k != nil && now < k.expires {
-		d.Remaining = min(c.quota, d.Remaining+k.units)
+	if k := sh.keys[key]; k != nil {
+		if now < k.expires {
+			d.Remaining = min(c.quota, d.Remaining+k.units)
+		}
+		if now < k.next.expires {
+			d.Remaining = min(c.quota, d.Remaining+k.next.units)
+		}
 	}
 	sh.mu.Unlock()
 	return d, nil
@@ -619,9 +771,10 @@ func (c *Cache) Reset(ctx context.Context, key string) (bool, error) {
 	return existed || held, err
 }
 
-// forget drops key for an admin reset (see Reset): its lease, its cached
-// refusal, and what a refill under way brings back (nearKey.forgotten). It
-// reports whether the key held a lease's units or a refusal in force.
+// forget drops key for an admin reset (see Reset): its leases, its cached
+// refusal, and what a refill under way (asked by a request, or ahead)
+// brings back (nearKey.forgotten). It reports whether the key held a
+// lease's units or a refusal in force.
 func (c *Cache) forget(key string) bool {
 	now := c.clock.now()
 	sh := c.shard(key)
@@ -632,13 +785,13 @@ func (c *Cache) forget(key string) bool {
 	if k == nil {
 		return false
 	}
-	held := k.units > 0 || now < k.deniedUntil
+	held := k.held() > 0 || now < k.deniedUntil
 	// Removed even while a refill is under way: requests that come after
 	// the reset must not wait for an answer decided before it, but ask
 	// the store afresh. The refill still wakes those already waiting.
-	delete(sh.keys, key)
-	c.keys.Add(-1)
+	c.drop(sh, key, k)
 	k.units, k.expires, k.deniedUntil = 0, 0, 0
+	k.next = nearLease{}
 	k.forgotten = true
 	return held
 }
@@ -716,8 +869,9 @@ func (c *Cache) janitor() {
 	}
 }
 
-// sweep gives back expired leases (every lease when all is set, as Close
-// does) and forgets idle keys. It locks one shard at a time.
+// sweep gives back expired leases, current or refilled ahead (every lease
+// when all is set, as Close does), and forgets idle keys. It locks one
+// shard at a time.
 func (c *Cache) sweep(all bool) {
 	idleFor := 2 * limiter.LeaseLifetime.Microseconds()
 	var backs []nearBack
@@ -726,17 +880,22 @@ func (c *Cache) sweep(all bool) {
 		now := c.clock.now()
 		sh.mu.Lock()
 		for key, k := range sh.keys {
-			if k.units > 0 && (all || now >= k.expires) {
+			for _, l := range []*nearLease{&k.nearLease, &k.next} {
+				if l.units == 0 || !all && now < l.expires {
+					continue
+				}
 				if len(backs) == 0 {
 					c.givingBack.Add(1) // see giveBack
 				}
-				backs = append(backs, nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, i})
-				k.units, k.expires = 0, 0
+				if !all {
+					k.wasted(l)
+				}
+				backs = append(backs, nearBack{limiter.Return{Key: key, Units: l.units, Taken: l.grant.Receipt}, k, i})
+				l.units, l.expires = 0, 0
 				k.pendingBacks++
 			}
-			if k.units == 0 && k.refill == nil && k.pendingBacks == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
-				delete(sh.keys, key)
-				c.keys.Add(-1)
+			if k.held() == 0 && k.refill == nil && k.pendingBacks == 0 && now >= k.deniedUntil && now-k.used >= idleFor {
+				c.drop(sh, key, k)
 			}
 		}
 		sh.mu.Unlock()
@@ -751,12 +910,25 @@ func (c *Cache) sweep(all bool) {
 // still decides afterwards, by the store alone: Caddy may route requests
 // on old connections to a handler after its Cleanup.
 func (c *Cache) Close(ctx context.Context) error {
+	c.closeLeases()
+	return c.waitClosed(ctx)
+}
+
+// closeLeases is the first half of Close: no lease is spent or refilled
+// from here on, and every lease is given back (in the background).
+func (c *Cache) closeLeases() {
 	c.closed.Store(true)
 	c.stopOnce.Do(func() { close(c.stop) })
 	<-c.stopped // no sweep runs after this one
 	c.sweep(true)
+}
+
+// waitClosed is the second half of Close: it waits for the give-backs and
+// the refills ahead under way until ctx is done.
+func (c *Cache) waitClosed(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
+		c.aheads.Wait()
 		c.givingBack.Wait()
 		close(done)
 	}()
@@ -768,39 +940,87 @@ func (c *Cache) Close(ctx context.Context) error {
 	}
 }
 
+// ReclaimDeny is the longest a refusal is repeated from the denial cache
+// once the instance asked the others for the key's leases
+// (Options.Reclaim): about what their answer takes, so a unit they return
+// is admitted within tens of milliseconds.
+const ReclaimDeny = 50 * time.Millisecond
+
 // Len is how many keys the cache remembers.
 func (c *Cache) Len() int { return int(c.keys.Load()) }
 
 var _ limiter.Store = (*Cache)(nil)
 var _ limiter.Charger = (*Cache)(nil)
 
-// ReturnLease returns the unspent units of key's lease to the store and
-// forgets its cached refusal, because key's requests are now decided by
-// another limit (an override was set, changed or removed): units leased
-// under one limit are never spent under another. It waits for the
-// return until ctx is done.
+// ReturnLease returns the unspent units of key's leases (the current one,
+// one refilled ahead, and what a refill ahead under way brings) to the
+// store and forgets its cached refusal, because key's requests are now
+// decided by another limit (an override was set, changed or removed):
+// units leased under one limit are never spent under another. It waits
+// for the return until ctx is done, but not for a refill ahead under way,
+// which gives back on its own when it answers.
 func (c *Cache) ReturnLease(ctx context.Context, key string) error {
+	return c.returnLeases(ctx, key, false)
+}
+
+// ReturnNamed returns the unspent units of the leases of the key whose
+// name (Options.Name) is name, as ReturnLease does, if the cache holds
+// any: another instance was refused the key and asked for them
+// (Options.Reclaim). The key's next lease is half the size: demand for it
+// is elsewhere too.
+func (c *Cache) ReturnNamed(ctx context.Context, name string) error {
+	key, ok := c.names.Load(name)
+	if !ok {
+		return nil
+	}
+	return c.returnLeases(ctx, key.(string), true)
+}
+
+// returnLeases is ReturnLease; shrink halves the key's next lease.
+func (c *Cache) returnLeases(ctx context.Context, key string, shrink bool) error {
 	sh := c.shard(key)
 	// Held from before the units leave the lease until the store has
 	// them, so no reset runs between (nearShard.backs).
 	sh.backs.RLock()
 	defer sh.backs.RUnlock()
 	var back []limiter.Return
+	var units int64
 	sh.mu.Lock()
 	if k := sh.keys[key]; k != nil {
-		if k.units > 0 {
-			back = []limiter.Return{{Key: key, Units: k.units, Taken: k.grant.Receipt}}
+		back, units = k.surrender(key, nil)
+		if shrink {
+			k.size = max(1, k.size/2)
+		} else {
+			k.deniedUntil = 0 // a refusal under the old limit
 		}
-		k.units, k.expires, k.deniedUntil = 0, 0, 0
 	}
 	sh.mu.Unlock()
 	if len(back) == 0 {
 		return nil
 	}
 	if err := c.store.ReturnMany(ctx, back); err != nil {
-		return fmt.Errorf("returning %d unspent units of key's lease: %w", back[0].Units, err)
+		return fmt.Errorf("returning %d unspent units of key's leases: %w", units, err)
 	}
 	return nil
+}
+
+// surrender empties k's leases (k's shard is locked), the current one
+// and one refilled ahead, for a return to the store, and makes a refill
+// ahead under way give back what it brings (nearKey.returns): every
+// place the key holds units. It appends their returns to back and
+// reports them with their units. ReturnLease, ReturnNamed and
+// ReturnLeasesWithPrefix all return through it, so none forgets a lease.
+func (k *nearKey) surrender(key string, back []limiter.Return) ([]limiter.Return, int64) {
+	var units int64
+	for _, l := range []*nearLease{&k.nearLease, &k.next} {
+		if l.units > 0 {
+			back = append(back, limiter.Return{Key: key, Units: l.units, Taken: l.grant.Receipt})
+			units += l.units
+		}
+		l.units, l.expires = 0, 0
+	}
+	k.returns++
+	return back, units
 }
 
 // leaseTraits is what the cache must know of how the stores count an
@@ -814,6 +1034,11 @@ type leaseTraits struct {
 	// ahead of its grant (the sliding log), so a unit must not be spent
 	// from a lease that was not: see Cache.GiveBack.
 	logsAhead bool
+	// returnsCredit is set when units given back are credited when they
+	// come (the token bucket), not to the window or log entry that took
+	// them, so they must come back soon after their grant: see
+	// aheadTimeout.
+	returnsCredit bool
 }
 
 // leaseTraitsOf describes the algorithms that lease (limiter.Traits.Leases);
@@ -822,6 +1047,7 @@ var leaseTraitsOf = map[limiter.Algorithm]leaseTraits{
 	limiter.FixedWindow:          {endsWithWindow: true},
 	limiter.SlidingWindowLog:     {logsAhead: true},
 	limiter.SlidingWindowCounter: {endsWithWindow: true},
+	limiter.TokenBucket:          {returnsCredit: true},
 }
 
 // holding is a when it refused; when it admitted, a holding held units of
@@ -862,7 +1088,8 @@ func microseconds(us int64) time.Duration {
 
 // ReturnLeasesWithPrefix is ReturnLease for every key the cache holds
 // that starts with prefix, because a prefix override was set, changed or
-// removed. It visits the shards one at a time, each returned in one call
+// removed: both leases of each key, and what a refill ahead under way
+// brings (nearKey.surrender). It visits the shards one at a time, each returned in one call
 // to the store, and waits for the returns until ctx is done.
 func (c *Cache) ReturnLeasesWithPrefix(ctx context.Context, prefix string) error {
 	var errs []error
@@ -886,11 +1113,10 @@ func (c *Cache) returnShardLeases(ctx context.Context, sh *nearShard, prefix str
 		if !strings.HasPrefix(key, prefix) {
 			continue
 		}
-		if k.units > 0 {
-			back = append(back, limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt})
-			units += k.units
-		}
-		k.units, k.expires, k.deniedUntil = 0, 0, 0
+		var n int64
+		back, n = k.surrender(key, back)
+		units += n
+		k.deniedUntil = 0 // a refusal under the old limit
 	}
 	sh.mu.Unlock()
 	if len(back) == 0 {

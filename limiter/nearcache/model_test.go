@@ -34,7 +34,9 @@ import (
 // admission after every step: see
 // modelRun.checkKey and checkBucket for the limits, modelRun.reset for the
 // allowance after an admin reset, and modelRun.quiet for the check that no
-// unit is stranded.
+// unit is stranded. Refills ahead are sent and answered at steps of the
+// schedule's own (model_ahead_test.go), and so are the requests of a
+// refused instance for the others' leases (modelRun.reclaim).
 //
 // Replay one schedule with -model.seed=N (or FLOODGATE_MODEL_SEED=N) and a
 // -run pattern naming its case, as a failure prints them; a whole run with
@@ -53,6 +55,12 @@ func TestModel(t *testing.T) {
 			totals.charges.Load(), totals.paid.Load(), totals.overdrawn.Load(), totals.capped.Load(), totals.partial.Load())
 		if !replay && !modelFlags.Skipping() && (totals.paid.Load() == 0 || totals.overdrawn.Load() == 0 || totals.capped.Load() == 0 || totals.partial.Load() == 0) {
 			t.Error("the schedules should charge from leases, overdraw, reach the cap and refund in part")
+		}
+		t.Logf("model refills ahead: %d (%d admissions spent from them, %d requests waited for one); answered after the current lease expired %d, after a reset on another instance %d, to a closed cache %d; left unsent by a reset %d",
+			totals.aheads.Load(), totals.aheadSpends.Load(), totals.waited.Load(), totals.aheadsLate.Load(), totals.aheadsReset.Load(), totals.aheadsClosed.Load(), totals.aheadsForgotten.Load())
+		t.Logf("model reclaims: %d instances returned leases another asked for", totals.reclaimed.Load())
+		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.reclaimed.Load() == 0 || totals.aheadSpends.Load() == 0 || totals.waited.Load() == 0 || totals.aheadsLate.Load() == 0 || totals.aheadsReset.Load() == 0 || totals.aheadsClosed.Load() == 0) {
+			t.Error("the schedules should reclaim leases, spend leases refilled ahead, wait for one, and have one answer after the current lease expired, after a reset elsewhere and to a closed cache")
 		}
 	})
 	totals.start = time.Now()
@@ -100,11 +108,14 @@ var modelFlags = testutil.NewModelFlags(testutil.ModelConfig{
 	Kinds: modelStepKinds,
 })
 
+// modelTraceFlag logs every schedule's steps, not only a failing one's.
+var modelTraceFlag = flag.Bool("model.trace", false, "TestModel: log the steps of every schedule")
+
 // modelBackFlag bounds the clock's steps back (see modelBackFor).
 var modelBackFlag = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
 
 // modelStepKinds are the steps -model.skip can leave out.
-var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor"}
+var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor", "ahead", "close", "reclaim"}
 
 // modelSkips reports whether -model.skip leaves out kind.
 func modelSkips(kind string) bool { return modelFlags.Skips(kind) }
@@ -165,6 +176,16 @@ type modelTotals struct {
 	// limit, capped those the cap on debt cut short; partial counts
 	// refunds of part of an admission.
 	charges, paid, overdrawn, capped, partial atomic.Int64
+	// aheads counts refills ahead; aheadSpends the admissions spent from
+	// a lease refilled ahead; waited the requests that waited for one;
+	// aheadsLate those that answered after the current lease expired,
+	// aheadsReset those decided before a reset on another instance and
+	// answered after it, aheadsClosed those that answered a closed cache,
+	// aheadsForgotten those a reset on their own instance left unsent.
+	aheads, aheadSpends, waited, aheadsLate, aheadsReset, aheadsClosed, aheadsForgotten atomic.Int64
+	// reclaimed counts the instances that returned leases another asked
+	// for.
+	reclaimed atomic.Int64
 }
 
 // modelCase is one algorithm with leases of fraction (0: none).
@@ -376,10 +397,12 @@ type modelStepBack struct {
 	from, to, top, d int64
 }
 
-// modelStaleLease is a lease another instance held when the key was reset.
+// modelStaleLease is a lease another instance held when the key was reset,
+// or a refill ahead of it whose store had decided, then its lease.
 type modelStaleLease struct {
-	inst int
-	gen  uint64
+	inst  int
+	gen   uint64
+	ahead *modelAhead
 }
 
 // modelGen is one policy under one zone name: the instances' caches (or
@@ -403,6 +426,8 @@ type modelGen struct {
 	// refunded is when a refund last went back into a lease: its units
 	// are spent again no earlier, even if the clock stepped back since.
 	refunded map[modelGrant]int64
+	// aheadGens marks the leases that were refilled ahead.
+	aheadGens map[modelGrant]bool
 }
 
 type modelGrant struct {
@@ -424,6 +449,11 @@ type modelSlowLeaser struct {
 	delay     time.Duration
 	decided   int64
 	resetMid  *modelMidReset
+	// ahead is the refill ahead the model is sending (see TakeUpTo).
+	ahead *modelAhead
+	// returned lists the keys of the returns it took (ReturnMany).
+	mu       sync.Mutex
+	returned []string
 }
 
 // modelMidReset is the reset a take's answer waits for: on instance inst
@@ -491,6 +521,14 @@ type modelRun struct {
 	// of its steps back (see modelCacheClock).
 	ahead   atomic.Int64
 	failure string
+	// aheads are the refills ahead under way (model_ahead_test.go);
+	// waits and resume the hand-over of a request that waits for one.
+	aheads   []*modelAhead
+	aheadSeq int
+	// reclaims are the requests for leases not yet delivered.
+	reclaims []modelReclaim
+	waits    chan modelWait
+	resume   chan struct{}
 }
 
 var modelPrefixSeq atomic.Int64
@@ -520,6 +558,11 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 	rng := rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d))
 	windows := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 30 * time.Second}
 	p := limiter.Policy{Algorithm: c.alg, Events: 1 + rng.Int64N(8), Window: windows[rng.IntN(len(windows))]}
+	if rng.IntN(3) == 0 {
+		// A larger limit: leases grow over several requests, and a busy
+		// key is refilled ahead (a streak of leases, then a lease low).
+		p.Events = 9 + rng.Int64N(32)
+	}
 	if c.alg == limiter.TokenBucket && rng.IntN(2) == 0 {
 		p.Burst = 1 + rng.Int64N(2*p.Events)
 	}
@@ -530,6 +573,7 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 		clock: testutil.NewClock(start), start: start.UnixMicro(), hwm: start.UnixMicro(),
 		clients: clients, keys: []string{"alice", "bob"}, stats: stats, back: modelBackFor(c.alg),
 		prefix: fmt.Sprintf("fgmodel-%d-%d:", modelPrefixSeq.Add(1), seed),
+		waits:  make(chan modelWait), resume: make(chan struct{}),
 	}
 	m.lastRenew, m.lastJanitor = m.hwm, m.hwm
 	defer m.closeAll()
@@ -549,6 +593,9 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 		m.quiet("end of schedule")
 	}
 	totals.admissions.Add(int64(m.nextID))
+	if *modelTraceFlag {
+		t.Log(strings.Join(m.log, "\n"))
+	}
 	if m.failure == "" {
 		return true
 	}
@@ -584,7 +631,8 @@ func (m *modelRun) addGen(p limiter.Policy) error {
 	}
 	q, _ := p.Quota()
 	g := &modelGen{p: p, l: params.L, w: params.W, b: params.B, quota: q,
-		keys: map[string]*modelKeyState{}, grants: map[modelGrant]int64{}, rawGrants: map[modelGrant]int64{}, refunded: map[modelGrant]int64{}}
+		keys: map[string]*modelKeyState{}, grants: map[modelGrant]int64{}, rawGrants: map[modelGrant]int64{}, refunded: map[modelGrant]int64{},
+		aheadGens: map[modelGrant]bool{}}
 	g.maxLease = int64(math.Ceil(m.c.fraction * float64(q)))
 	for _, k := range m.keys {
 		g.keys[k] = &modelKeyState{extraUntil: math.MinInt64}
@@ -625,7 +673,9 @@ func (m *modelRun) addGen(p limiter.Policy) error {
 		if p.Algorithm == limiter.Concurrency {
 			continue
 		}
-		cache, err := New(s, p, Options{LeaseFraction: m.c.fraction, DenyFor: denyFor, Clock: modelCacheClock{m}, manualSweep: true})
+		opts := Options{LeaseFraction: m.c.fraction, DenyFor: denyFor, Clock: modelCacheClock{m}, manualSweep: true}
+		m.aheadHooks(len(m.gens), i, &opts)
+		cache, err := New(s, p, opts)
 		if err != nil {
 			return err
 		}
@@ -637,6 +687,7 @@ func (m *modelRun) addGen(p limiter.Policy) error {
 }
 
 func (m *modelRun) closeAll() {
+	m.completeAheads(-1, -1, aheadQueued)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, g := range m.gens {
@@ -698,8 +749,12 @@ func (m *modelRun) doStep() {
 		if !modelSkips("sweep") {
 			m.sweep(gi, m.rng.IntN(modelInstances))
 		}
-	case r < 800: // a small step: log-uniform in 1µs..W/3
+	case r < 760: // a small step: log-uniform in 1µs..W/3
 		m.advance(time.Duration(math.Exp(m.rng.Float64()*math.Log(float64(w/3)))) * time.Microsecond)
+	case r < 800:
+		if !modelSkips("ahead") {
+			m.stepAhead()
+		}
 	case r < 820: // a larger one: W/3..3W
 		m.advance(time.Duration(w/3+m.rng.Int64N(3*w)) * time.Microsecond)
 	case r < 900:
@@ -717,6 +772,18 @@ func (m *modelRun) doStep() {
 	case r < 975:
 		if len(m.gens) == 1 && !modelSkips("limit") {
 			m.limitChange()
+		}
+	case r < 985:
+		if !modelSkips("ahead") {
+			m.stepAhead()
+		}
+	case r < 995:
+		if !modelSkips("reclaim") {
+			m.reclaim()
+		}
+	case r < 997:
+		if !modelSkips("close") {
+			m.closeInstance(gi, m.rng.IntN(modelInstances))
 		}
 	default:
 		if !modelSkips("quiet") {
@@ -743,6 +810,9 @@ func (m *modelRun) edge(g *modelGen) {
 					for _, k := range sh.keys {
 						if exp := k.expires - ahead; k.units > 0 && exp > now && exp < target {
 							target, what = exp, "lease expiry"
+						}
+						if exp := k.next.expires - ahead; k.next.units > 0 && exp > now && exp < target {
+							target, what = exp, "expiry of a lease refilled ahead"
 						}
 					}
 					sh.mu.Unlock()
@@ -829,7 +899,15 @@ func (m *modelRun) advance(d time.Duration) {
 		if m.cacheNow()-m.lastJanitor >= janitor {
 			m.janitor()
 		}
+		// A refill ahead answers by its deadline (aheadTimeout).
+		for at, a := m.nextDeadline(); a != nil && at <= m.cacheNow(); at, a = m.nextDeadline() {
+			m.logf("gen %d inst %d: A%d answers at its deadline", a.gi, a.inst, a.id)
+			m.deliverAhead(a)
+		}
 		step := min(d, time.Duration(m.lastJanitor+janitor-m.cacheNow())*time.Microsecond)
+		if at, a := m.nextDeadline(); a != nil {
+			step = min(step, time.Duration(at-m.cacheNow())*time.Microsecond)
+		}
 		if w := m.renewEvery(); w > 0 {
 			next := time.Duration(m.lastRenew+w-now) * time.Microsecond
 			if next <= 0 {
@@ -845,6 +923,9 @@ func (m *modelRun) advance(d time.Duration) {
 	}
 	if m.cacheNow()-m.lastJanitor >= janitor {
 		m.janitor()
+	}
+	for at, a := m.nextDeadline(); a != nil && at <= m.cacheNow(); at, a = m.nextDeadline() {
+		m.deliverAhead(a)
 	}
 }
 
@@ -923,7 +1004,8 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	if g.caches == nil {
 		d, err = st.Take(m.ctx, key, cost)
 	} else {
-		d, err = g.caches[inst].Take(m.ctx, key, cost)
+		m.callWaiting(func() { d, err = g.caches[inst].Take(m.ctx, key, cost) })
+		m.drainReturns(g) // a lease the next one replaced
 	}
 	st.delay, st.resetMid = 0, nil
 	m.observe()
@@ -937,6 +1019,14 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	}
 	if !d.Allowed {
 		m.logf("gen %d inst %d take %s %d%s: denied by %v, remaining %d, retry %v", gi, inst, key, cost, slowNote, d.Source, d.Remaining, d.RetryAfter)
+		if st.decided != 0 {
+			// A refusal is a decision of the store on the key's timeline
+			// too: the store moved the key's time on (a sliding log
+			// dropped the entries that left its window then), so what it
+			// admits after a step back of the clock counts no earlier.
+			ks := g.keys[key]
+			ks.hwm = max(ks.hwm, st.decided)
+		}
 		return
 	}
 	ks := g.keys[key]
@@ -970,6 +1060,9 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		}
 		lg := modelGrant{inst, key, d.Receipt.Lease}
 		a.spend, a.store, a.raw, a.leased = max(m.clock.Now().UnixMicro(), at, prev, g.refunded[lg]), at, g.rawGrants[lg], true
+		if g.aheadGens[lg] {
+			m.totals.aheadSpends.Add(1)
+		}
 		if g.p.Algorithm == limiter.FixedWindow || g.p.Algorithm == limiter.SlidingWindowCounter {
 			// The store counted a window's lease in the window it was
 			// granted in: after a step back the spend stays there, not at
@@ -1126,7 +1219,7 @@ func (m *modelRun) refund() {
 	if g.caches == nil {
 		d, err = g.stores[a.inst].GiveBack(m.ctx, a.key, a.cost, a.d.Receipt)
 	} else {
-		toStore = !g.caches[a.inst].refundsIntoLease(a.key, a.d.Receipt)
+		toStore = !g.caches[a.inst].refundsIntoLease(a.key, a.cost, a.d.Receipt)
 		d, err = g.caches[a.inst].GiveBack(m.ctx, a.key, a.cost, a.d.Receipt)
 	}
 	if toStore {
@@ -1174,7 +1267,7 @@ func (m *modelRun) refund() {
 		if !toStore {
 			// Refunded into a lease granted before the reset: its units
 			// may pass until that lease is spent or given back.
-			ks.stale = append(ks.stale, modelStaleLease{a.inst, a.d.Receipt.Lease})
+			ks.stale = append(ks.stale, modelStaleLease{inst: a.inst, gen: a.d.Receipt.Lease})
 			ks.extraUntil = math.MaxInt64
 		}
 	}
@@ -1210,6 +1303,9 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	if g.caches == nil {
 		_, err = g.stores[inst].Reset(m.ctx, key)
 	} else {
+		// A reset waits for the refills ahead whose store decided on its
+		// instance (nearShard.backs): their answers come first.
+		m.completeAheads(gi, inst, aheadDecided)
 		_, err = g.caches[inst].Reset(m.ctx, key)
 	}
 	now := m.observe()
@@ -1234,15 +1330,28 @@ func (m *modelRun) reset(gi, inst int, key string) {
 		if j == inst {
 			continue
 		}
-		if units, gen, _ := cache.lease(key); units > 0 {
-			ks.extra += units
-			ks.stale = append(ks.stale, modelStaleLease{j, gen})
+		for _, l := range cache.leases(key) {
+			if l.units > 0 {
+				ks.extra += l.units
+				ks.stale = append(ks.stale, modelStaleLease{inst: j, gen: l.gen})
+			}
+		}
+	}
+	// So do refills ahead that other instances' stores decided before the
+	// reset, whose answers have not come: they are spent after it.
+	for _, a := range m.aheads {
+		if a.gi == gi && a.inst != inst && a.key == key && a.state == aheadDecided && a.d.Allowed {
+			ks.extra += a.d.Receipt.Granted
+			ks.stale = append(ks.stale, modelStaleLease{inst: a.inst, ahead: a})
 		}
 	}
 	// A lease is at least the cost of the request that took it, and
 	// units refunded into a lease return there, so a lease may hold up to
 	// max(⌈f·Q⌉, the largest cost) units: more than the
-	// ⌈f·Q⌉ of docs/near-cache.md when a request costs more than that.
+	// ⌈f·Q⌉ of docs/near-cache.md when a request costs more than that. A
+	// key's leases on an instance, the current one and the next
+	// (refilled ahead, or being refilled) together, hold no more than
+	// one lease may.
 	if limit := int64(modelInstances-1) * max(g.maxLease, min(3, g.quota)); ks.extra > limit {
 		m.fail("gen %d: other instances hold %d units of %s at its reset, more than (instances − 1) × max(⌈f·Q⌉, cost) = %d", gi, ks.extra, key, limit)
 	}
@@ -1269,28 +1378,20 @@ func (m *modelRun) touch(g *modelGen, key string) {
 // sweepCache runs a janitor pass of cache, waits for its give-backs, and
 // notes the keys whose state they touched.
 func (m *modelRun) sweepCache(g *modelGen, cache *Cache) {
-	now := m.cacheNow() // leases expire on the caches' clock
-	var backs []string
-	for _, key := range m.keys {
-		if units, _, expires := cache.lease(key); units > 0 && now >= expires {
-			backs = append(backs, key)
-		}
-	}
 	cache.sweep(false)
 	cache.givingBack.Wait()
-	for _, key := range backs {
-		m.touch(g, key)
-	}
+	m.drainReturns(g)
 }
 
-// refundsIntoLease reports whether a refund of taken would go back into
-// c's lease of key now rather than to the store (as GiveBack decides).
-func (c *Cache) refundsIntoLease(key string, taken limiter.Receipt) bool {
+// refundsIntoLease reports whether a refund of units of taken would go
+// back into c's lease of key now rather than to the store (as GiveBack
+// decides).
+func (c *Cache) refundsIntoLease(key string, units int64, taken limiter.Receipt) bool {
 	now := c.clock.now()
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return c.takesBack(sh.keys[key], taken, now)
+	return c.takesBack(sh.keys[key], taken, units, now)
 }
 
 // lease is the unspent units, the number and the expiry (µs) of the
@@ -1345,7 +1446,8 @@ func (m *modelRun) limitChange() {
 // (a lost refund, a lease never given back) shows as too little remaining;
 // a unit counted where it was not spent, as too much.
 func (m *modelRun) quiet(why string) {
-	m.logf("%s: leases lapse", why)
+	m.logf("%s: refills ahead answer, leases lapse", why)
+	m.completeAheads(-1, -1, aheadQueued)
 	target := m.observe() + limiter.LeaseLifetime.Microseconds() + 1000
 	m.advance(time.Duration(target-m.clock.Now().UnixMicro()) * time.Microsecond)
 	m.renewIfDue()
@@ -1518,8 +1620,18 @@ func (m *modelRun) settleStale(g *modelGen, ks *modelKeyState, now int64) {
 	}
 	held := ks.stale[:0]
 	for _, s := range ks.stale {
-		if units, gen, _ := g.caches[s.inst].lease(key); units > 0 && gen == s.gen {
-			held = append(held, s)
+		if s.ahead != nil {
+			if s.ahead.state != aheadDone {
+				held = append(held, s)
+				continue
+			}
+			s.gen, s.ahead = s.ahead.gen, nil
+		}
+		for _, l := range g.caches[s.inst].leases(key) {
+			if l.units > 0 && l.gen == s.gen && s.gen != 0 {
+				held = append(held, s)
+				break
+			}
 		}
 	}
 	ks.stale = held

@@ -167,9 +167,8 @@ type overrideZone struct {
 	// tests can wait until a zone hears its messages.
 	subscriptions atomic.Int64
 
-	psMu     sync.Mutex
-	ps       *redis.PubSub
-	psClosed bool
+	// sub is the subscription to the set's channel.
+	sub subscription
 }
 
 // ownWrite is where one of this instance's writes stands.
@@ -271,6 +270,19 @@ func (r *Overrides) Zone(ctx context.Context, zone string) (*limiter.OverrideTab
 		refs:  1,
 	}
 	z.ctx, z.cancel = context.WithCancel(r.ctx)
+	z.sub = subscription{
+		client: r.client, channel: z.key, ctx: z.ctx, timeout: r.timeout,
+		// Subscribed anew: whatever was published while it was not is in
+		// the set's version.
+		subscribed: func() {
+			z.check()
+			z.subscriptions.Add(1)
+		},
+		message: z.message,
+		fail: func(err error) {
+			r.fail(fmt.Errorf("overrides of zone %q: %w", zone, err))
+		},
+	}
 	// Held until the first load ends, so that the first check of the
 	// subscription (on its confirmation) finds the table loaded and does
 	// not load it again.
@@ -278,7 +290,10 @@ func (r *Overrides) Zone(ctx context.Context, zone string) (*limiter.OverrideTab
 	r.zones[zone] = z
 	r.wg.Add(2)
 	r.mu.Unlock()
-	go z.subscribe()
+	go func() {
+		defer r.wg.Done()
+		z.sub.run()
+	}()
 	go z.refreshEvery()
 
 	_, lapsed, err := z.loadLocked(ctx)
@@ -312,7 +327,7 @@ func (r *Overrides) Release(zone string) {
 	delete(r.zones, zone)
 	r.mu.Unlock()
 	z.cancel()
-	z.closeSubscription()
+	z.sub.close()
 }
 
 // wait is Zone for a zone another call opened.
@@ -604,109 +619,10 @@ func (r *Overrides) Close() error {
 	r.mu.Unlock()
 	r.cancel()
 	for _, z := range zones {
-		z.closeSubscription()
+		z.sub.close()
 	}
 	r.wg.Wait()
 	return nil
-}
-
-// subscribe receives the zone's messages until Close, resubscribing (with
-// a pause that grows while it fails) after every error.
-func (z *overrideZone) subscribe() {
-	defer z.r.wg.Done()
-	var ps *redis.PubSub
-	var backoff time.Duration
-	for z.ctx.Err() == nil {
-		if ps == nil {
-			var err error
-			if ps, err = z.openSubscription(); err != nil {
-				if errors.Is(err, errOverridesClosed) {
-					return
-				}
-				z.r.fail(fmt.Errorf("overrides of zone %q: subscribing to %s: %w", z.name, z.key, err))
-				if !z.pause(&backoff) {
-					return
-				}
-				continue
-			}
-		}
-		// go-redis reconnects and resubscribes by itself after an error,
-		// and the next Receive then returns the new subscription's
-		// confirmation.
-		msg, err := ps.Receive(z.ctx)
-		if z.ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			z.r.fail(fmt.Errorf("overrides of zone %q: subscription to %s: %w", z.name, z.key, err))
-			if !z.pause(&backoff) {
-				return
-			}
-			continue
-		}
-		backoff = 0
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind == "subscribe" {
-				// Subscribed anew: whatever was published while it was
-				// not is in the set's version.
-				z.check()
-				z.subscriptions.Add(1)
-			}
-		case *redis.Message:
-			z.message(m.Payload)
-		}
-	}
-}
-
-// openSubscription subscribes to the zone's channel. On a Ring it asks the
-// set's shard itself, whose Subscribe does not panic as the Ring's does
-// when the Ring is closed.
-func (z *overrideZone) openSubscription() (*redis.PubSub, error) {
-	z.psMu.Lock()
-	defer z.psMu.Unlock()
-	if z.psClosed {
-		return nil, errOverridesClosed
-	}
-	ctx, cancel := z.r.call(z.ctx)
-	defer cancel()
-	var ps *redis.PubSub
-	if ring, ok := z.r.client.(*redis.Ring); ok {
-		shard, err := ring.GetShardClientForKey(z.key)
-		if err != nil {
-			return nil, err
-		}
-		ps = shard.Subscribe(ctx, z.key)
-	} else {
-		ps = z.r.client.Subscribe(ctx, z.key)
-	}
-	z.ps = ps
-	return ps, nil
-}
-
-// closeSubscription closes the zone's subscription, which ends a Receive
-// waiting on it.
-func (z *overrideZone) closeSubscription() {
-	z.psMu.Lock()
-	defer z.psMu.Unlock()
-	z.psClosed = true
-	if z.ps != nil {
-		_ = z.ps.Close()
-	}
-}
-
-// pause waits out *backoff, grown for the next failure, unless the zone
-// is closed or released first; it reports whether to go on.
-func (z *overrideZone) pause(backoff *time.Duration) bool {
-	*backoff = min(max(2**backoff, subscribeBackoffMin), subscribeBackoffMax)
-	t := time.NewTimer(*backoff)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-z.ctx.Done():
-		return false
-	}
 }
 
 // refreshEvery checks the zone's set every Refresh until Close or Release, and drops
