@@ -116,3 +116,77 @@ func TestEmptyBatchTrackedUntilThePoolSaysItLapsed(t *testing.T) {
 		t.Errorf("global has %d left after the janitor's sweep of the lapsed batch, want 8: the unit given back into it was not returned", got)
 	}
 }
+
+// TestLateRestOfATokenBucketBatch: the rest of a batch whose installer
+// never returned it (it died, or closed after installing it) is found by
+// the next refill long after its grant. A token bucket credits a return
+// whenever it comes, and it had refilled those tokens meanwhile: returned
+// whole, they would pass on top of a full bucket. Another region takes
+// the full bucket; the refill that finds the old rest must then be
+// refused, not admitted from tokens the bucket had already refilled.
+func TestLateRestOfATokenBucketBatch(t *testing.T) {
+	ctx := context.Background()
+	r := newDrainRegion(t, limiter.Policy{Algorithm: limiter.TokenBucket, Events: 10, Window: 10 * time.Second})
+	a, b := r.store(r.pool, nil), r.store(r.pool, nil)
+	other := r.store(NewMemoryPool(r.clock), nil)
+	for range 4 {
+		storetest.MustAdmit(t, a, "k") // batches of 1, 2 and 4: 3 to spare
+	}
+	if ps, _ := r.pool.Peek(ctx, "k"); ps.Batch.Units != 3 {
+		t.Fatalf("A's batch holds %d units, want 3", ps.Batch.Units)
+	}
+	// A never sweeps. Nine seconds on, the bucket is full again.
+	r.clock.Advance(9 * time.Second)
+	if got := r.remaining("k"); got != 10 {
+		t.Fatalf("the bucket holds %d, want 10 (full)", got)
+	}
+	all, err := other.TakeUpTo(ctx, "k", 1, 10)
+	if err != nil || !all.Allowed || all.Granted() != 10 {
+		t.Fatalf("the other region's lease of the full bucket: %+v, %v", all, err)
+	}
+	got, err := b.Take(ctx, "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Allowed {
+		t.Errorf("B admitted right after the other region emptied a full bucket (%+v): the 3 units A's batch held 8 s past its lapse went back whole, though the bucket had refilled them", got.Decision)
+	}
+	if left := r.remaining("k"); left != 0 {
+		t.Errorf("the bucket holds %d after the late rest went back, want 0", left)
+	}
+}
+
+// TestLateRestCredit: what lateRest lets go back of a token bucket's
+// batch: all of it up to the janitor's tick after its lapse, then less a
+// unit per unit the bucket refilled (rounded up), never below zero; the
+// window counters' whole.
+func TestLateRestCredit(t *testing.T) {
+	tick := janitorEvery.Microseconds()
+	for _, c := range []struct {
+		alg         limiter.Algorithm
+		units, late int64
+		want        int64
+	}{
+		{limiter.TokenBucket, 5, -1000, 5},
+		{limiter.TokenBucket, 5, tick, 5},
+		{limiter.TokenBucket, 5, tick + 1, 4},         // 1µs of 1/s: rounded up to a unit
+		{limiter.TokenBucket, 5, tick + 2_000_000, 3}, // 2 s: 2 units
+		{limiter.TokenBucket, 5, tick + 2_000_001, 2}, // a µs more: 3
+		{limiter.TokenBucket, 5, tick + 3_600_000_000, 0},
+		{limiter.TokenBucket, 5, 1 << 62, 0},
+		{limiter.FixedWindow, 5, tick + 3_600_000_000, 5},
+	} {
+		p := limiter.Policy{Algorithm: c.alg, Events: 10, Window: 10 * time.Second}
+		global, err := limiter.NewMemory(p, limiter.MemoryOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(global, NewMemoryPool(nil), p, Options{RegionQuota: 1, manualSweep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.lateRest(c.units, c.late); got != c.want {
+			t.Errorf("%s: %d units %dµs after their lapse: %d go back, want %d", c.alg, c.units, c.late, got, c.want)
+		}
+	}
+}
