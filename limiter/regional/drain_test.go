@@ -157,11 +157,11 @@ func TestLateRestOfATokenBucketBatch(t *testing.T) {
 }
 
 // TestLateRestCredit: what lateRest lets go back of a token bucket's
-// batch: all of it up to the janitor's tick after its lapse, then less a
+// batch: all of it up to lateGrace after its lapse, then less a
 // unit per unit the bucket refilled (rounded up), never below zero; the
 // window counters' whole.
 func TestLateRestCredit(t *testing.T) {
-	tick := janitorEvery.Microseconds()
+	tick := lateGrace.Microseconds()
 	for _, c := range []struct {
 		alg         limiter.Algorithm
 		units, late int64

@@ -12,6 +12,11 @@ import (
 // are back in global within janitorEvery of their lapse.
 const janitorEvery = Lifetime / 4
 
+// lateGrace is how long after its lapse a token bucket's batch rest
+// still goes back whole (Store.lateRest): the janitor's tick, and as
+// much again for a tick that comes late on a busy machine.
+const lateGrace = 2 * janitorEvery
+
 // janitor returns the unspent units of the batches this instance
 // installed once they lapse, every janitorEvery.
 func (s *Store) janitor() {

@@ -329,8 +329,8 @@ func (m *regionRun) step() {
 // lapse, as in production; the schedule's own sweep steps come on top.
 // With -regions.skip=janitor only those steps and refills return lapsed
 // batches, as when their installers died: Store.lateRest then keeps the
-// token bucket's bound, which allows r × janitorEvery more (a return
-// that late still credits in full).
+// token bucket's bound, which allows r × lateGrace more (a return that
+// late still credits in full).
 func (m *regionRun) advance(d time.Duration) {
 	m.logf("advance %v", d)
 	every := janitorEvery.Microseconds()
@@ -432,7 +432,7 @@ func (m *regionRun) check() {
 		case limiter.TokenBucket:
 			slack := (Lifetime + regionRefundDelay).Microseconds()
 			if m.skips("janitor") {
-				slack += janitorEvery.Microseconds()
+				slack += lateGrace.Microseconds()
 			}
 			for j, b := range live {
 				var n int64

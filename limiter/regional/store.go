@@ -431,14 +431,15 @@ func (s *Store) track(key string, b Batch, sent int64) {
 // that lapsed late µs ago. A token bucket credits a return in full
 // whenever it comes, though it refilled meanwhile: tokens returned long
 // after their grant could pass on top of B + r×T + r×Lifetime, up to r ×
-// the delay. The janitor returns a lapsed batch within janitorEvery; a
-// rest that waited longer (its installer died or closed, and a refill or
-// a late sweep found it) goes back less what the bucket refilled in the
-// time past that: an under-admission of at most those units instead.
-// The window counters and the log credit the window or entry a return
-// names, so theirs go back whole.
+// the delay. The janitor returns a lapsed batch within janitorEvery
+// (lateGrace allows a tick as late again); a rest that waited longer
+// (its installer died or closed, and a refill or a late sweep found it)
+// goes back less what the bucket refilled in the time past lateGrace:
+// an under-admission of at most those units instead. The window
+// counters and the log credit the window or entry a return names, so
+// theirs go back whole.
 func (s *Store) lateRest(units, late int64) int64 {
-	over := late - janitorEvery.Microseconds()
+	over := late - lateGrace.Microseconds()
 	if s.alg != limiter.TokenBucket || units <= 0 || over <= 0 {
 		return max(0, units)
 	}
