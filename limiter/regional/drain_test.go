@@ -190,3 +190,52 @@ func TestLateRestCredit(t *testing.T) {
 		}
 	}
 }
+
+// resetHookGlobal is a global Memory that runs beforeReset (once) when a
+// reset reaches it: what other instances do while a reset is under way.
+type resetHookGlobal struct {
+	*limiter.Memory
+	beforeReset func()
+}
+
+func (g *resetHookGlobal) Reset(ctx context.Context, key string) (bool, error) {
+	if f := g.beforeReset; f != nil {
+		g.beforeReset = nil
+		f()
+	}
+	return g.Memory.Reset(ctx, key)
+}
+
+// TestResetForgetsABatchGrantedBeforeIt: while instance A's admin reset
+// runs, between its reset of the region's pool and global's, instance B
+// refills the key from global's state about to be erased. That batch must
+// not outlive the reset: a unit of it spent afterwards would pass without
+// the fresh state counting it (docs/design.md: "a lease whose grant was
+// decided before the reset is never spent after it").
+func TestResetForgetsABatchGrantedBeforeIt(t *testing.T) {
+	ctx := context.Background()
+	r := newDrainRegion(t, limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour})
+	g := &resetHookGlobal{Memory: r.global}
+	open := func() *Store {
+		s, err := New(g, r.pool, r.p, Options{RegionQuota: 1, Clock: r.clock, manualSweep: true, syncReturns: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b := open(), open()
+	g.beforeReset = func() {
+		storetest.MustAdmit(t, b, "k")
+		storetest.MustAdmit(t, b, "k") // a batch of 2, 1 to spare
+	}
+	if _, err := a.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if ps, _ := r.pool.Peek(ctx, "k"); ps.Now < ps.Batch.Expires && ps.Batch.Units > 0 {
+		t.Errorf("after the reset the pool holds %d units global granted before it", ps.Batch.Units)
+	}
+	storetest.MustAdmit(t, b, "k")
+	if got := r.remaining("k"); got != 9 {
+		t.Errorf("global's fresh state has %d left after one admission since the reset, want 9: the admission spent a unit granted before the reset", got)
+	}
+}

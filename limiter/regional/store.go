@@ -635,10 +635,35 @@ func (s *Store) Inspect(ctx context.Context, key string) (Inspect, error) {
 }
 
 // Reset implements limiter.Store: it forgets the region's batch and
-// global's state. Other regions' batches were counted before the reset
-// and are spent or returned as they would have been: right after a reset,
-// up to what they hold may pass on top of the limit.
+// global's state. The pool is forgotten before global's reset and again
+// after it, as a near cache forgets its key (docs/design.md): a refill
+// another instance of the region claims in between may bring units
+// global granted before its reset, and installed they would be spent
+// after it, uncounted by the fresh state. A refill global decides just
+// after its reset loses its batch so (the units stay counted, unspent,
+// until global's state lapses): at most one batch of under-admission.
+// Other regions' batches were counted before the reset and are spent or
+// returned as they would have been: right after a reset, up to what they
+// hold may pass on top of the limit.
 func (s *Store) Reset(ctx context.Context, key string) (bool, error) {
+	held, err := s.forget(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	existed, err := s.global.Reset(ctx, key)
+	if err != nil {
+		return held, fmt.Errorf("regional store: global: %w", err)
+	}
+	again, err := s.forget(ctx, key)
+	if err != nil {
+		return existed || held, err
+	}
+	return existed || held || again, nil
+}
+
+// forget drops key's batch, lock and refusal from the region's pool, and
+// this instance's note of the batch.
+func (s *Store) forget(ctx context.Context, key string) (bool, error) {
 	held, err := s.pool.Reset(ctx, key)
 	if err != nil {
 		return false, fmt.Errorf("regional store: the region's pool: %w", err)
@@ -646,11 +671,7 @@ func (s *Store) Reset(ctx context.Context, key string) (bool, error) {
 	s.mu.Lock()
 	delete(s.filled, key)
 	s.mu.Unlock()
-	existed, err := s.global.Reset(ctx, key)
-	if err != nil {
-		return held, fmt.Errorf("regional store: global: %w", err)
-	}
-	return existed || held, nil
+	return held, nil
 }
 
 var (
