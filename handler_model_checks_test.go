@@ -64,7 +64,9 @@ import (
 //     per window over all instances (a batch lapses at its window's end),
 //     and token_bucket B + r × T + r × (1 s + the refund delay), + r × 2 s
 //     with local_quota; on the servers' TIME (one machine's clock), so
-//     without skew.
+//     without skew. An admin reset reaches every instance's zone of the
+//     name here, so both regions' pools and global start afresh, and
+//     an override is set in both regions' sets at once.
 //     sliding_window_counter (the documented bound is fixed_window's) and
 //     leaky_bucket (token_bucket's) have no redis zone here.
 //   - response_cost: what a charge takes past the up-front cost is the

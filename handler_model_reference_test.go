@@ -132,6 +132,11 @@ func (m *hmModel) limitAt(in *hmInstance, z *hmZone, key, plan string, now int64
 			return l
 		}
 		l.quota, id = o.n, fmt.Sprintf("ov%d/%d", o.gen, o.n)
+		if z.global {
+			// Named by the limit alone (zone.overrideStateKey): the same
+			// limit set again carries on its state.
+			id = fmt.Sprintf("ov/%d", o.n)
+		}
 	} else if z == hmCW && plan == "pro" {
 		l.quota, id = in.cfg.cwPro, fmt.Sprintf("pro/%d", in.cfg.cwPro)
 	}

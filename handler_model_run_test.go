@@ -71,12 +71,14 @@ var (
 	// own (the redis block's global applies to all of its zones): gf, a
 	// fixed window whose requests may not count (count_response), and
 	// gt, a token bucket whose responses report their cost
-	// (response_cost). Neither has overrides (kept in each region's
-	// Redis, set per region) nor admin resets (which forget only the
-	// region's pool of the instance the reset reaches, besides global):
-	// the model's states are one per zone, limit and key.
-	hmGF          = &hmZone{id: "gf", alg: "fixed_window", redis: true, global: true, counts: true, costly: true}
-	hmGT          = &hmZone{id: "gt", alg: "token_bucket", redis: true, global: true, charges: true, costly: true}
+	// (response_cost). Overrides are kept in each region's Redis and
+	// a reset forgets the pool of the region of the instance it reaches,
+	// besides global; but this process's admin API answers for every
+	// instance's zone of the name, so a PUT reaches both regions' sets
+	// and a reset both pools: the model's states stay one per zone,
+	// limit and key.
+	hmGF          = &hmZone{id: "gf", alg: "fixed_window", redis: true, global: true, counts: true, costly: true, overrides: true}
+	hmGT          = &hmZone{id: "gt", alg: "token_bucket", redis: true, global: true, charges: true, costly: true, overrides: true}
 	hmGlobalZones = []*hmZone{hmGF, hmGT}
 )
 

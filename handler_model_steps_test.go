@@ -351,7 +351,7 @@ func (r *hmRun) sleep() {
 // a whole key as a prefix, which a key's own override beats.
 func (r *hmRun) override() {
 	var zs []*hmZone
-	for _, z := range hmAllZones {
+	for _, z := range r.zones() {
 		if z.overrides {
 			zs = append(zs, z)
 		}
@@ -422,6 +422,9 @@ func (r *hmRun) override() {
 		return
 	}
 	r.m.overrides[name+"|"+what] = o
+	if z.global {
+		r.features["regions-override"] = true
+	}
 	r.logf("override %s %s: %s (gen %d)", name, query, body, o.gen)
 }
 
@@ -438,13 +441,29 @@ func (r *hmRun) inFlight(name, key string) bool {
 }
 
 // resetZones are the zones admin resets are sent to: not concurrency's,
-// whose state is the requests in flight.
+// whose state is the requests in flight; with regions, gf and gt too.
 var resetZones = []*hmZone{hmCW, hmLC, hmLB, hmML, hmMT, hmWF, hmRF, hmRL, hmRT, hmRW}
 
+// zones are the schedule's zones: every instance's, and with regions the
+// zones with `global`.
+func (r *hmRun) zones() []*hmZone {
+	if !r.regions {
+		return hmAllZones
+	}
+	return append(hmAllZones[:len(hmAllZones):len(hmAllZones)], hmGlobalZones...)
+}
+
 // reset forgets a key's state through the admin API (admin.go resetKey):
-// its zone's own limit's and its override's in force.
+// its zone's own limit's and its override's in force. For a zone with
+// `global`, every instance's zone of the name answers: each forgets its
+// region's pool and global's state (regional.Store.Reset), so both
+// regions and global start afresh.
 func (r *hmRun) reset() {
-	z := resetZones[r.rng.IntN(len(resetZones))]
+	zs := resetZones
+	if r.regions {
+		zs = append(zs[:len(zs):len(zs)], hmGlobalZones...)
+	}
+	z := zs[r.rng.IntN(len(zs))]
 	in := r.inst[r.rng.IntN(hmInstances)]
 	key := r.keys[r.rng.IntN(len(r.keys))]
 	states := r.resetStates(z, in, key)
@@ -457,6 +476,9 @@ func (r *hmRun) reset() {
 	}
 	r.resetSeen = true
 	r.features["reset"] = true
+	if z.global {
+		r.features["regions-reset"] = true
+	}
 	r.logf("reset %s %s: %v", r.name(z, in.i), key, states)
 }
 
@@ -511,11 +533,16 @@ func (r *hmRun) busy() {
 	}
 }
 
-// race sends requests of one key of a leased redis zone from every
+// race sends requests of one key of a leased redis zone (with regions,
+// or a zone with `global`: refills of the regions' batches) from every
 // instance while an admin reset of the key runs: a reset with lease
 // refills in flight.
 func (r *hmRun) race() {
-	z := []*hmZone{hmRF, hmRL, hmRT}[r.rng.IntN(3)]
+	zs := []*hmZone{hmRF, hmRL, hmRT}
+	if r.regions {
+		zs = append(zs, hmGlobalZones...)
+	}
+	z := zs[r.rng.IntN(len(zs))]
 	key := r.keys[r.rng.IntN(len(r.keys))]
 	before := r.resetStates(z, r.inst[0], key)
 	var flights []*hmFlight
@@ -554,6 +581,9 @@ func (r *hmRun) race() {
 	}
 	r.resetSeen = true
 	r.features["race"], r.features["reset"] = true, true
+	if z.global {
+		r.features["regions-race"] = true
+	}
 	r.m.pending = flights
 	defer func() { r.m.pending = nil }()
 	for i, f := range flights {

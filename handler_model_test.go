@@ -202,6 +202,9 @@ var hmMixes = []struct {
 	{"regions + local_quota + busy key", []string{"regions", "busy-regions"}},
 	{"regions + reload", []string{"regions", "regions-reload"}},
 	{"regions + window's end mid-burst", []string{"regions", "regions-edge"}},
+	{"regions + reset", []string{"regions", "regions-reset"}},
+	{"regions + reset + refills in flight", []string{"regions", "regions-race"}},
+	{"regions + override", []string{"regions", "regions-override"}},
 }
 
 func (tt *hmTotals) schedule(r *hmRun) {

@@ -126,9 +126,17 @@ func keepGen(zones []*zone, o limiter.Override, now time.Time) limiter.KeepGen {
 // o: its StateKey, except in a zone whose limit's state is the requests
 // in flight (concurrency), which give their slots back when they finish:
 // started afresh, that state would forget them and admit more than the
-// limit while they run, so it keeps the key's name.
+// limit while they run, so it keeps the key's name. A zone whose redis
+// block has `global` keeps it too: each region has its own set of
+// overrides, and each region's write of an override draws its own Gen,
+// so states named by it would be one count per region in global, each
+// admitting the whole limit. Named by the key alone under the override
+// limit's store (whose Redis keys name the limit's policy), the override
+// is one limit across the regions, as the zone's own is; setting the same
+// limit again carries on its count rather than starting afresh, as a
+// reload that keeps a zone's limit does (docs/design.md, "Regions").
 func (z *zone) overrideStateKey(key string, o *limiter.Override) string {
-	if z.limit.traits.ReleasesOnFinish {
+	if z.limit.traits.ReleasesOnFinish || z.limit.region != nil {
 		return key
 	}
 	return o.StateKey(key)

@@ -99,6 +99,40 @@ func TestRegionsShareOneLimit(t *testing.T) {
 	}
 }
 
+// TestRegionsShareAnOverride: an override set in both regions (this
+// process's admin API writes it into each region's Redis, as an operator
+// sets it through an instance of each) is one limit across them, as the
+// zone's own is (docs/regions.md, "Runtime overrides"): each region's
+// write draws its own Gen, and a state named by it would be a count of
+// its own in global, each region admitting the whole override limit.
+func TestRegionsShareAnOverride(t *testing.T) {
+	global := redistest.Start(t)
+	regions := [2]*redistest.Server{redistest.Start(t), redistest.Start(t)}
+	const zone = "regions_override"
+	config := func(region *redistest.Server) string {
+		return rateLimitConfig(
+			zoneConfig(zone, "events 20", "window 1m", "algorithm fixed_window", "store redis"),
+			configBlock("redis", "url redis://"+region.Addr(), "timeout 1s", configBlock("global", "url redis://"+global.Addr(), "region_quota 0.5")),
+		)
+	}
+	a := provisionHandler(t, config(regions[0]))
+	b := provisionHandler(t, config(regions[1]))
+	if code, body := pxAdmin(t, http.MethodPut, zone, "key=192.0.2.1", `{"limit": 6}`); code != http.StatusOK {
+		t.Fatalf("PUT override: %d %s", code, body)
+	}
+	admitted := 0
+	for range 10 {
+		for _, h := range []*Handler{a, b} {
+			if serveIP(h, "192.0.2.1") == http.StatusOK {
+				admitted++
+			}
+		}
+	}
+	if admitted != 6 {
+		t.Errorf("the two regions admitted %d of 20 requests under the override, want its limit, 6", admitted)
+	}
+}
+
 // TestGlobalServerShownWithoutSecrets: the zones API names the global
 // server by its url without its password or query options.
 func TestGlobalServerShownWithoutSecrets(t *testing.T) {

@@ -12,9 +12,10 @@
 --   'unlock': [6] token. Releases the lock if the caller holds it.
 --   'back':   [6] mark. Puts the units back into the batch named mark if
 --             it has not lapsed and takes units back. Reply {1 if so}.
---   'drain':  [6] mark, [7] 1 to force. Takes the units of the batch
---             named mark out once it has lapsed (or at once, forced).
---             Reply {0 gone, 1 taken, 2 not lapsed yet; units}.
+--   'drain':  [6] mark, [7] 1 to force. Ends the batch named mark once
+--             it has lapsed (or at once, forced): takes its units out
+--             and lets no give-back into it. Reply {0 gone or empty, 1
+--             taken, 2 not lapsed yet; units}.
 
 local key = KEYS[1]
 local mode = ARGV[5]
@@ -71,12 +72,16 @@ if mode == 'back' then
   return {0}
 end
 
--- drain
-if m ~= mark or u == 0 then
+-- drain: the batch ends, whatever it held, so that no unit comes back
+-- into it once its instance stopped tracking it (see Pool.Drain).
+if m ~= mark then
   return {0, 0}
 end
 if ARGV[7] ~= '1' and now < e then
   return {2, 0}
 end
-redis.call('HSET', key, 'u', 0)
+redis.call('HSET', key, 'u', 0, 'b', 0, 'e', math.min(e, now))
+if u == 0 then
+  return {0, 0}
+end
 return {1, u}

@@ -8,12 +8,20 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
+// janitorEvery is how often the janitor sweeps: a region's idle units
+// are back in global within janitorEvery of their lapse.
+const janitorEvery = Lifetime / 4
+
+// lateGrace is how long after its lapse a token bucket's batch rest
+// still goes back whole (Store.lateRest): the janitor's tick, and as
+// much again for a tick that comes late on a busy machine.
+const lateGrace = 2 * janitorEvery
+
 // janitor returns the unspent units of the batches this instance
-// installed once they lapse, every quarter of a lifetime: a region's idle
-// units are back in global within a quarter lifetime of their lapse.
+// installed once they lapse, every janitorEvery.
 func (s *Store) janitor() {
 	defer close(s.stopped)
-	tick := time.NewTicker(Lifetime / 4)
+	tick := time.NewTicker(janitorEvery)
 	defer tick.Stop()
 	for {
 		select {
@@ -58,8 +66,11 @@ func (s *Store) sweep(ctx context.Context, all bool) {
 			delete(s.filled, d.key)
 		}
 		s.mu.Unlock()
-		if dr.Outcome == DrainTaken {
-			returns = append(returns, limiter.Return{Key: d.key, Units: dr.Units, Taken: limiter.Receipt{At: d.b.mark, Mark: d.b.mark}})
+		if dr.Outcome != DrainTaken {
+			continue
+		}
+		if units := s.lateRest(dr.Units, now-d.b.lapses); units > 0 {
+			returns = append(returns, limiter.Return{Key: d.key, Units: units, Taken: limiter.Receipt{At: d.b.mark, Mark: d.b.mark}})
 		}
 	}
 	if len(returns) > 0 {

@@ -18,7 +18,8 @@ import (
 // regionModelInstances instances each (Stores over a MemoryPool per
 // region) against one global limiter.Memory, all on one injected clock:
 // takes and leases, give-backs into the pool and to global, the clock
-// running on past batches' lifetimes and windows, janitor sweeps, refills
+// running on past batches' lifetimes and windows, every store's janitor
+// sweeping on time (advance) and sweeps at random steps besides, refills
 // abandoned by an instance that died holding the lock, global going down
 // and coming back, instances closed and replaced. After every step it
 // checks every admission so far against the limit: at most L per window
@@ -58,7 +59,7 @@ func TestModel(t *testing.T) {
 var regionFlags = testutil.NewModelFlags(testutil.ModelConfig{
 	Test: "TestModel", Flag: "regions", Env: "FLOODGATE_REGIONS", Log: "regions",
 	Per: "case", Schedules: 40, ShortSchedules: 5, Steps: 160, Base: 20260801,
-	Kinds: []string{"refund", "sweep", "down", "abandon", "close"},
+	Kinds: []string{"refund", "sweep", "janitor", "down", "abandon", "close"},
 })
 
 const (
@@ -151,16 +152,18 @@ type regionAdmission struct {
 }
 
 type regionRun struct {
-	t      *testing.T
-	c      regionCase
-	seed   uint64
-	rng    *rand.Rand
-	clock  *testutil.Clock
-	global *flakyGlobal
-	pools  []*MemoryPool
-	stores [][]*Store
-	adms   []*regionAdmission
-	keys   []string
+	t     *testing.T
+	c     regionCase
+	seed  uint64
+	rng   *rand.Rand
+	clock *testutil.Clock
+	// lastJanitor is when the janitors last swept (advance).
+	lastJanitor int64
+	global      *flakyGlobal
+	pools       []*MemoryPool
+	stores      [][]*Store
+	adms        []*regionAdmission
+	keys        []string
 	// faults is set for the half of the schedules that take global down
 	// and abandon refills.
 	faults bool
@@ -188,6 +191,7 @@ func runRegionSchedule(t *testing.T, c regionCase, seed uint64, stats *regionSta
 	m := &regionRun{t: t, c: c, seed: seed, rng: rand.New(rand.NewPCG(seed, seed>>7|1)), clock: clock,
 		global: &flakyGlobal{Memory: mem}, keys: []string{"a", "b"}, stats: stats}
 	m.faults = m.rng.IntN(2) == 0
+	m.lastJanitor = m.now()
 	for r := range regionModelRegions {
 		m.pools = append(m.pools, NewMemoryPool(clock))
 		m.stores = append(m.stores, nil)
@@ -211,7 +215,7 @@ func runRegionSchedule(t *testing.T, c regionCase, seed uint64, stats *regionSta
 		for _, l := range m.log {
 			t.Log(l)
 		}
-		t.Errorf("seed %d: %s (replay: go test -run 'TestModel/%s' -regions.seed=%d ./limiter/regional)", seed, m.failure, c.name, seed)
+		t.Errorf("seed %d: %s (replay: go test ./limiter/regional -run 'TestModel/%s' -regions.seed=%d)", seed, m.failure, c.name, seed)
 		return false
 	}
 	return true
@@ -274,8 +278,7 @@ func (m *regionRun) step() {
 		if m.rng.IntN(10) == 0 {
 			d = time.Duration(m.rng.Int64N(int64(3 * time.Second)))
 		}
-		m.clock.Advance(d)
-		m.logf("advance %v", d)
+		m.advance(d)
 	case x < 95:
 		if m.skips("sweep") {
 			return
@@ -296,9 +299,17 @@ func (m *regionRun) step() {
 		}
 		// An instance claims the refill and dies before it fills.
 		sp, err := m.pools[r].Spend(ctx, key, PoolSpend{Cost: 1, Want: 1, Token: "dead", LockFor: s.lockFor, MaxBatch: s.maxBatch, Life: s.life})
-		if err == nil && sp.Outcome == SpendRefill {
+		switch {
+		case err != nil:
+		case sp.Outcome == SpendRefill:
 			m.stranded = true
 			m.logf("r%d: refill of %s abandoned (%d lapsed units lost)", r, key, sp.Units)
+		case sp.Outcome == SpendTaken:
+			// The pool had the unit: the instance spent it and died
+			// before it answered, a unit admitted and never given back.
+			adm := &regionAdmission{id: len(m.adms), region: r, inst: i, key: key, spend: m.now(), units: sp.Units}
+			m.adms = append(m.adms, adm)
+			m.logf("r%d: an instance spent %d of %s and died: #%d", r, sp.Units, key, adm.id)
 		}
 	default:
 		if m.skips("close") {
@@ -309,6 +320,41 @@ func (m *regionRun) step() {
 		}
 		m.stores[r][i] = m.newStore(r)
 		m.logf("r%d/%d closed and replaced", r, i)
+	}
+}
+
+// advance moves the clock forward by d, doing on the way what each
+// instance's janitor does: a sweep of every store each janitorEvery, so
+// a lapsed batch's rest is back in global within janitorEvery of its
+// lapse, as in production; the schedule's own sweep steps come on top.
+// With -regions.skip=janitor only those steps and refills return lapsed
+// batches, as when their installers died: Store.lateRest then keeps the
+// token bucket's bound, which allows r × lateGrace more (a return that
+// late still credits in full).
+func (m *regionRun) advance(d time.Duration) {
+	m.logf("advance %v", d)
+	every := janitorEvery.Microseconds()
+	for d > 0 {
+		step := min(d, time.Duration(m.lastJanitor+every-m.now())*time.Microsecond)
+		step = max(step, time.Microsecond)
+		m.clock.Advance(step)
+		d -= step
+		if m.now()-m.lastJanitor >= every {
+			m.janitor()
+		}
+	}
+}
+
+// janitor sweeps every store, as their janitors would.
+func (m *regionRun) janitor() {
+	m.lastJanitor = m.now()
+	if m.skips("janitor") {
+		return
+	}
+	for _, region := range m.stores {
+		for _, s := range region {
+			s.sweep(context.Background(), false)
+		}
 	}
 }
 
@@ -385,6 +431,9 @@ func (m *regionRun) check() {
 			}
 		case limiter.TokenBucket:
 			slack := (Lifetime + regionRefundDelay).Microseconds()
+			if m.skips("janitor") {
+				slack += lateGrace.Microseconds()
+			}
 			for j, b := range live {
 				var n int64
 				for i := j; i >= 0; i-- {

@@ -33,9 +33,12 @@ type Pool interface {
 	// has not lapsed and takes units back; it reports whether it did (if
 	// not, the units go to global).
 	Back(ctx context.Context, key string, units, mark int64) (bool, error)
-	// Drain takes the units of key's batch named mark out of the pool,
-	// once the batch has lapsed (or at once, with force), so the caller
-	// returns them to global.
+	// Drain ends key's batch named mark once it has lapsed (or at once,
+	// with force): it takes the batch's units out of the pool, so the
+	// caller returns them to global, and takes no give-back into the
+	// batch afterwards (Back reports false), whatever clock a later Back
+	// reads. The instance that drains a batch stops tracking it, so a
+	// unit given back into it after its drain would reach global never.
 	Drain(ctx context.Context, key string, mark int64, force bool) (Drained, error)
 	// Peek reports key's batch as it stands, spending nothing.
 	Peek(ctx context.Context, key string) (Spent, error)
@@ -139,7 +142,8 @@ type Filled struct {
 
 // Outcomes of a Drain.
 const (
-	// DrainGone: the batch named is no longer in the pool, or empty.
+	// DrainGone: the batch named is no longer in the pool, or it was
+	// empty (it has ended all the same).
 	DrainGone = iota
 	// DrainTaken: Units were taken out.
 	DrainTaken

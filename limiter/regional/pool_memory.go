@@ -138,20 +138,24 @@ func (m *MemoryPool) Back(_ context.Context, key string, units, mark int64) (boo
 	return true, nil
 }
 
-// Drain implements Pool.
+// Drain implements Pool, as lua/pool_fill.lua does.
 func (m *MemoryPool) Drain(_ context.Context, key string, mark int64, force bool) (Drained, error) {
 	now := m.clock.Now().UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := m.keys[key]
 	switch {
-	case k == nil || k.batch.Mark != mark || k.batch.Units == 0:
+	case k == nil || k.batch.Mark != mark:
 		return Drained{Outcome: DrainGone}, nil
 	case !force && now < k.batch.Expires:
 		return Drained{Outcome: DrainLater}, nil
 	}
-	n := k.batch.Units
-	k.batch.Units = 0
+	b := &k.batch
+	n := b.Units
+	b.Units, b.TakesBack, b.Expires = 0, false, min(b.Expires, now)
+	if n == 0 {
+		return Drained{Outcome: DrainGone}, nil
+	}
 	return Drained{Outcome: DrainTaken, Units: n}, nil
 }
 

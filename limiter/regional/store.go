@@ -90,15 +90,17 @@ type Store struct {
 	maxBatch int64
 	// window (µs) or cal, for the window counters: a batch never outlives
 	// the window global granted it in.
-	window  int64
-	cal     *limiter.CalendarWindows
-	life    int64 // µs
-	lockFor int64 // µs
-	token   string
-	seq     atomic.Uint64
-	clock   limiter.Clock
-	poll    time.Duration
-	polls   int
+	window int64
+	cal    *limiter.CalendarWindows
+	// rateL per rateW µs is the token bucket's refill (see lateRest).
+	rateL, rateW int64
+	life         int64 // µs
+	lockFor      int64 // µs
+	token        string
+	seq          atomic.Uint64
+	clock        limiter.Clock
+	poll         time.Duration
+	polls        int
 	// syncReturns: see Options.syncReturns.
 	syncReturns bool
 
@@ -165,6 +167,8 @@ func New(global limiter.Leaser, pool Pool, p limiter.Policy, opts Options) (*Sto
 		quota:    q,
 		maxBatch: max(1, int64(math.Ceil(f*float64(q)))),
 		life:     Lifetime.Microseconds(),
+		rateL:    params.L,
+		rateW:    max(1, params.W),
 		lockFor:  opts.LockFor.Microseconds(),
 		clock:    opts.Clock,
 		poll:     opts.poll,
@@ -323,13 +327,13 @@ func (s *Store) refill(ctx context.Context, key string, cost, want int64, token 
 	ctx = context.WithoutCancel(ctx)
 	var a limiter.Admission
 	var err error
-	if sp.Units > 0 {
-		back := limiter.Return{Key: key, Units: sp.Units, Taken: limiter.Receipt{At: sp.Batch.Mark, Mark: sp.Batch.Mark}}
+	if rest := s.lateRest(sp.Units, sp.Now-sp.Batch.Expires); rest > 0 {
+		back := limiter.Return{Key: key, Units: rest, Taken: limiter.Receipt{At: sp.Batch.Mark, Mark: sp.Batch.Mark}}
 		a, err = s.global.Renew(ctx, back, cost, sp.Want)
 		if err == nil {
-			s.returned(sp.Units)
+			s.returned(rest)
 		} else {
-			s.failed(fmt.Errorf("%d unspent units of a lapsed batch may not have been returned to global: %w", sp.Units, err))
+			s.failed(fmt.Errorf("%d unspent units of a lapsed batch may not have been returned to global: %w", rest, err))
 		}
 	} else {
 		a, err = s.global.TakeUpTo(ctx, key, cost, sp.Want)
@@ -421,6 +425,30 @@ func (s *Store) track(key string, b Batch, sent int64) {
 	s.mu.Lock()
 	s.filled[key] = filledBatch{mark: b.Mark, lapses: lapses}
 	s.mu.Unlock()
+}
+
+// lateRest is what goes back to global of units, the rest of a batch
+// that lapsed late µs ago. A token bucket credits a return in full
+// whenever it comes, though it refilled meanwhile: tokens returned long
+// after their grant could pass on top of B + r×T + r×Lifetime, up to r ×
+// the delay. The janitor returns a lapsed batch within janitorEvery
+// (lateGrace allows a tick as late again); a rest that waited longer
+// (its installer died or closed, and a refill or a late sweep found it)
+// goes back less what the bucket refilled in the time past lateGrace:
+// an under-admission of at most those units instead. The window
+// counters and the log credit the window or entry a return names, so
+// theirs go back whole.
+func (s *Store) lateRest(units, late int64) int64 {
+	over := late - lateGrace.Microseconds()
+	if s.alg != limiter.TokenBucket || units <= 0 || over <= 0 {
+		return max(0, units)
+	}
+	if over/s.rateW >= units {
+		return 0 // the bucket refilled at least a unit per window: all of them
+	}
+	// ⌈over × L / W⌉, rounded up: the safe side.
+	refilled := over/s.rateW*s.rateL + (over%s.rateW*s.rateL+s.rateW-1)/s.rateW
+	return max(0, units-refilled)
 }
 
 // giveBackOld returns to global what the batch a fill replaced still held.
@@ -607,10 +635,35 @@ func (s *Store) Inspect(ctx context.Context, key string) (Inspect, error) {
 }
 
 // Reset implements limiter.Store: it forgets the region's batch and
-// global's state. Other regions' batches were counted before the reset
-// and are spent or returned as they would have been: right after a reset,
-// up to what they hold may pass on top of the limit.
+// global's state. The pool is forgotten before global's reset and again
+// after it, as a near cache forgets its key (docs/design.md): a refill
+// another instance of the region claims in between may bring units
+// global granted before its reset, and installed they would be spent
+// after it, uncounted by the fresh state. A refill global decides just
+// after its reset loses its batch so (the units stay counted, unspent,
+// until global's state lapses): at most one batch of under-admission.
+// Other regions' batches were counted before the reset and are spent or
+// returned as they would have been: right after a reset, up to what they
+// hold may pass on top of the limit.
 func (s *Store) Reset(ctx context.Context, key string) (bool, error) {
+	held, err := s.forget(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	existed, err := s.global.Reset(ctx, key)
+	if err != nil {
+		return held, fmt.Errorf("regional store: global: %w", err)
+	}
+	again, err := s.forget(ctx, key)
+	if err != nil {
+		return existed || held, err
+	}
+	return existed || held || again, nil
+}
+
+// forget drops key's batch, lock and refusal from the region's pool, and
+// this instance's note of the batch.
+func (s *Store) forget(ctx context.Context, key string) (bool, error) {
 	held, err := s.pool.Reset(ctx, key)
 	if err != nil {
 		return false, fmt.Errorf("regional store: the region's pool: %w", err)
@@ -618,11 +671,7 @@ func (s *Store) Reset(ctx context.Context, key string) (bool, error) {
 	s.mu.Lock()
 	delete(s.filled, key)
 	s.mu.Unlock()
-	existed, err := s.global.Reset(ctx, key)
-	if err != nil {
-		return held, fmt.Errorf("regional store: global: %w", err)
-	}
-	return existed || held, nil
+	return held, nil
 }
 
 var (
