@@ -2,6 +2,7 @@ package nearcache
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,9 +21,10 @@ import (
 //     itself (TakeUpTo, Renew): a lone request waits for nothing more than
 //     before.
 //   - One that finds a call under way joins the lane's queue. When the
-//     call returns, everything queued (up to leaseBatchOps operations of
-//     the store) goes in one LeaseMany, and so on while requests queue.
-//     A queued request waits at most for the call under way and its own.
+//     call returns, everything queued goes in one LeaseMany (in several
+//     at once, of up to leaseBatchOps operations of the store each, when
+//     more queued), and so on while requests queue. A queued request
+//     waits at most for the call under way and its own.
 //   - Each ask gets its own answer, delivered to its own refill; a failed
 //     call fails each of its asks as a failed call does alone (the zone's
 //     fail mode applies to the request). Refills ahead and renewals (a
@@ -162,7 +164,8 @@ func (c *Cache) callAlone(a *nearAsk) {
 }
 
 // nextGroup ends a call of lane l: if asks queued meanwhile, a goroutine
-// sends them as one group (and the groups that queue behind it), so the
+// sends them all (in calls of up to leaseBatchOps operations, at once),
+// and the lane's next call waits for every one of them to return, so the
 // caller whose call returned does not wait for others'.
 func (c *Cache) nextGroup(l *nearLane) {
 	l.mu.Lock()
@@ -171,17 +174,26 @@ func (c *Cache) nextGroup(l *nearLane) {
 		l.mu.Unlock()
 		return
 	}
-	group := l.take()
+	groups := l.takeAll()
 	l.mu.Unlock()
 	run := func() {
-		c.callGroup(group)
+		var wg sync.WaitGroup
+		for _, group := range groups[1:] {
+			wg.Go(func() { c.callGroup(group) })
+		}
+		c.callGroup(groups[0])
+		wg.Wait()
 		c.nextGroup(l)
-		c.settle(group)
+		for _, group := range groups {
+			c.settle(group)
+		}
 	}
 	if c.goGroup != nil {
-		keys := make([]string, len(group))
-		for i, a := range group {
-			keys[i] = a.Key
+		var keys []string
+		for _, group := range groups {
+			for _, a := range group {
+				keys = append(keys, a.Key)
+			}
 		}
 		c.goGroup(keys, run)
 		return
@@ -189,19 +201,22 @@ func (c *Cache) nextGroup(l *nearLane) {
 	go run()
 }
 
-// take moves the oldest asks of l's queue, up to leaseBatchOps operations
-// of the store (at least one ask), into a group; l.mu is held.
-func (l *nearLane) take() []*nearAsk {
-	n, ops := 0, 0
-	for n < len(l.queue) && (n == 0 || ops+l.queue[n].ops() <= leaseBatchOps) {
-		ops += l.queue[n].ops()
-		n++
+// takeAll empties l's queue into groups of up to leaseBatchOps operations
+// of the store (at least one ask each), oldest first; l.mu is held.
+func (l *nearLane) takeAll() [][]*nearAsk {
+	var groups [][]*nearAsk
+	for start := 0; start < len(l.queue); {
+		n, ops := 0, 0
+		for start+n < len(l.queue) && (n == 0 || ops+l.queue[start+n].ops() <= leaseBatchOps) {
+			ops += l.queue[start+n].ops()
+			n++
+		}
+		groups = append(groups, slices.Clone(l.queue[start:start+n]))
+		start += n
 	}
-	group := append([]*nearAsk(nil), l.queue[:n]...)
-	rest := copy(l.queue, l.queue[n:])
-	clear(l.queue[rest:])
-	l.queue = l.queue[:rest]
-	return group
+	clear(l.queue)
+	l.queue = l.queue[:0]
+	return groups
 }
 
 // callGroup sends group in one call of the store (a group of one by

@@ -264,3 +264,39 @@ func TestNearCacheQueuedRequestLeaves(t *testing.T) {
 		t.Fatalf("the store after Close: %+v, %v; want 99 left: one admitted, the rest given back", d, err)
 	}
 }
+
+// TestNearCacheGroupsSplit: when more than a call's worth queued, they go
+// in several calls of up to 64 operations, all at once: none waits for
+// another group's call.
+func TestNearCacheGroupsSplit(t *testing.T) {
+	ctx := context.Background()
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	store := &gatedBatcher{LeaseBatcher: newTestMemory(t, p, clock)}
+	queued := make(queueWatch, 128)
+	cache := openCache(t, store, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook})
+	store.arm()
+	first := takeAsync(ctx, cache, "first", 1)
+	store.waitCalled(t, "the first request never reached the store")
+	const n = 100
+	var results []chan takeResult
+	for i := range n {
+		results = append(results, takeAsync(ctx, cache, fmt.Sprint("k", i), 1+int64(i%3)))
+	}
+	queued.wait(t, n)
+	close(store.release)
+	<-first
+	for i, done := range results {
+		if r := <-done; r.err != nil || !r.d.Allowed || r.d.Remaining != 100-1-int64(i%3) {
+			t.Errorf("k%d: %+v, %v", i, r.d, r.err)
+		}
+	}
+	_, groups := store.calls()
+	var sizes []int
+	for _, g := range groups {
+		sizes = append(sizes, len(g))
+	}
+	if len(groups) != 2 || sizes[0]+sizes[1] != n || max(sizes[0], sizes[1]) != leaseBatchOps {
+		t.Fatalf("groups of %v asks, want %d and %d", sizes, leaseBatchOps, n-leaseBatchOps)
+	}
+}
