@@ -90,6 +90,10 @@ type Options struct {
 //   - Denial cache: a refusal from the store is repeated from memory, its
 //     times counted down, until the smaller of its RetryAfter and DenyFor
 //     has passed.
+//   - Group commit: when the store takes the leases of several keys in
+//     one call (limiter.LeaseBatcher), a lease request that finds another
+//     under way on its lane waits for it, and those that waited go in the
+//     next call together (lanes.go).
 //
 // Across any number of instances admissions therefore never exceed the
 // limit; under-admission is bounded by what other instances hold in leases,

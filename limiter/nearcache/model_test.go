@@ -35,7 +35,8 @@ import (
 // modelRun.checkKey and checkBucket for the limits, modelRun.reset for the
 // allowance after an admin reset, and modelRun.quiet for the check that no
 // unit is stranded. Refills ahead are sent and answered at steps of the
-// schedule's own (model_ahead_test.go), and so are the requests of a
+// schedule's own (model_ahead_test.go), and so are groups of lease
+// requests sent in one call (model_group_test.go) and the requests of a
 // refused instance for the others' leases (modelRun.reclaim).
 //
 // Replay one schedule with -model.seed=N (or FLOODGATE_MODEL_SEED=N) and a

@@ -15,9 +15,10 @@ import (
 // thousand on a busy instance, and one script call per lease would cost
 // Redis as much as the decisions the leases saved. The batch script
 // (lua.Batch) runs any number of one algorithm's operations in one atomic
-// EVALSHA, in order, and replies with the last one's reply. ReturnMany sends
-// up to redisMaxReturns returns per call; Renew sends a lapsed lease's
-// give-back and the next lease's take for one key together.
+// EVALSHA, in order, and replies with every one's reply (or error).
+// ReturnMany sends up to redisMaxReturns returns per call; Renew sends a
+// lapsed lease's give-back and the next lease's take for one key together;
+// LeaseMany (lease_batch.go) the leases of several keys.
 //
 // On a Cluster every client key is in a hash slot of its own (its hash tag
 // is the key's digest), and a script may only touch keys of one slot, so
