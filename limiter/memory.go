@@ -186,6 +186,23 @@ func (m *Memory) Renew(ctx context.Context, back Return, cost, want int64) (Admi
 	return m.TakeUpTo(ctx, back.Key, cost, want)
 }
 
+// LeaseLane implements LeaseBatcher: a memory store is one lane.
+func (m *Memory) LeaseLane(string) int { return 0 }
+
+// LeaseMany implements LeaseBatcher: each ask in turn, as TakeUpTo or
+// Renew.
+func (m *Memory) LeaseMany(ctx context.Context, asks []LeaseAsk) []LeaseAnswer {
+	answers := make([]LeaseAnswer, len(asks))
+	for i, a := range asks {
+		if a.Back.Units > 0 {
+			answers[i].Admission, answers[i].Err = m.Renew(ctx, a.Back, a.Cost, a.Want)
+		} else {
+			answers[i].Admission, answers[i].Err = m.TakeUpTo(ctx, a.Key, a.Cost, a.Want)
+		}
+	}
+	return answers
+}
+
 // ReturnMany implements Leaser; it never fails.
 func (m *Memory) ReturnMany(ctx context.Context, returns []Return) error {
 	for _, r := range returns {
@@ -502,6 +519,6 @@ func (sh *shard[S, PS]) remove(key uint64, i uint32) {
 }
 
 var (
-	_ Leaser  = (*Memory)(nil)
-	_ Charger = (*Memory)(nil)
+	_ LeaseBatcher = (*Memory)(nil)
+	_ Charger      = (*Memory)(nil)
 )

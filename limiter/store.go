@@ -51,6 +51,46 @@ type Leaser interface {
 	ReturnMany(ctx context.Context, returns []Return) error
 }
 
+// LeaseBatcher is a Leaser that can take the leases of several keys in
+// one call to the shared store. A nearcache.Cache whose store is one
+// commits its lease requests in groups: a request that finds another
+// under way on its lane waits for it, and those that waited go together
+// in the next call (docs/design.md, "The near cache").
+type LeaseBatcher interface {
+	Leaser
+	// LeaseLane names the calls a lease of key may share: the leases of
+	// keys of one lane may go to LeaseMany together and then cost one
+	// call; a call of one lane does not hold up another's. A negative
+	// lane shares no call: such a key's leases go alone (TakeUpTo,
+	// Renew), as on a Redis Cluster, where every key has a hash slot of
+	// its own and a script may touch one.
+	LeaseLane(key string) int
+	// LeaseMany does each of asks as TakeUpTo would (Renew, for an ask
+	// that gives units back first), in order, in as few calls as the
+	// store allows, and answers each in its place: answers[i] is asks[i]'s,
+	// an admission or an error. An error of one ask fails that ask alone;
+	// one of a call fails every ask the call carried, each of which may
+	// or may not have been done, as an error of TakeUpTo or Renew means.
+	LeaseMany(ctx context.Context, asks []LeaseAsk) []LeaseAnswer
+}
+
+// LeaseAsk is one lease for LeaseMany: up to Want units of Key for a
+// request of Cost, as TakeUpTo takes them; when Back.Units is positive,
+// Back (of the same key) is given back first, in the same call, as Renew
+// gives it.
+type LeaseAsk struct {
+	Key        string
+	Cost, Want int64
+	Back       Return
+}
+
+// LeaseAnswer is the answer to one LeaseAsk: what TakeUpTo or Renew would
+// have returned.
+type LeaseAnswer struct {
+	Admission
+	Err error
+}
+
 // LeaseLifetime is the longest a lease is spent from: its unspent units
 // then go back to the shared store, so quota is stranded on one instance
 // for at most this long.

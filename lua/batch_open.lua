@@ -5,8 +5,10 @@
 -- KEYS and ARGV are the parameters of one operation, its return statements
 -- return from decide, and every file reads as it does alone.
 --
--- A NearCache uses batches to give back many leases in one call and to give
--- back a lapsed lease's units in the call that takes the next one
--- (limiter/redis_batch_script.go).
+-- A near cache uses batches to give back many leases in one call, to give
+-- back a lapsed lease's units in the call that takes the next one, and to
+-- take the leases of several keys that its requests asked for while
+-- another call was under way (limiter/redisstore/batch_script.go,
+-- lease_batch.go).
 
 local function decide(KEYS, ARGV)

@@ -16,8 +16,9 @@
 // every call. The result is still one atomic EVALSHA per decision.
 //
 // Batch wraps the same parts as one function called once per operation, so
-// several decisions (many give-backs, or a give-back and a take on one key)
-// run in one call and in order; see batch_open.lua.
+// several decisions (many give-backs, a give-back and a take on one key, or
+// the leases of several keys) run in one call and in order, and the reply
+// holds each one's; see batch_open.lua.
 //
 // Which parts make which algorithm's script is said once, in package
 // limiter's algorithm table, so adding an algorithm touches its own .lua
@@ -83,7 +84,8 @@ func Script(names ...string) (string, error) {
 
 // Batch is the source of the batch script of the algorithm whose parts are
 // names (as for Script): it runs any number of that algorithm's operations,
-// on one key or several, in order, and replies with the last one's reply.
+// on one key or several, in order, and replies with every one's reply (or
+// error), in that order.
 func Batch(names ...string) (string, error) {
 	parts := append([]string{"batch_open.lua", "prelude.lua"}, names...)
 	return join(append(parts, "batch_close.lua"))

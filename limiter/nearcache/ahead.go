@@ -187,13 +187,14 @@ func (c *Cache) refillAhead(a *nearAhead) {
 	// The request that started it has its answer already: nothing waits
 	// for this one but requests that find the lease short, and they are
 	// not cancelled with it. The store bounds the call with its timeout,
-	// and so does aheadTimeout.
-	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	// and so does aheadTimeout. It may wait in its lane's queue, and go
+	// in a group with other keys' (lanes.go).
+	ask := &nearAsk{LeaseAsk: limiter.LeaseAsk{Key: a.key, Cost: a.cost, Want: a.want}}
 	if c.returnsCredit {
-		ctx, cancel = context.WithTimeout(ctx, aheadTimeout)
+		ask.bound = aheadTimeout
 	}
-	d, err := c.store.TakeUpTo(ctx, a.key, a.cost, a.want)
-	cancel()
+	c.ask(context.Background(), ask)
+	d, err := ask.d, ask.err
 	now := c.clock.now()
 	c.noteRoundTrip(now - a.sent)
 	var back []limiter.Return

@@ -64,6 +64,12 @@ type Options struct {
 	// waiting, when set, hears of a request about to wait for the refill
 	// of key under way, so a test can let that refill answer.
 	waiting func(key string)
+	// queued, when set, hears of a lease request of key that joined its
+	// lane's queue (lanes.go), and goGroup is handed each group call of
+	// the asks of keys (run) instead of a goroutine running it, so a test
+	// decides when groups are sent.
+	queued  func(key string)
+	goGroup func(keys []string, run func())
 }
 
 // Cache keeps leases and refusals in this process in front of a shared
@@ -84,12 +90,21 @@ type Options struct {
 //   - Denial cache: a refusal from the store is repeated from memory, its
 //     times counted down, until the smaller of its RetryAfter and DenyFor
 //     has passed.
+//   - Group commit: when the store takes the leases of several keys in
+//     one call (limiter.LeaseBatcher), a lease request that finds another
+//     under way on its lane waits for it, and those that waited go in the
+//     next call together (lanes.go).
 //
 // Across any number of instances admissions therefore never exceed the
 // limit; under-admission is bounded by what other instances hold in leases,
 // for at most LeaseLifetime. docs/design.md says more.
 type Cache struct {
 	store limiter.Leaser
+	// batcher is store as a LeaseBatcher, nil when it takes no leases in
+	// groups; lanes are the group commits of its lease requests
+	// (lanes.go).
+	batcher limiter.LeaseBatcher
+	lanes   [cacheLanes]nearLane
 	// charger is store as a Charger, nil when it cannot charge.
 	charger  limiter.Charger
 	leasing  bool
@@ -139,6 +154,8 @@ type Cache struct {
 	goAhead func(key string, run func())
 	goBack  func(run func())
 	waiting func(key string)
+	queued  func(key string)
+	goGroup func(keys []string, run func())
 }
 
 type nearShard struct {
@@ -304,7 +321,10 @@ func New(store limiter.Leaser, p limiter.Policy, opts Options) (*Cache, error) {
 		name:            opts.Name,
 		goBack:          opts.goBack,
 		waiting:         opts.waiting,
+		queued:          opts.queued,
+		goGroup:         opts.goGroup,
 	}
+	c.batcher, _ = store.(limiter.LeaseBatcher)
 	if p.Algorithm.Traits().Charges {
 		c.charger, _ = store.(limiter.Charger)
 	}
@@ -478,7 +498,9 @@ func (c *Cache) takeFromStore(ctx context.Context, sh *nearShard, key string, co
 // only while the store's clock is within a lifetime of the grant and, for
 // the window counters, within the grant's window. It reports again,
 // having asked nothing, when a reset forgot the key before the request
-// could be sent: the caller asks afresh.
+// could be sent: the caller asks afresh. The request may wait in its
+// lane's queue (lanes.go) until ctx ends; it then fails, and the refill
+// goes on for the key without it.
 func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, key string, cost, now int64) (d limiter.Admission, again bool, err error) {
 	want := c.nextSize(k, cost, now, false)
 	leftover, grant := k.units, k.grant
@@ -490,11 +512,11 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 	// Not cancelled with the request that asks: others may wait for the
 	// answer. The store bounds the call with its own timeout. What the
 	// last lease left goes back in the same call, before the take.
-	ctx = context.WithoutCancel(ctx)
+	a := &nearAsk{LeaseAsk: limiter.LeaseAsk{Key: key, Cost: cost, Want: want}, ctx: context.WithoutCancel(ctx)}
 	if leftover > 0 {
 		// A give-back, ordered against resets (nearShard.backs): if one
 		// forgot the key since the units left its lease, it erased them,
-		// and the request starts afresh.
+		// and the request starts afresh. Held until the store answers.
 		sh.backs.RLock()
 		sh.mu.Lock()
 		gone := k.forgotten
@@ -508,23 +530,52 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 			close(r.done)
 			return limiter.Admission{}, true, nil
 		}
-		d, err = c.store.Renew(ctx, limiter.Return{Key: key, Units: leftover, Taken: grant.Receipt}, cost, want)
+		a.Back = limiter.Return{Key: key, Units: leftover, Taken: grant.Receipt}
+	}
+	f := refillAnswer{c: c, sh: sh, si: si, k: k, r: r, a: a, sent: now}
+	a.left = func() { f.take(false) }
+	if !c.ask(ctx, a) {
+		return limiter.Admission{}, false, fmt.Errorf("near cache: waiting to ask for a lease: %w", ctx.Err())
+	}
+	d, err = f.take(true)
+	return d, false, err
+}
+
+// refillAnswer is a request's refill (Cache.refill) whose store answered
+// a: its requester, or the goroutine that delivered the answer if the
+// requester left, takes it.
+type refillAnswer struct {
+	c    *Cache
+	sh   *nearShard
+	si   int
+	k    *nearKey
+	r    *nearRefill
+	a    *nearAsk
+	sent int64
+}
+
+// take makes the answer the key's lease or cached refusal, and, for the
+// requester (asked), spends the request's cost from the lease and
+// returns the request's admission; a refill whose requester left keeps
+// the whole lease for the key's next requests.
+func (f refillAnswer) take(asked bool) (limiter.Admission, error) {
+	c, sh, k, a, key, cost := f.c, f.sh, f.k, f.a, f.a.Key, f.a.Cost
+	d, err := a.d, a.err
+	if a.Back.Units > 0 {
 		sh.backs.RUnlock()
 		if err != nil && c.onGiveBackError != nil {
-			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", leftover, err))
+			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", a.Back.Units, err))
 		}
-	} else {
-		d, err = c.store.TakeUpTo(ctx, key, cost, want)
 	}
-	sent := now
-	now = c.clock.now()
+	sent := f.sent
+	now := c.clock.now()
 	c.noteRoundTrip(now - sent)
 
 	var ahead *nearAhead
 	reclaim := false
 	sh.mu.Lock()
 	k.refill = nil
-	r.d, r.err = d, err
+	f.r.d, f.r.err = d, err
 	switch {
 	case err != nil:
 	case k.forgotten:
@@ -554,31 +605,33 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 		}
 	default:
 		k.nearLease = c.newLease(d, sent, now)
-		k.units -= cost
-		d = c.leaseAdmission(k, now)
-		d = holding(d, c, key, cost)
-		d.Source = limiter.SourceStore
-		ahead = c.aheadDue(k, key, si, cost, now)
+		if asked {
+			k.units -= cost
+			d = c.leaseAdmission(k, now)
+			d = holding(d, c, key, cost)
+			d.Source = limiter.SourceStore
+		}
+		ahead = c.aheadDue(k, key, f.si, cost, now)
 	}
 	if c.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
 		// request, as Close may have stopped waiting for give-backs.
-		back := nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, si}
+		back := nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, f.si}
 		k.units, k.expires = 0, 0
 		k.pendingBacks++
 		defer c.giveBackNow([]nearBack{back})
 	}
 	name := k.name
 	sh.mu.Unlock()
-	close(r.done)
+	close(f.r.done)
 	c.startAhead(ahead)
 	if reclaim {
 		c.reclaim(name)
 	}
 	if err != nil {
-		return limiter.Admission{}, false, err
+		return limiter.Admission{}, err
 	}
-	return d, false, nil
+	return d, nil
 }
 
 // newLease is the lease the store's grant d makes: numbered, its

@@ -582,9 +582,10 @@ const zipfRefusalShare = 0.1
 // and give-backs alike, including those of Close at the end, per decision;
 // the goal is at most 0.1 (issue 32). store/decision is the share of
 // decisions the cache sent to Redis rather than answer from a lease or a
-// cached refusal, local/decision the share it absorbed (the rest of
-// scripts/decision are give-backs of unspent lease units and refills
-// ahead);
+// cached refusal, local/decision the share it absorbed; the lease
+// requests of many keys go in one script call when they queue behind a
+// call under way (lanes.go), so scripts/decision, give-backs of unspent
+// lease units and refills ahead included, is well below store/decision;
 // first/decision the share that were an instance's first decision of
 // their key, which no cache can make without Redis: with 400,000 (key,
 // instance) pairs that floor falls as b.N grows, so compare runs of the

@@ -2,6 +2,7 @@ package nearcache
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -20,12 +21,14 @@ import (
 // instance, or send requests that find the lease short and wait for it
 // (Options.waiting: the model then moves the refill on, as its answer
 // would come).
-
+//
 // modelAheadState is where a refill ahead stands.
 type modelAheadState int
 
 const (
 	aheadQueued  modelAheadState = iota // handed to the model, not sent
+	aheadInLane                         // sent, queued behind its lane's call under way
+	aheadGrouped                        // in a group the model holds, not sent
 	aheadDecided                        // the store decided; the answer is held
 	aheadDone                           // the cache heard the answer (or it asked nothing)
 )
@@ -49,6 +52,8 @@ type modelAhead struct {
 	epoch           int
 	// gen is the lease it became, once delivered (0: none).
 	gen uint64
+	// group is the group it went in, if it queued.
+	group *modelGroup
 	// deadline is the caches' clock (µs) by which its answer has come: a
 	// token bucket's, aheadTimeout after it was sent (modelRun.advance
 	// delivers it then); 0 for the others, whose answers may come any
@@ -61,6 +66,13 @@ type modelAhead struct {
 type modelWait struct {
 	gi, inst int
 	key      string
+}
+
+// modelQueued is a lease request that joined its lane's queue
+// (Options.queued): it goes on once resume is closed.
+type modelQueued struct {
+	modelWait
+	resume chan struct{}
 }
 
 // aheadHooks are the Options hooks of instance inst of generation gi.
@@ -78,6 +90,30 @@ func (m *modelRun) aheadHooks(gi, inst int, opts *Options) {
 	opts.waiting = func(key string) {
 		m.waits <- modelWait{gi, inst, key}
 		<-m.resume
+	}
+	opts.queued = func(key string) {
+		resume := make(chan struct{})
+		m.queues <- modelQueued{modelWait{gi, inst, key}, resume}
+		<-resume
+	}
+	opts.goGroup = func(keys []string, run func()) {
+		m.groupSeq++
+		g := &modelGroup{id: m.groupSeq, gi: gi, inst: inst, keys: keys, run: run}
+		var requests []string
+		for _, key := range keys {
+			if a := m.laneAhead(gi, inst, key); a != nil {
+				a.state, a.group = aheadGrouped, g
+				g.aheads = append(g.aheads, a)
+			} else {
+				requests = append(requests, key)
+			}
+		}
+		m.groups = append(m.groups, g)
+		m.totals.groups.Add(1)
+		if len(keys) > 1 {
+			m.totals.groupsShared.Add(1)
+		}
+		m.logf("gen %d inst %d: group G%d of %v handed over (requests: %v)", gi, inst, g.id, keys, requests)
 	}
 	if opts.LeaseFraction > 0 {
 		// A refused instance's request for the others' leases of a key
@@ -152,6 +188,13 @@ func (m *modelRun) callWaiting(f func()) {
 			}
 			m.totals.waited.Add(1)
 			m.resume <- struct{}{}
+		case q := <-m.queues:
+			// A request queued behind its lane's call under way: the lane
+			// moves on until the group it went in has answered.
+			m.logf("gen %d inst %d: a request of %s queues", q.gi, q.inst, q.key)
+			m.driveQueued(q.modelWait)
+			m.totals.queuedRequests.Add(1)
+			close(q.resume)
 		}
 	}
 }
@@ -179,6 +222,12 @@ func (m *modelRun) stepAhead() {
 		m.completeAhead(a) // sent and answered at once
 	case a.state == aheadQueued:
 		m.sendAhead(a)
+	case a.state == aheadInLane:
+		if !m.moveLane(a.gi, a.inst) {
+			m.fail("gen %d inst %d: A%d of %s queued, and no call of its lane is under way", a.gi, a.inst, a.id, a.key)
+		}
+	case a.state == aheadGrouped:
+		m.sendGroup(a.group)
 	default:
 		m.deliverAhead(a)
 	}
@@ -199,13 +248,22 @@ func (m *modelRun) nextDeadline() (int64, *modelAhead) {
 	return first.deadline, first
 }
 
-// completeAhead moves a on until its answer reached the cache.
+// completeAhead moves a on until its answer reached the cache: in a
+// group, with the others of its group.
 func (m *modelRun) completeAhead(a *modelAhead) {
-	if a.state == aheadQueued {
-		m.sendAhead(a)
-	}
-	if a.state == aheadDecided {
-		m.deliverAhead(a)
+	for a.state != aheadDone && m.failure == "" {
+		switch a.state {
+		case aheadQueued:
+			m.sendAhead(a)
+		case aheadInLane:
+			if !m.moveLane(a.gi, a.inst) {
+				m.fail("gen %d inst %d: A%d of %s queued, and no call of its lane is under way", a.gi, a.inst, a.id, a.key)
+			}
+		case aheadGrouped:
+			m.sendGroup(a.group)
+		case aheadDecided:
+			m.deliverAhead(a)
+		}
 	}
 }
 
@@ -252,6 +310,16 @@ func (m *modelRun) sendAhead(a *modelAhead) {
 		m.aheads = slices.DeleteFunc(m.aheads, func(x *modelAhead) bool { return x == a })
 		m.totals.aheadsForgotten.Add(1)
 		m.logf("gen %d inst %d: A%d asked nothing: its key was reset", a.gi, a.inst, a.id)
+	case q := <-m.queues:
+		// Queued behind its lane's call under way: it goes in a group.
+		st.ahead = nil
+		if q.modelWait != (modelWait{a.gi, a.inst, a.key}) {
+			m.fail("gen %d inst %d: A%d of %s sent, and a request of %s on gen %d inst %d queued", a.gi, a.inst, a.id, a.key, q.key, q.gi, q.inst)
+		}
+		a.state = aheadInLane
+		m.totals.aheadsQueued.Add(1)
+		m.logf("gen %d inst %d: A%d sent, queued behind its lane's call", a.gi, a.inst, a.id)
+		close(q.resume)
 	}
 }
 
@@ -259,15 +327,27 @@ func (m *modelRun) sendAhead(a *modelAhead) {
 // became, if any: its grant counts where the store decided it, as a
 // take's (modelAdmission.decidedByStore).
 func (m *modelRun) deliverAhead(a *modelAhead) {
+	if a.group != nil {
+		m.completeGroup(a.group)
+		return
+	}
 	g := m.gens[a.gi]
 	cache := g.caches[a.inst]
 	before := cache.leases(a.key)
-	expired := m.cacheNow() >= before[0].expires
 	close(a.deliver)
 	<-a.finished
+	m.drainReturns(g)
+	m.aheadAnswered(a, before)
+}
+
+// aheadAnswered notes that a's answer reached the cache, whose leases of
+// a's key were before before it did.
+func (m *modelRun) aheadAnswered(a *modelAhead, before [2]modelLease) {
+	g := m.gens[a.gi]
+	cache := g.caches[a.inst]
+	expired := m.cacheNow() >= before[0].expires
 	a.state = aheadDone
 	m.aheads = slices.DeleteFunc(m.aheads, func(x *modelAhead) bool { return x == a })
-	m.drainReturns(g)
 	after := cache.leases(a.key)
 	what := "not kept"
 	if after[1].gen != before[1].gen && after[1].units > 0 {
@@ -290,6 +370,13 @@ func (m *modelRun) deliverAhead(a *modelAhead) {
 	if cache.closed.Load() {
 		m.totals.aheadsClosed.Add(1)
 		what += " (the cache is closed)"
+	}
+	if a.group != nil {
+		what += fmt.Sprintf(" (in group G%d)", a.group.id)
+		m.totals.aheadsGrouped.Add(1)
+		if expired || a.epoch < g.keys[a.key].epoch || cache.closed.Load() {
+			m.totals.aheadsGroupedLate.Add(1)
+		}
 	}
 	m.logf("gen %d inst %d: A%d answered: %s (lease %d, %d units)", a.gi, a.inst, a.id, what, after[1].gen, after[1].units)
 }
@@ -367,6 +454,14 @@ func (c *Cache) leases(key string) [2]modelLease {
 // (ahead) once the store decided it, until the model delivers it; any
 // other lease is a request's, answered as Take is (replyHook).
 func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want int64) (limiter.Admission, error) {
+	if g := s.group; g != nil {
+		// A group of one goes by itself.
+		s.group = nil
+		d, err := s.Leaser.TakeUpTo(ctx, key, cost, want)
+		answers := []limiter.LeaseAnswer{{Admission: d, Err: err}}
+		s.holdGroup(g, []limiter.LeaseAsk{{Key: key}}, answers)
+		return answers[0].Admission, answers[0].Err
+	}
 	if a := s.ahead; a != nil && a.key == key {
 		s.ahead = nil
 		a.d, a.err = s.Leaser.TakeUpTo(ctx, key, cost, want)
@@ -374,6 +469,11 @@ func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want i
 		close(a.decided)
 		<-a.deliver
 		return a.d, a.err
+	}
+	var d limiter.Admission
+	var err error
+	if s.holdLone(key, func() { d, err = s.Leaser.TakeUpTo(ctx, key, cost, want) }) {
+		return d, err
 	}
 	return s.replyHook.TakeUpTo(ctx, key, cost, want)
 }

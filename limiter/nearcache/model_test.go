@@ -35,7 +35,8 @@ import (
 // modelRun.checkKey and checkBucket for the limits, modelRun.reset for the
 // allowance after an admin reset, and modelRun.quiet for the check that no
 // unit is stranded. Refills ahead are sent and answered at steps of the
-// schedule's own (model_ahead_test.go), and so are the requests of a
+// schedule's own (model_ahead_test.go), and so are groups of lease
+// requests sent in one call (model_group_test.go) and the requests of a
 // refused instance for the others' leases (modelRun.reclaim).
 //
 // Replay one schedule with -model.seed=N (or FLOODGATE_MODEL_SEED=N) and a
@@ -59,6 +60,11 @@ func TestModel(t *testing.T) {
 		t.Logf("model refills ahead: %d (%d admissions spent from them, %d requests waited for one); answered after the current lease expired %d, after a reset on another instance %d, to a closed cache %d; left unsent by a reset %d",
 			totals.aheads.Load(), totals.aheadSpends.Load(), totals.waited.Load(), totals.aheadsLate.Load(), totals.aheadsReset.Load(), totals.aheadsClosed.Load(), totals.aheadsForgotten.Load())
 		t.Logf("model reclaims: %d instances returned leases another asked for", totals.reclaimed.Load())
+		t.Logf("model groups: %d group calls, %d of several asks; %d refills ahead and %d requests queued behind their lane's call; %d refills ahead answered in a group, %d of them after the current lease expired, after a reset elsewhere or to a closed cache",
+			totals.groups.Load(), totals.groupsShared.Load(), totals.aheadsQueued.Load(), totals.queuedRequests.Load(), totals.aheadsGrouped.Load(), totals.aheadsGroupedLate.Load())
+		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.groupsShared.Load() == 0 || totals.queuedRequests.Load() == 0 || totals.aheadsGroupedLate.Load() == 0) {
+			t.Error("the schedules should send groups of several asks, queue requests behind a call under way, and answer a group's refill ahead after an expiry, a reset elsewhere or a close")
+		}
 		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.reclaimed.Load() == 0 || totals.aheadSpends.Load() == 0 || totals.waited.Load() == 0 || totals.aheadsLate.Load() == 0 || totals.aheadsReset.Load() == 0 || totals.aheadsClosed.Load() == 0) {
 			t.Error("the schedules should reclaim leases, spend leases refilled ahead, wait for one, and have one answer after the current lease expired, after a reset elsewhere and to a closed cache")
 		}
@@ -115,7 +121,7 @@ var modelTraceFlag = flag.Bool("model.trace", false, "TestModel: log the steps o
 var modelBackFlag = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
 
 // modelStepKinds are the steps -model.skip can leave out.
-var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor", "ahead", "close", "reclaim"}
+var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor", "ahead", "close", "reclaim", "burst"}
 
 // modelSkips reports whether -model.skip leaves out kind.
 func modelSkips(kind string) bool { return modelFlags.Skips(kind) }
@@ -186,6 +192,13 @@ type modelTotals struct {
 	// reclaimed counts the instances that returned leases another asked
 	// for.
 	reclaimed atomic.Int64
+	// groups counts group calls (lanes.go), groupsShared those of more
+	// than one ask; aheadsQueued the refills ahead and queuedRequests the
+	// requests that queued behind their lane's call; aheadsGrouped the
+	// refills ahead answered in a group, aheadsGroupedLate those answered
+	// after the current lease expired, after a reset elsewhere or to a
+	// closed cache.
+	groups, groupsShared, aheadsQueued, queuedRequests, aheadsGrouped, aheadsGroupedLate atomic.Int64
 }
 
 // modelCase is one algorithm with leases of fraction (0: none).
@@ -449,8 +462,12 @@ type modelSlowLeaser struct {
 	delay     time.Duration
 	decided   int64
 	resetMid  *modelMidReset
-	// ahead is the refill ahead the model is sending (see TakeUpTo).
+	// ahead is the refill ahead the model is sending (see TakeUpTo), group
+	// the group (LeaseMany).
 	ahead *modelAhead
+	group *modelGroup
+	// hold, when set, holds the next lone lease call (burst).
+	hold *modelHold
 	// returned lists the keys of the returns it took (ReturnMany).
 	mu       sync.Mutex
 	returned []string
@@ -522,9 +539,14 @@ type modelRun struct {
 	ahead   atomic.Int64
 	failure string
 	// aheads are the refills ahead under way (model_ahead_test.go);
-	// waits and resume the hand-over of a request that waits for one.
+	// waits and resume the hand-over of a request that waits for one,
+	// queues of a lease request that joined its lane's queue; groups are
+	// the group calls under way.
 	aheads   []*modelAhead
 	aheadSeq int
+	groups   []*modelGroup
+	groupSeq int
+	queues   chan modelQueued
 	// reclaims are the requests for leases not yet delivered.
 	reclaims []modelReclaim
 	waits    chan modelWait
@@ -571,9 +593,9 @@ func runModelSchedule(t *testing.T, c modelCase, clients []redis.UniversalClient
 	m := &modelRun{
 		t: t, totals: totals, ctx: context.Background(), c: c, seed: seed, rng: rng,
 		clock: testutil.NewClock(start), start: start.UnixMicro(), hwm: start.UnixMicro(),
-		clients: clients, keys: []string{"alice", "bob"}, stats: stats, back: modelBackFor(c.alg),
+		clients: clients, keys: []string{"alice", "bob", "carol"}, stats: stats, back: modelBackFor(c.alg),
 		prefix: fmt.Sprintf("fgmodel-%d-%d:", modelPrefixSeq.Add(1), seed),
-		waits:  make(chan modelWait), resume: make(chan struct{}),
+		waits:  make(chan modelWait), resume: make(chan struct{}), queues: make(chan modelQueued),
 	}
 	m.lastRenew, m.lastJanitor = m.hwm, m.hwm
 	defer m.closeAll()
@@ -736,6 +758,10 @@ func (m *modelRun) doStep() {
 			inst, key = m.lastTake.inst, m.lastTake.key
 		}
 		m.lastTake = modelGrant{inst: inst, key: key, gen: uint64(gi)}
+		if r < 30 && !modelSkips("burst") {
+			m.burst(gi, inst)
+			break
+		}
 		if r >= 390 && g.p.Algorithm.Traits().Charges && !modelSkips("charge") {
 			m.charge(gi, inst, key)
 			break
@@ -1008,31 +1034,41 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 		m.drainReturns(g) // a lease the next one replaced
 	}
 	st.delay, st.resetMid = 0, nil
+	note := ""
+	if slow {
+		note = " (slow reply)"
+	}
+	m.book(gi, inst, key, cost, d, err, m.clock.Now().UnixMicro(), st.decided, epoch, midReset, note)
+}
+
+// book notes the answer to a take of cost units of key on instance inst
+// of generation gi: d and err, which came at answered (the clock, µs),
+// decided by the store at decided (0 if it did not decide), with epoch
+// the key's resets when it was sent and midReset set when a reset of the
+// key on this instance ran while the store's answer was on its way.
+func (m *modelRun) book(gi, inst int, key string, cost int64, d limiter.Admission, err error, answered, decided int64, epoch int, midReset bool, slowNote string) {
+	g := m.gens[gi]
 	m.observe()
 	if err != nil {
 		m.fail("gen %d instance %d: take %s %d: %v", gi, inst, key, cost, err)
 		return
 	}
-	slowNote := ""
-	if slow {
-		slowNote = " (slow reply)"
-	}
 	if !d.Allowed {
 		m.logf("gen %d inst %d take %s %d%s: denied by %v, remaining %d, retry %v", gi, inst, key, cost, slowNote, d.Source, d.Remaining, d.RetryAfter)
-		if st.decided != 0 {
+		if decided != 0 {
 			// A refusal is a decision of the store on the key's timeline
 			// too: the store moved the key's time on (a sliding log
 			// dropped the entries that left its window then), so what it
 			// admits after a step back of the clock counts no earlier.
 			ks := g.keys[key]
-			ks.hwm = max(ks.hwm, st.decided)
+			ks.hwm = max(ks.hwm, decided)
 		}
 		return
 	}
 	ks := g.keys[key]
 	prev := ks.hwm
-	if st.decided != 0 {
-		ks.hwm = max(ks.hwm, st.decided)
+	if decided != 0 {
+		ks.hwm = max(ks.hwm, decided)
 	}
 	a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: key, cost: cost, d: d, epoch: ks.epoch}
 	if midReset && d.Source == limiter.SourceStore && epoch != ks.epoch {
@@ -1043,11 +1079,11 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 	m.nextID++
 	switch d.Source {
 	case limiter.SourceStore:
-		if st.decided == 0 {
+		if decided == 0 {
 			m.fail("gen %d instance %d: a decision of the store that never asked it", gi, inst)
 			return
 		}
-		a.decidedByStore(d.Time, st.decided, prev, g.p.Algorithm)
+		a.decidedByStore(d.Time, decided, prev, g.p.Algorithm)
 		if d.Receipt.Lease != 0 {
 			g.grants[modelGrant{inst, key, d.Receipt.Lease}] = a.store
 			g.rawGrants[modelGrant{inst, key, d.Receipt.Lease}] = a.raw
@@ -1059,7 +1095,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 			return
 		}
 		lg := modelGrant{inst, key, d.Receipt.Lease}
-		a.spend, a.store, a.raw, a.leased = max(m.clock.Now().UnixMicro(), at, prev, g.refunded[lg]), at, g.rawGrants[lg], true
+		a.spend, a.store, a.raw, a.leased = max(answered, at, prev, g.refunded[lg]), at, g.rawGrants[lg], true
 		if g.aheadGens[lg] {
 			m.totals.aheadSpends.Add(1)
 		}
@@ -1067,7 +1103,7 @@ func (m *modelRun) take(gi, inst int, key string, slow bool) {
 			// The store counted a window's lease in the window it was
 			// granted in: after a step back the spend stays there, not at
 			// a later time of the key's.
-			a.spend = max(m.clock.Now().UnixMicro(), at, g.refunded[lg])
+			a.spend = max(answered, at, g.refunded[lg])
 		}
 	default:
 		m.fail("gen %d instance %d: an admission from %v", gi, inst, d.Source)
@@ -1303,9 +1339,10 @@ func (m *modelRun) reset(gi, inst int, key string) {
 	if g.caches == nil {
 		_, err = g.stores[inst].Reset(m.ctx, key)
 	} else {
-		// A reset waits for the refills ahead whose store decided on its
-		// instance (nearShard.backs): their answers come first.
-		m.completeAheads(gi, inst, aheadDecided)
+		// A reset waits for the refills ahead sent on its instance, queued
+		// in its lane or decided by the store (nearShard.backs): their
+		// answers come first.
+		m.completeAheads(gi, inst, aheadInLane)
 		_, err = g.caches[inst].Reset(m.ctx, key)
 	}
 	now := m.observe()

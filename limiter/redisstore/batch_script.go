@@ -8,15 +8,17 @@ import (
 	"time"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/redis/go-redis/v9"
 )
 
 // A nearcache.Cache gives units back to Redis in bulk: leases lapse by the
 // thousand on a busy instance, and one script call per lease would cost
 // Redis as much as the decisions the leases saved. The batch script
 // (lua.Batch) runs any number of one algorithm's operations in one atomic
-// EVALSHA, in order, and replies with the last one's reply. ReturnMany sends
-// up to redisMaxReturns returns per call; Renew sends a lapsed lease's
-// give-back and the next lease's take for one key together.
+// EVALSHA, in order, and replies with every one's reply (or error).
+// ReturnMany sends up to redisMaxReturns returns per call; Renew sends a
+// lapsed lease's give-back and the next lease's take for one key together;
+// LeaseMany (lease_batch.go) the leases of several keys.
 //
 // On a Cluster every client key is in a hash slot of its own (its hash tag
 // is the key's digest), and a script may only touch keys of one slot, so
@@ -45,20 +47,32 @@ func (r *Store) Renew(ctx context.Context, back limiter.Return, cost, want int64
 		return limiter.Admission{}, err
 	}
 	ctx = r.deadlines.bound(ctx, r.timeout)
-	key := r.Key(back.Key) // the refund and the take name the same key
-	reply, err := r.runBatch(ctx, []*scriptCall{
-		r.callOn(ctx, key, -back.Units, r.refundArg(back.Taken)),
-		r.callOn(ctx, key, cost, want),
-	})
+	calls := r.renewCalls(ctx, back, cost, want)
+	err := r.runBatch(ctx, calls)
+	if err == nil {
+		// The lease's answer; the return's is not read, as a failed return
+		// strands its units at worst (see limiter.Leaser.Renew).
+		err = calls[1].err
+	}
 	if err != nil {
 		return limiter.Admission{}, fmt.Errorf("redis store for zone %q: renewing a lease: %w", r.zone, err)
 	}
-	a, err := decodeReply(reply)
+	a, err := decodeReply(calls[1].reply)
 	if err != nil {
 		return limiter.Admission{}, err
 	}
 	a = holding(a, r, back.Key, a.Receipt.Granted)
 	return a, nil
+}
+
+// renewCalls are the two operations of a renewal, for the batch script:
+// back's return, then the lease, on one key.
+func (r *Store) renewCalls(ctx context.Context, back limiter.Return, cost, want int64) []*scriptCall {
+	key := r.Key(back.Key)
+	return []*scriptCall{
+		r.callOn(ctx, key, -back.Units, r.refundArg(back.Taken)),
+		r.callOn(ctx, key, cost, want),
+	}
 }
 
 // ReturnMany implements Leaser: up to redisMaxReturns returns per script
@@ -106,12 +120,18 @@ func (r *Store) ReturnMany(ctx context.Context, returns []limiter.Return) error 
 				for _, rf := range returns[start:min(len(returns), start+redisMaxReturns)] {
 					calls = append(calls, r.newCall(cctx, rf.Key, -rf.Units, r.refundArg(rf.Taken)))
 				}
-				if _, err := r.runBatch(cctx, calls); err != nil {
-					mu.Lock()
-					fail(len(calls), err)
-					mu.Unlock()
-				}
+				err := r.runBatch(cctx, calls)
 				cancel()
+				mu.Lock()
+				if err != nil {
+					fail(len(calls), err)
+				}
+				for _, c := range calls {
+					if err == nil && c.err != nil {
+						fail(1, c.err)
+					}
+				}
+				mu.Unlock()
 			}
 		})
 	}
@@ -122,29 +142,61 @@ func (r *Store) ReturnMany(ctx context.Context, returns []limiter.Return) error 
 }
 
 // runBatch runs calls, each a decision as newCall builds it, in one call
-// of the batch script, and returns the last one's reply.
-// The keys must all be on one server: on shards, the first key's shard
-// runs the script (see byShard).
-func (r *Store) runBatch(ctx context.Context, calls []*scriptCall) ([]int64, error) {
+// of the batch script, and sets each one's reply or error: an operation
+// that refuses its key's state (a value Floodgate does not write) fails
+// alone. The error it returns is the whole call's, which may or may not
+// have run any of them. The keys must all be on one server: on shards,
+// the first key's shard runs the script (see byShard).
+func (r *Store) runBatch(ctx context.Context, calls []*scriptCall) error {
 	b := r.breakerFor(calls[0].key)
 	if b.open() {
-		return nil, ErrUnavailable
+		return ErrUnavailable
 	}
 	keys := make([]string, len(calls))
 	for i, c := range calls {
 		keys[i] = c.key
 	}
-	run := func() ([]int64, error) {
+	run := func() error {
 		var args []any
 		for _, c := range calls {
 			args = append(args, len(c.args))
 			args = append(args, c.args...)
 		}
-		return r.batchScript.Run(ctx, r.client, keys, args...).Int64Slice()
+		replies, err := r.batchScript.Run(ctx, r.client, keys, args...).Slice()
+		if err != nil {
+			return err
+		}
+		if len(replies) != len(calls) {
+			return fmt.Errorf("batch script replied %d values for %d operations", len(replies), len(calls))
+		}
+		for i, c := range calls {
+			c.reply, c.err = batchReply(replies[i])
+		}
+		return nil
 	}
-	reply, err := run()
+	err := run()
 	if err != nil && r.onInstanceClock(ctx, err, calls...) {
-		reply, err = run()
+		err = run()
 	}
-	return reply, r.outcome(b, err)
+	return r.outcome(b, err)
+}
+
+// batchReply reads one operation's part of the batch script's reply: its
+// array of integers, or its error.
+func batchReply(v any) ([]int64, error) {
+	switch v := v.(type) {
+	case redis.Error:
+		return nil, v
+	case []any:
+		reply := make([]int64, len(v))
+		for i, x := range v {
+			n, ok := x.(int64)
+			if !ok {
+				return nil, fmt.Errorf("batch script replied %T in an operation's reply, want integers", x)
+			}
+			reply[i] = n
+		}
+		return reply, nil
+	}
+	return nil, fmt.Errorf("batch script replied %T for an operation, want an array or an error", v)
 }

@@ -158,9 +158,11 @@ func (r *Store) ringShards(ring *redis.Ring) {
 		return c.Options().Addr
 	}
 	r.shards = make(map[string]*pipeliner, len(ring.Options().Addrs))
+	r.lanes = make(map[string]int, len(ring.Options().Addrs))
 	for _, addr := range ring.Options().Addrs {
 		p := &pipeliner{runOne: r.pipeline.runOne, runMany: r.pipeline.runMany}
 		r.shards[addr] = p
+		r.lanes[addr] = len(r.lanes)
 	}
 }
 

@@ -156,8 +156,13 @@ func (r *Store) renewSlots(ctx context.Context) error {
 			flush := func() {
 				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
 				defer cancel()
-				if _, err := r.runBatch(cctx, calls); err != nil {
+				if err := r.runBatch(cctx, calls); err != nil {
 					fail(err)
+				}
+				for _, c := range calls {
+					if c.err != nil {
+						fail(c.err)
+					}
 				}
 				calls, named = calls[:0], 0
 			}

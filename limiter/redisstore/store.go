@@ -110,6 +110,8 @@ type Store struct {
 	// shards.go). Both are nil on any other client.
 	shards  map[string]*pipeliner
 	shardOf func(redisKey string) string
+	// lanes numbers the shards by address, for LeaseLane.
+	lanes map[string]int
 	// breaker answers at once while Redis keeps failing.
 	breaker *Breaker
 	// reloadHashSlots, for a Cluster client, asks it to read the hash

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -760,6 +761,13 @@ func TestRedisMatchesMemory(t *testing.T) {
 			maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
 			outcomes, leases, renewals, many := map[bool]int{}, map[bool]int{}, map[bool]int{}, 0
 			charges, partial := map[bool]int{}, 0
+			// Groups of leases (LeaseMany), with a renewal or not, and
+			// their renewals granted or not; gmem and gred are their
+			// grants, which later renewals give back. grng draws them,
+			// on keys of their own, so k's steps go as they did before.
+			groups, groupRenewals := map[bool]int{}, map[bool]int{}
+			var gmem, gred []groupGrant
+			grng := rand.New(rand.NewPCG(uint64(i), 43))
 			for step := range 400 {
 				if rng.IntN(2) == 0 {
 					now += rng.Int64N(span)
@@ -861,6 +869,49 @@ func TestRedisMatchesMemory(t *testing.T) {
 				if dm.Allowed != dr.Allowed || dm.Remaining != dr.Remaining || dm.ResetAfter != dr.ResetAfter || dm.RetryAfter != dr.RetryAfter {
 					t.Fatalf("step %d at %dus: memory %+v, redis %+v", step, now, dm, dr)
 				}
+				if p.Algorithm.Traits().Leases && grng.IntN(8) == 0 {
+					// Several leases in one call (LeaseMany), as a near
+					// cache sends the asks that queued: on keys g and h,
+					// apart from k's steps, in order, one of them a
+					// renewal when an earlier grant can give units back.
+					// Each answer is compared, so one delivered to
+					// another ask shows.
+					var masks, rasks []limiter.LeaseAsk
+					renew := -1
+					for i := range 2 + grng.IntN(3) {
+						c := 1 + grng.Int64N(maxCost)
+						key := []string{"g", "h"}[grng.IntN(2)]
+						a := limiter.LeaseAsk{Key: key, Cost: c, Want: c + grng.Int64N(3*maxCost)}
+						ma, ra := a, a
+						if renew < 0 && len(gmem) > 0 && grng.IntN(2) == 0 {
+							j := grng.IntN(len(gmem))
+							back := 1 + grng.Int64N(gmem[j].Granted())
+							ma.Back = limiter.Return{Key: gmem[j].key, Units: back, Taken: gmem[j].Receipt}
+							ra.Back = limiter.Return{Key: gmem[j].key, Units: back, Taken: gred[j].Receipt}
+							ma.Key, ra.Key = gmem[j].key, gmem[j].key
+							gmem, gred = slices.Delete(gmem, j, j+1), slices.Delete(gred, j, j+1)
+							renew = i
+						}
+						masks, rasks = append(masks, ma), append(rasks, ra)
+					}
+					ma, ra := mem.LeaseMany(ctx, masks), red.LeaseMany(ctx, rasks)
+					for i := range ma {
+						gm, gr := ma[i].Admission, ra[i].Admission
+						if ma[i].Err != nil || ra[i].Err != nil {
+							t.Fatalf("step %d: ask %d of a group: %v %v", step, i, ma[i].Err, ra[i].Err)
+						}
+						if gm.Allowed != gr.Allowed || gm.Granted() != gr.Granted() || gm.Remaining != gr.Remaining || gm.ResetAfter != gr.ResetAfter || gm.RetryAfter != gr.RetryAfter {
+							t.Fatalf("step %d: ask %d (%s) of a group of %d (renewal: ask %d): memory %+v, redis %+v", step, i, masks[i].Key, len(ma), renew, gm, gr)
+						}
+						if gm.Allowed {
+							gmem, gred = append(gmem, groupGrant{gm, masks[i].Key}), append(gred, groupGrant{gr, masks[i].Key})
+						}
+						if i == renew {
+							groupRenewals[gm.Allowed]++
+						}
+					}
+					groups[renew >= 0]++
+				}
 			}
 			if outcomes[true] == 0 || outcomes[false] == 0 {
 				t.Errorf("%d allowed, %d denied: the steps should exercise both", outcomes[true], outcomes[false])
@@ -874,11 +925,21 @@ func TestRedisMatchesMemory(t *testing.T) {
 			if many == 0 {
 				t.Error("no refunds of several admissions in one call")
 			}
+			if p.Algorithm.Traits().Leases && (groups[true] == 0 || groups[false] == 0 || groupRenewals[true] == 0) {
+				t.Errorf("%d groups of leases with a renewal (%d granted), %d without: the steps should exercise both", groups[true], groupRenewals[true], groups[false])
+			}
 			if p.Algorithm.Traits().Charges && (charges[true] == 0 || charges[false] == 0 || partial == 0) {
 				t.Errorf("%d charges cut short by the cap, %d whole, %d partial refunds: the steps should exercise each", charges[true], charges[false], partial)
 			}
 		})
 	}
+}
+
+// groupGrant is a grant of TestRedisMatchesMemory's groups of leases, and
+// its key.
+type groupGrant struct {
+	limiter.Admission
+	key string
 }
 
 func TestRedisUnreachable(t *testing.T) {

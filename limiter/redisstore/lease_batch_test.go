@@ -1,0 +1,158 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
+	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/internal/storetest"
+)
+
+// TestRedisLeaseMany takes the leases of 150 keys in one LeaseMany, each
+// key asking for a different number of units and some renewing (a
+// give-back first), on a standalone Redis, where they go 64 operations
+// to a script call, on shards, where each shard's go to it alike, and on
+// a Cluster, where each goes alone. Every answer must be its own key's:
+// a key's grant and remaining follow from its own ask alone, so an answer
+// delivered to another ask shows. A key holding a value Floodgate does
+// not write fails its ask alone.
+func TestRedisLeaseMany(t *testing.T) {
+	ctx := context.Background()
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 1000, Window: time.Hour}
+	standalone := redistest.Start(t)
+	for _, tc := range []struct {
+		name   string
+		client redis.UniversalClient
+	}{
+		{"standalone", standalone.Client(t)},
+		{"cluster", redistest.StartCluster(t, 3).Client(t)},
+		{"shards", startShards(t, 3).ring(t)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newPreloadedRedis(t, tc.client, p, Options{Zone: "group", Timeout: 5 * time.Second})
+			const keys = 150
+			asks := make([]limiter.LeaseAsk, keys)
+			for i := range asks {
+				key := fmt.Sprint("k", i)
+				asks[i] = limiter.LeaseAsk{Key: key, Cost: 1 + int64(i%3), Want: 5 + int64(i)}
+				if i%4 == 0 {
+					// A renewal: a first lease of 20, of which 1 + i%7 go
+					// back before the next lease.
+					d, err := r.TakeUpTo(ctx, key, 1, 20)
+					if err != nil || d.Granted() != 20 {
+						t.Fatalf("first lease of %s: %+v, %v", key, d, err)
+					}
+					asks[i].Back = limiter.Return{Key: key, Units: 1 + int64(i%7), Taken: d.Receipt}
+				}
+			}
+			const foreign = 77
+			if err := tc.client.Set(ctx, r.Key(asks[foreign].Key), "not floodgate's", time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// The operations each server runs: the standalone one's, or
+			// each shard's, whose keys LeaseLane puts in a lane of its own.
+			ops := map[*redis.Client]int64{}
+			lanes := map[int]*redis.Client{}
+			for _, a := range asks {
+				var server *redis.Client
+				switch c := tc.client.(type) {
+				case *redis.Client:
+					server = c
+				case *redis.Ring:
+					var err error
+					if server, err = c.GetShardClientForKey(r.Key(a.Key)); err != nil {
+						t.Fatal(err)
+					}
+				case *redis.ClusterClient:
+					if lane := r.LeaseLane(a.Key); lane >= 0 {
+						t.Fatalf("LeaseLane(%s) on a Cluster: %d, want none (negative)", a.Key, lane)
+					}
+					continue
+				}
+				lane := r.LeaseLane(a.Key)
+				if other, ok := lanes[lane]; ok && other != server {
+					t.Fatalf("lane %d holds keys of %s and %s", lane, other.Options().Addr, server.Options().Addr)
+				}
+				lanes[lane] = server
+				ops[server] += int64(1 + min(1, a.Back.Units))
+			}
+			if len(lanes) != len(ops) {
+				t.Errorf("%d servers hold the keys, which LeaseLane puts in %d lanes", len(ops), len(lanes))
+			}
+			for c := range ops {
+				if err := c.ConfigResetStat(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			answers := r.LeaseMany(ctx, asks)
+
+			for c, n := range ops {
+				calls, err := storetest.ScriptCalls(ctx, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Up to 64 operations a call, a renewal's two never split:
+				// at most one call more than the fewest.
+				if least := (n + redisMaxReturns - 1) / redisMaxReturns; calls < least || calls > least+1 {
+					t.Errorf("%s: %d operations took %d script calls, want %d or %d", c.Options().Addr, n, calls, least, least+1)
+				}
+			}
+			if len(answers) != keys {
+				t.Fatalf("%d answers to %d asks", len(answers), keys)
+			}
+			for i, a := range asks {
+				ans := answers[i]
+				if i == foreign {
+					if ans.Err == nil {
+						t.Errorf("%s holds a foreign value, and its ask was answered: %+v", a.Key, ans.Admission)
+					}
+					continue
+				}
+				left := p.Events - a.Want
+				if a.Back.Units > 0 {
+					left = p.Events - 20 + a.Back.Units - a.Want
+				}
+				if ans.Err != nil || !ans.Allowed || ans.Granted() != a.Want || ans.Remaining != left {
+					t.Fatalf("ask %d (%s, want %d, back %d): %+v, %v; want %d granted, %d left", i, a.Key, a.Want, a.Back.Units, ans.Admission, ans.Err, a.Want, left)
+				}
+				// The admission holds its grant, and gives it back to its key.
+				if _, err := ans.GiveBack(ctx, ans.Held()); err != nil {
+					t.Fatal(err)
+				}
+				d, err := r.Peek(ctx, a.Key)
+				if want := left + a.Want; err != nil || d.Remaining != want {
+					t.Fatalf("%s after its lease went back: %+v, %v; want %d left", a.Key, d, err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestRedisLeaseManyRefuses: an ask the policy cannot grant fails alone,
+// before anything is sent, and so does one whose give-back names another
+// key.
+func TestRedisLeaseManyRefuses(t *testing.T) {
+	s := redistest.Start(t)
+	r := newTestRedis(t, s.Client(t), limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}, Options{Zone: "refuse"})
+	answers := r.LeaseMany(context.Background(), []limiter.LeaseAsk{
+		{Key: "a", Cost: 1, Want: 2},
+		{Key: "b", Cost: 11, Want: 11},
+		{Key: "c", Cost: 2, Want: 1},
+		{Key: "d", Cost: 1, Want: 1, Back: limiter.Return{Key: "e", Units: 1}},
+		{Key: "f", Cost: 1, Want: 3},
+	})
+	for i, want := range []bool{true, false, false, false, true} {
+		if ok := answers[i].Err == nil && answers[i].Allowed; ok != want {
+			t.Errorf("ask %d: %+v, %v; want answered %v", i, answers[i].Admission, answers[i].Err, want)
+		}
+	}
+	if g := answers[4].Granted(); g != 3 {
+		t.Errorf("the last ask was granted %d, want 3", g)
+	}
+}
