@@ -255,12 +255,12 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 	})
 }
 
-// forKey answers a route about one key (inspect, reset): do runs with
-// the query's tier (checked: a zone must list it) in each zone of that
-// name, with the key as that zone's requests name it (a full IP address
-// masked to the zone's prefix, see keyTemplate.typed), and the answers
-// are written as one, or as an array for a name several handlers
-// declare.
+// forKey answers a route about one key (inspect; resetKey does the same
+// in two passes): do runs with the query's tier (checked: a zone must
+// list it) in each zone of that name, with the key as that zone's
+// requests name it (a full IP address masked to the zone's prefix, see
+// keyTemplate.typed), and the answers are written as one, or as an array
+// for a name several handlers declare.
 func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, do func(z *zone, key, tier string) (T, error)) error {
 	key, tier, err := keyQuery(r)
 	if err != nil {
@@ -324,13 +324,16 @@ func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error 
 		state string
 	}
 	started := map[cacheState]bool{}
-	defer func() {
+	// end ends every near cache's reset (a second End does nothing):
+	// once every store has been reset, or on the way out of a failure.
+	end := func() {
 		for _, t := range targets {
 			if t.near != nil {
 				t.near.End()
 			}
 		}
-	}()
+	}
+	defer end()
 	for i, reg := range found {
 		z := reg.zone
 		k := z.key.typed(key)
@@ -371,11 +374,7 @@ func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error 
 		}
 		out[t.zone].Reset = out[t.zone].Reset || had
 	}
-	for _, t := range targets {
-		if t.near != nil {
-			t.near.End()
-		}
-	}
+	end()
 	return writeOneOrAll(w, out)
 }
 
