@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
+	"github.com/floodgatehq/caddy-ratelimit/limiter/nearcache"
 )
 
 func init() {
@@ -254,12 +255,12 @@ func inspectKey(w http.ResponseWriter, r *http.Request, found []registered) erro
 	})
 }
 
-// forKey answers a route about one key (inspect, reset): do runs with
-// the query's tier (checked: a zone must list it) in each zone of that
-// name, with the key as that zone's requests name it (a full IP address
-// masked to the zone's prefix, see keyTemplate.typed), and the answers
-// are written as one, or as an array for a name several handlers
-// declare.
+// forKey answers a route about one key (inspect; resetKey does the same
+// in two passes): do runs with the query's tier (checked: a zone must
+// list it) in each zone of that name, with the key as that zone's
+// requests name it (a full IP address masked to the zone's prefix, see
+// keyTemplate.typed), and the answers are written as one, or as an array
+// for a name several handlers declare.
 func forKey[T any](w http.ResponseWriter, r *http.Request, found []registered, do func(z *zone, key, tier string) (T, error)) error {
 	key, tier, err := keyQuery(r)
 	if err != nil {
@@ -291,31 +292,90 @@ type keyReset struct {
 // fallback, under the limit the query's tier picks and under the key's
 // override limit, when it has one; reset is true only if any held state
 // for it (a lease or cached refusal of the near cache counts).
+//
+// When several handlers declare the zone, this is one reset for all of
+// them: every near cache forgets the key before the first store's reset
+// and again after the last (nearcache.Cache.StartReset). Reset one after
+// another, a handler whose reset had ended could lease units from the
+// state between two stores' resets and spend them after the reset, on
+// top of the fresh limit.
 func resetKey(w http.ResponseWriter, r *http.Request, found []registered) error {
-	return forKey(w, r, found, func(z *zone, key, tier string) (keyReset, error) {
-		type named struct {
-			s     limiter.Store
-			state string
+	key, tier, err := keyQuery(r)
+	if err != nil {
+		return err
+	}
+	for _, reg := range found {
+		if err := checkTier(reg.zone, tier); err != nil {
+			return err
 		}
+	}
+	// target is one store's state to reset, of the zone found[zone];
+	// near is its near cache's reset once started.
+	type target struct {
+		s     limiter.Store
+		state string
+		zone  int
+		near  *nearcache.Resetting
+	}
+	var targets []target
+	out := make([]keyReset, len(found))
+	type cacheState struct {
+		c     *nearcache.Cache
+		state string
+	}
+	started := map[cacheState]bool{}
+	// end ends every near cache's reset (a second End does nothing):
+	// once every store has been reset, or on the way out of a failure.
+	end := func() {
+		for _, t := range targets {
+			if t.near != nil {
+				t.near.End()
+			}
+		}
+	}
+	defer end()
+	for i, reg := range found {
+		z := reg.zone
+		k := z.key.typed(key)
+		out[i] = keyReset{Zone: z.name, Tier: tier, Key: k}
 		l := z.tierLimit(tier)
-		stores := []named{{l.store, key}, {l.fallback, key}}
-		if res := z.resolve(key, true, tier, nil, time.Time{}); res.verdict == verdictDecide && res.limit != l {
+		add := func(s limiter.Store, state string) {
+			if s == nil {
+				return
+			}
+			t := target{s: s, state: state, zone: i}
+			if c, ok := s.(*nearcache.Cache); ok {
+				// Once per cache and state: its reset holds a lock.
+				if started[cacheState{c, state}] {
+					return
+				}
+				started[cacheState{c, state}] = true
+				t.near = c.StartReset(state)
+			}
+			targets = append(targets, t)
+		}
+		add(l.store, k)
+		add(l.fallback, k)
+		if res := z.resolve(k, true, tier, nil, time.Time{}); res.verdict == verdictDecide && res.limit != l {
 			// The key's override limit.
-			stores = append(stores, named{res.limit.store, res.state}, named{res.limit.fallback, res.state})
+			add(res.limit.store, res.state)
+			add(res.limit.fallback, res.state)
 		}
-		existed := false
-		for _, n := range stores {
-			if n.s == nil {
-				continue
-			}
-			had, err := n.s.Reset(r.Context(), n.state)
-			if err != nil {
-				return keyReset{}, err
-			}
-			existed = existed || had
+	}
+	for _, t := range targets {
+		var had bool
+		if t.near != nil {
+			had, err = t.near.ResetStore(r.Context())
+		} else {
+			had, err = t.s.Reset(r.Context(), t.state)
 		}
-		return keyReset{Zone: z.name, Tier: tier, Key: key, Reset: existed}, nil
-	})
+		if err != nil {
+			return adminError(http.StatusBadGateway, "zone %q: %v", found[t.zone].zone.name, err)
+		}
+		out[t.zone].Reset = out[t.zone].Reset || had
+	}
+	end()
+	return writeOneOrAll(w, out)
 }
 
 // zoneTop is a zone's hottest keys as top answers them.

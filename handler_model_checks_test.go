@@ -30,7 +30,8 @@ import (
 //     Redis's TIME (see checkRedis). After an admin reset the docs
 //     allow (instances − 1) leases that other instances took before
 //     it; here the reset reaches every instance's near cache (one
-//     process's admin API answers for every zone of the name), so none.
+//     process's admin API answers for every zone of the name, as one
+//     reset: admin.go resetKey), so none.
 //   - redis zones when instance 0 decides by its own clock, δ = |skew|
 //     from Redis's TIME (docs/redis.md, "Servers that refuse TIME in
 //     scripts", "What that costs": "a skew of δ between instances moves

@@ -798,57 +798,6 @@ func (c *Cache) Peek(ctx context.Context, key string) (limiter.Decision, error) 
 	return d, nil
 }
 
-// Reset implements Store: it forgets this instance's lease and cached
-// refusal of key, then the store's state, then again whatever the cache
-// learned of the key meanwhile. The lease's units are dropped, not given
-// back: they belong to the state being forgotten. So is every answer the
-// store sent before its reset ended: a lease or refusal whose request was
-// under way is never spent or repeated after the reset (a request sent to
-// the store between the two forgets may have been decided before the
-// store's reset). Leases other instances hold are given back into the
-// fresh state when they lapse, so right after a reset up to that many
-// units more may pass. It reports that state existed when the store held
-// some, or this instance a lease's units or a refusal still in force.
-func (c *Cache) Reset(ctx context.Context, key string) (bool, error) {
-	// No give-back of the shard's units is under way from here on: those
-	// sent have reached the store, and those not sent are dropped if they
-	// are key's (nearShard.backs).
-	sh := c.shard(key)
-	sh.backs.Lock()
-	defer sh.backs.Unlock()
-	held := c.forget(key)
-	existed, err := c.store.Reset(ctx, key)
-	// Even when the store's reset failed: it may have run, and dropping
-	// a lease costs an under-admission at most.
-	c.forget(key)
-	return existed || held, err
-}
-
-// forget drops key for an admin reset (see Reset): its leases, its cached
-// refusal, and what a refill under way (asked by a request, or ahead)
-// brings back (nearKey.forgotten). It reports whether the key held a
-// lease's units or a refusal in force.
-func (c *Cache) forget(key string) bool {
-	now := c.clock.now()
-	sh := c.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sh.resets++
-	k := sh.keys[key]
-	if k == nil {
-		return false
-	}
-	held := k.held() > 0 || now < k.deniedUntil
-	// Removed even while a refill is under way: requests that come after
-	// the reset must not wait for an answer decided before it, but ask
-	// the store afresh. The refill still wakes those already waiting.
-	c.drop(sh, key, k)
-	k.units, k.expires, k.deniedUntil = 0, 0, 0
-	k.next = nearLease{}
-	k.forgotten = true
-	return held
-}
-
 // giveBack refunds leases' unspent units to the store, off the request
 // path, in as few calls as the store allows. Each refund's Taken is the
 // decision that granted the lease, which names the window or log entry its

@@ -373,3 +373,46 @@ func TestResetForgetsOneKey(t *testing.T) {
 		})
 	}
 }
+
+// TestResetsStartedTogether: two caches of one process in front of one
+// state reset a key as one admin reset (StartReset on both, then each
+// store's reset, then End on both). Between the two store resets the
+// first cache leases units from the state the second's erases (leases of
+// 1, 2 and 4: 3 unspent); End forgets them, so after the reset the two
+// admit the fresh 10 and no more. Reset one after the other (Reset on
+// the first, its requests, Reset on the second), the first kept its 3
+// units: 13.
+func TestResetsStartedTogether(t *testing.T) {
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
+	ctx := context.Background()
+	for name, backend := range edgeBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+			caches := edgeCaches(t, backend(t, p, clock), p, clock, 2, 0.5)
+			a, b := caches[0], caches[1]
+			for range 3 { // state and leases on both before the reset
+				storetest.MustAdmit(t, a, "k")
+				storetest.MustAdmit(t, b, "k")
+			}
+			ra, rb := a.StartReset("k"), b.StartReset("k")
+			if existed, err := ra.ResetStore(ctx); err != nil || !existed {
+				t.Fatalf("first store's reset: existed %v, %v", existed, err)
+			}
+			for range 4 {
+				storetest.MustAdmit(t, a, "k")
+			}
+			if _, err := rb.ResetStore(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ra.End()
+			rb.End()
+			rb.End() // a second End does nothing
+			if held := a.held() + b.held(); held != 0 {
+				t.Errorf("the caches hold %d units after the reset, want none", held)
+			}
+			if admitted := admitAll(t, a, "k", p.Events) + admitAll(t, b, "k", p.Events); admitted != p.Events {
+				t.Errorf("admitted %d after the reset, want the fresh %d", admitted, p.Events)
+			}
+		})
+	}
+}
