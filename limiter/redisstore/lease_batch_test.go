@@ -24,114 +24,104 @@ import (
 func TestRedisLeaseMany(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 1000, Window: time.Hour}
-	standalone := redistest.Start(t)
-	for _, tc := range []struct {
-		name   string
-		client redis.UniversalClient
-	}{
-		{"standalone", standalone.Client(t)},
-		{"cluster", redistest.StartCluster(t, 3).Client(t)},
-		{"shards", startShards(t, 3).ring(t)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := newPreloadedRedis(t, tc.client, p, Options{Zone: "group", Timeout: 5 * time.Second})
-			const keys = 150
-			asks := make([]limiter.LeaseAsk, keys)
-			for i := range asks {
-				key := fmt.Sprint("k", i)
-				asks[i] = limiter.LeaseAsk{Key: key, Cost: 1 + int64(i%3), Want: 5 + int64(i)}
-				if i%4 == 0 {
-					// A renewal: a first lease of 20, of which 1 + i%7 go
-					// back before the next lease.
-					d, err := r.TakeUpTo(ctx, key, 1, 20)
-					if err != nil || d.Granted() != 20 {
-						t.Fatalf("first lease of %s: %+v, %v", key, d, err)
-					}
-					asks[i].Back = limiter.Return{Key: key, Units: 1 + int64(i%7), Taken: d.Receipt}
+	eachTopology(t, func(t *testing.T, client redis.UniversalClient) {
+		r := newPreloadedRedis(t, client, p, Options{Zone: "group", Timeout: 5 * time.Second})
+		const keys = 150
+		asks := make([]limiter.LeaseAsk, keys)
+		for i := range asks {
+			key := fmt.Sprint("k", i)
+			asks[i] = limiter.LeaseAsk{Key: key, Cost: 1 + int64(i%3), Want: 5 + int64(i)}
+			if i%4 == 0 {
+				// A renewal: a first lease of 20, of which 1 + i%7 go
+				// back before the next lease.
+				d, err := r.TakeUpTo(ctx, key, 1, 20)
+				if err != nil || d.Granted() != 20 {
+					t.Fatalf("first lease of %s: %+v, %v", key, d, err)
 				}
+				asks[i].Back = limiter.Return{Key: key, Units: 1 + int64(i%7), Taken: d.Receipt}
 			}
-			const foreign = 77
-			if err := tc.client.Set(ctx, r.Key(asks[foreign].Key), "not floodgate's", time.Hour).Err(); err != nil {
+		}
+		const foreign = 77
+		if err := client.Set(ctx, r.Key(asks[foreign].Key), "not floodgate's", time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// The operations each server runs: the standalone one's, or
+		// each shard's, whose keys LeaseLane puts in a lane of its own.
+		ops := map[*redis.Client]int64{}
+		lanes := map[int]*redis.Client{}
+		for _, a := range asks {
+			var server *redis.Client
+			switch c := client.(type) {
+			case *redis.Client:
+				server = c
+			case *redis.Ring:
+				var err error
+				if server, err = c.GetShardClientForKey(r.Key(a.Key)); err != nil {
+					t.Fatal(err)
+				}
+			case *redis.ClusterClient:
+				if lane := r.LeaseLane(a.Key); lane >= 0 {
+					t.Fatalf("LeaseLane(%s) on a Cluster: %d, want none (negative)", a.Key, lane)
+				}
+				continue
+			}
+			lane := r.LeaseLane(a.Key)
+			if other, ok := lanes[lane]; ok && other != server {
+				t.Fatalf("lane %d holds keys of %s and %s", lane, other.Options().Addr, server.Options().Addr)
+			}
+			lanes[lane] = server
+			ops[server] += int64(1 + min(1, a.Back.Units))
+		}
+		if len(lanes) != len(ops) {
+			t.Errorf("%d servers hold the keys, which LeaseLane puts in %d lanes", len(ops), len(lanes))
+		}
+		for c := range ops {
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			// The operations each server runs: the standalone one's, or
-			// each shard's, whose keys LeaseLane puts in a lane of its own.
-			ops := map[*redis.Client]int64{}
-			lanes := map[int]*redis.Client{}
-			for _, a := range asks {
-				var server *redis.Client
-				switch c := tc.client.(type) {
-				case *redis.Client:
-					server = c
-				case *redis.Ring:
-					var err error
-					if server, err = c.GetShardClientForKey(r.Key(a.Key)); err != nil {
-						t.Fatal(err)
-					}
-				case *redis.ClusterClient:
-					if lane := r.LeaseLane(a.Key); lane >= 0 {
-						t.Fatalf("LeaseLane(%s) on a Cluster: %d, want none (negative)", a.Key, lane)
-					}
-					continue
-				}
-				lane := r.LeaseLane(a.Key)
-				if other, ok := lanes[lane]; ok && other != server {
-					t.Fatalf("lane %d holds keys of %s and %s", lane, other.Options().Addr, server.Options().Addr)
-				}
-				lanes[lane] = server
-				ops[server] += int64(1 + min(1, a.Back.Units))
-			}
-			if len(lanes) != len(ops) {
-				t.Errorf("%d servers hold the keys, which LeaseLane puts in %d lanes", len(ops), len(lanes))
-			}
-			for c := range ops {
-				if err := c.ConfigResetStat(ctx).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
+		}
 
-			answers := r.LeaseMany(ctx, asks)
+		answers := r.LeaseMany(ctx, asks)
 
-			for c, n := range ops {
-				calls, err := storetest.ScriptCalls(ctx, c)
-				if err != nil {
-					t.Fatal(err)
-				}
-				// Up to 64 operations a call, a renewal's two never split:
-				// at most one call more than the fewest.
-				if least := (n + redisMaxReturns - 1) / redisMaxReturns; calls < least || calls > least+1 {
-					t.Errorf("%s: %d operations took %d script calls, want %d or %d", c.Options().Addr, n, calls, least, least+1)
-				}
+		for c, n := range ops {
+			calls, err := storetest.ScriptCalls(ctx, c)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if len(answers) != keys {
-				t.Fatalf("%d answers to %d asks", len(answers), keys)
+			// Up to 64 operations a call, a renewal's two never split:
+			// at most one call more than the fewest.
+			if least := (n + redisMaxReturns - 1) / redisMaxReturns; calls < least || calls > least+1 {
+				t.Errorf("%s: %d operations took %d script calls, want %d or %d", c.Options().Addr, n, calls, least, least+1)
 			}
-			for i, a := range asks {
-				ans := answers[i]
-				if i == foreign {
-					if ans.Err == nil {
-						t.Errorf("%s holds a foreign value, and its ask was answered: %+v", a.Key, ans.Admission)
-					}
-					continue
+		}
+		if len(answers) != keys {
+			t.Fatalf("%d answers to %d asks", len(answers), keys)
+		}
+		for i, a := range asks {
+			ans := answers[i]
+			if i == foreign {
+				if ans.Err == nil {
+					t.Errorf("%s holds a foreign value, and its ask was answered: %+v", a.Key, ans.Admission)
 				}
-				left := p.Events - a.Want
-				if a.Back.Units > 0 {
-					left = p.Events - 20 + a.Back.Units - a.Want
-				}
-				if ans.Err != nil || !ans.Allowed || ans.Granted() != a.Want || ans.Remaining != left {
-					t.Fatalf("ask %d (%s, want %d, back %d): %+v, %v; want %d granted, %d left", i, a.Key, a.Want, a.Back.Units, ans.Admission, ans.Err, a.Want, left)
-				}
-				// The admission holds its grant, and gives it back to its key.
-				if _, err := ans.GiveBack(ctx, ans.Held()); err != nil {
-					t.Fatal(err)
-				}
-				d, err := r.Peek(ctx, a.Key)
-				if want := left + a.Want; err != nil || d.Remaining != want {
-					t.Fatalf("%s after its lease went back: %+v, %v; want %d left", a.Key, d, err, want)
-				}
+				continue
 			}
-		})
-	}
+			left := p.Events - a.Want
+			if a.Back.Units > 0 {
+				left = p.Events - 20 + a.Back.Units - a.Want
+			}
+			if ans.Err != nil || !ans.Allowed || ans.Granted() != a.Want || ans.Remaining != left {
+				t.Fatalf("ask %d (%s, want %d, back %d): %+v, %v; want %d granted, %d left", i, a.Key, a.Want, a.Back.Units, ans.Admission, ans.Err, a.Want, left)
+			}
+			// The admission holds its grant, and gives it back to its key.
+			if _, err := ans.GiveBack(ctx, ans.Held()); err != nil {
+				t.Fatal(err)
+			}
+			d, err := r.Peek(ctx, a.Key)
+			if want := left + a.Want; err != nil || d.Remaining != want {
+				t.Fatalf("%s after its lease went back: %+v, %v; want %d left", a.Key, d, err, want)
+			}
+		}
+	})
 }
 
 // TestRedisLeaseManyRefuses: an ask the policy cannot grant fails alone,

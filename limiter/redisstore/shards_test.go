@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 	"github.com/floodgatehq/caddy-ratelimit/limiter/internal/storetest"
 )
@@ -340,5 +341,21 @@ func TestRingSendsNoClientSetinfo(t *testing.T) {
 		if !s.Options().DisableIdentity {
 			t.Errorf("shard %s: DisableIdentity false: its connections send CLIENT SETINFO", s.Options().Addr)
 		}
+	}
+}
+
+// eachTopology runs f as a subtest on each kind of deployment a store's
+// many-key calls split differently on: one server, a Cluster of three
+// (every key its own slot) and three shards.
+func eachTopology(t *testing.T, f func(t *testing.T, client redis.UniversalClient)) {
+	for _, tc := range []struct {
+		name   string
+		client func(t *testing.T) redis.UniversalClient
+	}{
+		{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Start(t).Client(t) }},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.StartCluster(t, 3).Client(t) }},
+		{"shards", func(t *testing.T) redis.UniversalClient { return startShards(t, 3).ring(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { f(t, tc.client(t)) })
 	}
 }

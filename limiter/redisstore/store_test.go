@@ -970,77 +970,67 @@ func TestRedisUnreachable(t *testing.T) {
 func TestRedisRefundManyAndRenew(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	standalone := redistest.Start(t)
-	for _, tc := range []struct {
-		name   string
-		client redis.UniversalClient
-	}{
-		{"standalone", standalone.Client(t)},
-		{"cluster", redistest.StartCluster(t, 3).Client(t)},
-		{"shards", startShards(t, 3).ring(t)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// Preloaded: no NOSCRIPT retry in the count.
-			r := newPreloadedRedis(t, tc.client, p, Options{Zone: "many", Timeout: 5 * time.Second})
-			const keys = 150
-			backs := make([]limiter.Return, keys)
-			for i := range backs {
-				key := fmt.Sprint("k", i)
-				d, err := r.TakeUpTo(ctx, key, 1, 10)
-				if err != nil || d.Granted() != 10 {
-					t.Fatalf("lease of %s: %+v, %v", key, d, err)
-				}
-				backs[i] = limiter.Return{Key: key, Units: 7, Taken: d.Receipt}
+	eachTopology(t, func(t *testing.T, client redis.UniversalClient) {
+		// Preloaded: no NOSCRIPT retry in the count.
+		r := newPreloadedRedis(t, client, p, Options{Zone: "many", Timeout: 5 * time.Second})
+		const keys = 150
+		backs := make([]limiter.Return, keys)
+		for i := range backs {
+			key := fmt.Sprint("k", i)
+			d, err := r.TakeUpTo(ctx, key, 1, 10)
+			if err != nil || d.Granted() != 10 {
+				t.Fatalf("lease of %s: %+v, %v", key, d, err)
 			}
-			// The servers whose script calls are counted: the standalone
-			// one, or each shard with the keys it holds.
-			servers := map[*redis.Client]int64{}
-			switch c := tc.client.(type) {
-			case *redis.Client:
-				servers[c] = keys
-			case *redis.Ring:
-				for _, b := range backs {
-					s, err := c.GetShardClientForKey(r.Key(b.Key))
-					if err != nil {
-						t.Fatal(err)
-					}
-					servers[s]++
-				}
-			}
-			for c := range servers {
-				if err := c.ConfigResetStat(ctx).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := r.ReturnMany(ctx, backs); err != nil {
-				t.Fatal(err)
-			}
-			for c, n := range servers {
-				calls, err := storetest.ScriptCalls(ctx, c)
+			backs[i] = limiter.Return{Key: key, Units: 7, Taken: d.Receipt}
+		}
+		// The servers whose script calls are counted: the standalone
+		// one, or each shard with the keys it holds.
+		servers := map[*redis.Client]int64{}
+		switch c := client.(type) {
+		case *redis.Client:
+			servers[c] = keys
+		case *redis.Ring:
+			for _, b := range backs {
+				s, err := c.GetShardClientForKey(r.Key(b.Key))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if want := (n + redisMaxReturns - 1) / redisMaxReturns; calls != want {
-					t.Errorf("%s: %d give-backs took %d script calls, want %d", c.Options().Addr, n, calls, want)
-				}
+				servers[s]++
 			}
-			for _, b := range backs {
-				if d, err := r.Peek(ctx, b.Key); err != nil || d.Remaining != 97 {
-					t.Fatalf("%s after the give-back: %+v, %v; want 97 left", b.Key, d, err)
-				}
+		}
+		for c := range servers {
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
 			}
+		}
+		if err := r.ReturnMany(ctx, backs); err != nil {
+			t.Fatal(err)
+		}
+		for c, n := range servers {
+			calls, err := storetest.ScriptCalls(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (n + redisMaxReturns - 1) / redisMaxReturns; calls != want {
+				t.Errorf("%s: %d give-backs took %d script calls, want %d", c.Options().Addr, n, calls, want)
+			}
+		}
+		for _, b := range backs {
+			if d, err := r.Peek(ctx, b.Key); err != nil || d.Remaining != 97 {
+				t.Fatalf("%s after the give-back: %+v, %v; want 97 left", b.Key, d, err)
+			}
+		}
 
-			// A renewal gives back first, then leases from what that left.
-			d, err := r.TakeUpTo(ctx, "k0", 1, 10)
-			if err != nil || d.Remaining != 87 {
-				t.Fatalf("lease: %+v, %v", d, err)
-			}
-			d, err = r.Renew(ctx, limiter.Return{Key: "k0", Units: 4, Taken: d.Receipt}, 1, 91)
-			if err != nil || !d.Allowed || d.Granted() != 91 || d.Remaining != 0 {
-				t.Fatalf("renewal: %+v, %v; want 91 granted, 87+4 being all that was left", d, err)
-			}
-		})
-	}
+		// A renewal gives back first, then leases from what that left.
+		d, err := r.TakeUpTo(ctx, "k0", 1, 10)
+		if err != nil || d.Remaining != 87 {
+			t.Fatalf("lease: %+v, %v", d, err)
+		}
+		d, err = r.Renew(ctx, limiter.Return{Key: "k0", Units: 4, Taken: d.Receipt}, 1, 91)
+		if err != nil || !d.Allowed || d.Granted() != 91 || d.Remaining != 0 {
+			t.Fatalf("renewal: %+v, %v; want 91 granted, 87+4 being all that was left", d, err)
+		}
+	})
 }
 
 // TestRedisRefundManyRefuses: a cost outside the policy's range fails the
