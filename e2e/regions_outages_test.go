@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"sync"
@@ -64,6 +65,17 @@ func (z outageZone) slack(d time.Duration) int {
 		return 0
 	}
 	return int((d + time.Second).Seconds() * float64(z.limit) / 3600)
+}
+
+// lateCut is what a token bucket's batch returned d after it lapsed
+// goes back less (limiter/regional's late rest, docs/regions.md): the
+// tokens the bucket refilled meanwhile, rounded up, so a rest held in a
+// stopped region comes back a unit short. Zero for the other algorithms.
+func (z outageZone) lateCut(d time.Duration) int {
+	if z.alg != "token_bucket" {
+		return 0
+	}
+	return int(math.Ceil(d.Seconds() * float64(z.limit) / 3600))
 }
 
 // perZone runs f for every zone at once and returns the results by name.
@@ -469,9 +481,10 @@ func TestRegionsRegionKilled(t *testing.T) {
 	back := testutil.Within(t, "region 1's units back in global after its restart", 5*time.Second, func() error {
 		rs := s.inspectRegions(t, zones, key, 0)
 		for _, z := range zones {
-			want := z.limit - warm[z.name].ok
-			if g := int(rs[z.name][0].GlobalRemaining); g < want || g > want+z.slack(time.Since(began)) {
-				return fmt.Errorf("%s: global has %d left, want %d", z.name, g, want)
+			// Region 1's rests come back late, so a bucket's a little short.
+			want, cut := z.limit-warm[z.name].ok, z.lateCut(time.Since(killed))
+			if g := int(rs[z.name][0].GlobalRemaining); g < want-cut || g > want+z.slack(time.Since(began)) {
+				return fmt.Errorf("%s: global has %d left, want %d (at least %d)", z.name, g, want, want-cut)
 			}
 		}
 		return nil
@@ -481,7 +494,7 @@ func TestRegionsRegionKilled(t *testing.T) {
 	for _, z := range zones {
 		a := taken[z.name]
 		a.wantAnswered(t, z.name+", region 0 after region 1's restart")
-		if want, slack := z.limit-warm[z.name].ok, z.slack(time.Since(began)); a.ok < want || a.ok > want+slack {
+		if want, slack := z.limit-warm[z.name].ok, z.slack(time.Since(began)); a.ok < want-z.lateCut(time.Since(killed)) || a.ok > want+slack {
 			t.Errorf("%s: region 0 admitted %d after region 1's units came back, want all %d global had left", z.name, a.ok, want)
 		}
 	}
