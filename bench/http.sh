@@ -20,6 +20,12 @@
 #   error  `error 429` and no rate_limit: Caddy's own path for a handler
 #          that returns an error, which every refusal takes (so that
 #          handle_errors can render it); a reference, not a goal
+#   fields   plain with Caddy's `header` writing the fields an admitting
+#          zone writes (X-RateLimit-*, RateLimit, RateLimit-Policy): what
+#          the required fields cost without any limiting, the reference the
+#          handler's own cost is judged against (allow / fields)
+#   error_fields  `error 429` with the same fields and Retry-After: the
+#          same for a refusal (deny / error_fields)
 #   redis_plain  allow's bucket with `store redis` and no local_quota: one
 #          script call (EVALSHA) per request, a reference
 #   redis_lease  the same with `local_quota 0.1`: units taken from Redis
@@ -56,7 +62,8 @@
 #        CADDY_BIN (a prebuilt Caddy with Floodgate instead of go build),
 #        SITES (the sites to measure and their order, space-separated;
 #        default: all, in the order plain same vars allow counted deny
-#        redis_plain redis_lease redis_deny error; plain and same are
+#        redis_plain redis_lease redis_deny error fields error_fields;
+#        plain and same are
 #        required (and allow, for counted); a
 #        Redis site not listed is not configured at all),
 #        SUMMARY (a file: the medians and ratios to plain per site are
@@ -73,13 +80,13 @@ conns=${CONNS:-32}
 threads=${THREADS:-1}
 pin=${PIN:-1}
 summary=${SUMMARY:-}
-all_sites=(plain same vars allow counted deny redis_plain redis_lease redis_deny error)
+all_sites=(plain same vars allow counted deny redis_plain redis_lease redis_deny error fields error_fields)
 # In the default order plain follows error, as before the Redis sites came
 # (the rotation keeps each site's neighbours).
 read -r -a sites <<<"${SITES:-${all_sites[*]}}"
 # What each site must answer: 200 to every request, or 429 to every one.
 declare -A want=([plain]=200 [same]=200 [vars]=200 [allow]=200 [counted]=200 [deny]=429 [error]=429
-	[redis_plain]=200 [redis_lease]=200 [redis_deny]=429)
+	[redis_plain]=200 [redis_lease]=200 [redis_deny]=429 [fields]=200 [error_fields]=429)
 others=() # every site measured but plain, each compared with it
 for site in "${sites[@]}"; do
 	[ -n "${want[$site]:-}" ] || { echo "unknown site $site (sites: ${all_sites[*]})" >&2; exit 1; }
@@ -222,6 +229,23 @@ http://:${port[deny]} {
 	respond "ok"
 }
 http://:${port[error]} {
+	error 429
+}
+http://:${port[fields]} {
+	header X-RateLimit-Limit 1000000000
+	header X-RateLimit-Remaining 999999999
+	header X-RateLimit-Reset 1
+	header RateLimit "\"allow\";r=999999999;t=1"
+	header RateLimit-Policy "\"allow\";q=1000000000;w=1"
+	respond "ok"
+}
+http://:${port[error_fields]} {
+	header X-RateLimit-Limit 1
+	header X-RateLimit-Remaining 0
+	header X-RateLimit-Reset 86399
+	header RateLimit "\"deny\";r=0;t=86399"
+	header RateLimit-Policy "\"deny\";q=1;w=86400"
+	header Retry-After 86399
 	error 429
 }
 $(redis_sites)
