@@ -50,6 +50,17 @@ func toAhead(t *testing.T, cache *Cache, key string) {
 	}
 }
 
+// aheadUnderWay is a cache over aheadPolicy whose refills ahead wait in
+// held, with key "k" brought to one under way (toAhead), on a clock that
+// stands still.
+func aheadUnderWay(t *testing.T) (*Cache, *countingLeaser, *heldAheads) {
+	t.Helper()
+	held := &heldAheads{}
+	cache, store := newTestCache(t, aheadPolicy, testutil.NewClock(time.Unix(1_800_000_000, 0)), Options{LeaseFraction: 0.05, goAhead: held.hook})
+	toAhead(t, cache, "k")
+	return cache, store, held
+}
+
 // TestRefillAheadWaitedFor: a request that finds its key's lease spent
 // while a refill ahead is under way waits for it, rather than asking the
 // store again, and is then paid from the lease it brought.
@@ -139,10 +150,7 @@ func TestRefillAheadGivesBackWhatTheLeaseLeft(t *testing.T) {
 // on the lease it holds, then asking the store as any refill does.
 func TestRefillAheadFails(t *testing.T) {
 	ctx := context.Background()
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	held := &heldAheads{}
-	cache, store := newTestCache(t, aheadPolicy, clock, Options{LeaseFraction: 0.05, goAhead: held.hook})
-	toAhead(t, cache, "k")
+	cache, store, held := aheadUnderWay(t)
 	store.failLeases.Store(true)
 	held.runAll()
 	for range 6 {
@@ -164,10 +172,7 @@ func TestRefillAheadFails(t *testing.T) {
 // asked for them) go back at once, never spent under the old limit.
 func TestRefillAheadAfterReturnLease(t *testing.T) {
 	ctx := context.Background()
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	held := &heldAheads{}
-	cache, store := newTestCache(t, aheadPolicy, clock, Options{LeaseFraction: 0.05, goAhead: held.hook})
-	toAhead(t, cache, "k")
+	cache, store, held := aheadUnderWay(t)
 	if err := cache.ReturnLease(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
@@ -184,10 +189,7 @@ func TestRefillAheadAfterReturnLease(t *testing.T) {
 // whose units then go back.
 func TestRefillAheadAfterClose(t *testing.T) {
 	ctx := context.Background()
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	held := &heldAheads{}
-	cache, store := newTestCache(t, aheadPolicy, clock, Options{LeaseFraction: 0.05, goAhead: held.hook})
-	toAhead(t, cache, "k")
+	cache, store, held := aheadUnderWay(t)
 	closed := make(chan error, 1)
 	go func() { closed <- cache.Close(ctx) }()
 	select {
@@ -208,10 +210,7 @@ func TestRefillAheadAfterClose(t *testing.T) {
 // before it was sent asks nothing.
 func TestRefillAheadAfterReset(t *testing.T) {
 	ctx := context.Background()
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	held := &heldAheads{}
-	cache, store := newTestCache(t, aheadPolicy, clock, Options{LeaseFraction: 0.05, goAhead: held.hook})
-	toAhead(t, cache, "k")
+	cache, store, held := aheadUnderWay(t)
 	if _, err := cache.Reset(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
