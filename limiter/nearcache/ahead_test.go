@@ -51,13 +51,13 @@ func toAhead(t *testing.T, cache *Cache, key string) {
 }
 
 // aheadUnderWay is a cache over aheadPolicy whose refills ahead wait in
-// held, with key "k" brought to one under way (toAhead), on a clock that
-// stands still.
-func aheadUnderWay(t *testing.T) (*Cache, *countingLeaser, *heldAheads) {
+// held (or, inline, run at once), with key brought to one (toAhead), on a
+// clock that stands still.
+func aheadUnderWay(t *testing.T, key string, inline bool) (*Cache, *countingLeaser, *heldAheads) {
 	t.Helper()
-	held := &heldAheads{}
+	held := &heldAheads{inline: inline}
 	cache, store := newTestCache(t, aheadPolicy, testutil.NewClock(time.Unix(1_800_000_000, 0)), Options{LeaseFraction: 0.05, goAhead: held.hook})
-	toAhead(t, cache, "k")
+	toAhead(t, cache, key)
 	return cache, store, held
 }
 
@@ -150,7 +150,7 @@ func TestRefillAheadGivesBackWhatTheLeaseLeft(t *testing.T) {
 // on the lease it holds, then asking the store as any refill does.
 func TestRefillAheadFails(t *testing.T) {
 	ctx := context.Background()
-	cache, store, held := aheadUnderWay(t)
+	cache, store, held := aheadUnderWay(t, "k", false)
 	store.failLeases.Store(true)
 	held.runAll()
 	for range 6 {
@@ -172,7 +172,7 @@ func TestRefillAheadFails(t *testing.T) {
 // asked for them) go back at once, never spent under the old limit.
 func TestRefillAheadAfterReturnLease(t *testing.T) {
 	ctx := context.Background()
-	cache, store, held := aheadUnderWay(t)
+	cache, store, held := aheadUnderWay(t, "k", false)
 	if err := cache.ReturnLease(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestRefillAheadAfterReturnLease(t *testing.T) {
 // whose units then go back.
 func TestRefillAheadAfterClose(t *testing.T) {
 	ctx := context.Background()
-	cache, store, held := aheadUnderWay(t)
+	cache, store, held := aheadUnderWay(t, "k", false)
 	closed := make(chan error, 1)
 	go func() { closed <- cache.Close(ctx) }()
 	select {
@@ -210,7 +210,7 @@ func TestRefillAheadAfterClose(t *testing.T) {
 // before it was sent asks nothing.
 func TestRefillAheadAfterReset(t *testing.T) {
 	ctx := context.Background()
-	cache, store, held := aheadUnderWay(t)
+	cache, store, held := aheadUnderWay(t, "k", false)
 	if _, err := cache.Reset(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}

@@ -3,9 +3,6 @@ package nearcache
 import (
 	"context"
 	"testing"
-	"time"
-
-	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
 // TestNearCacheReturnLeasesWithPrefix: the leases of every key under a
@@ -37,10 +34,7 @@ func TestNearCacheReturnLeasesWithPrefixRefilledAhead(t *testing.T) {
 		name := map[bool]string{false: "held", true: "under way"}[underWay]
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-			held := &heldAheads{inline: !underWay}
-			cache, store := newTestCache(t, aheadPolicy, clock, Options{LeaseFraction: 0.05, goAhead: held.hook})
-			toAhead(t, cache, "acme:1")
+			cache, store, held := aheadUnderWay(t, "acme:1", !underWay)
 			// toAhead leaves 6 units in the lease of 8 and starts a refill
 			// ahead of 16, answered at once unless it is to stay under way.
 			want := map[bool]int64{false: 6 + 16, true: 6}[underWay]
