@@ -6,7 +6,12 @@ end
 -- how many arguments it has and then those arguments, as a lone script of
 -- the algorithm takes them. The reply holds every operation's reply, in
 -- order: its array, or its error (an operation that refuses a key's state
--- fails alone, and the operations after it still run).
+-- fails alone, and the operations after it still run). A command's error
+-- inside an operation (WRONGTYPE: the key holds a hash, say) is caught
+-- with pcall and becomes that operation's error too, so it does not end
+-- the script after the operations before it were applied and leave their
+-- units taken with no reply. Every algorithm reads its key before it
+-- writes, so an operation that raises has written nothing.
 local at, replies = 1, {}
 for i = 1, #KEYS do
   local n = tonumber(ARGV[at])
@@ -15,6 +20,13 @@ for i = 1, #KEYS do
     args[j] = ARGV[at + j]
   end
   at = at + n + 1
-  replies[i] = decide({KEYS[i]}, args)
+  local ok, reply = pcall(decide, {KEYS[i]}, args)
+  if ok then
+    replies[i] = reply
+  elseif type(reply) == 'table' and reply.err then
+    replies[i] = reply
+  else
+    replies[i] = redis.error_reply(tostring(reply))
+  end
 end
 return replies

@@ -184,9 +184,7 @@ func (c *Cache) nextGroup(l *nearLane) {
 		c.callGroup(groups[0])
 		wg.Wait()
 		c.nextGroup(l)
-		for _, group := range groups {
-			c.settle(group)
-		}
+		c.settle(groups)
 	}
 	if c.goGroup != nil {
 		var keys []string
@@ -248,16 +246,26 @@ func (c *Cache) callGroup(group []*nearAsk) {
 	}
 }
 
-// settle hands each ask of a group its answer: to its requester, or, if
-// the requester left, to a.left, run here. It runs after the lane has
-// moved on, so what a.left starts (a refill ahead) may queue behind the
-// next group without waiting for itself.
-func (c *Cache) settle(group []*nearAsk) {
-	for _, a := range group {
-		answered := a.state.CompareAndSwap(askWaiting, askAnswered)
-		close(a.done)
-		if !answered {
-			a.left()
+// settle hands each ask of groups its answer: to its requester, or, if
+// the requester left, to a.left, run here once every requester has been
+// answered. It runs after the lane has moved on, so what a.left starts (a
+// refill ahead) may queue behind the next group without waiting for
+// itself. a.left may wait for a shard's give-back lock (a closed cache
+// gives its lease straight back) behind an admin reset that waits in turn
+// for a renewal of these groups to be answered: answering every requester
+// first is what keeps that from deadlocking
+// (TestNearCacheGroupAnsweredBeforeLeftDuringReset).
+func (c *Cache) settle(groups [][]*nearAsk) {
+	var left []*nearAsk
+	for _, group := range groups {
+		for _, a := range group {
+			if !a.state.CompareAndSwap(askWaiting, askAnswered) {
+				left = append(left, a)
+			}
+			close(a.done)
 		}
+	}
+	for _, a := range left {
+		a.left()
 	}
 }

@@ -9,14 +9,15 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
-// TestReviewLeaseManyWrongTypeFailsAlone: limiter.LeaseBatcher promises
+// TestRedisLeaseManyWrongTypeFailsAlone: limiter.LeaseBatcher promises
 // that an error of one ask fails that ask alone. A key holding a value of
 // another type (a hash) makes the algorithm's GET raise WRONGTYPE, which
-// aborts the whole batch script rather than replying an error for that
+// aborted the whole batch script rather than replying an error for that
 // operation: the asks before it were applied (their units taken) and
-// every ask of the call fails, so those units are stranded, and the asks
-// after it are refused service because of another key.
-func TestReviewLeaseManyWrongTypeFailsAlone(t *testing.T) {
+// every ask of the call failed, so those units were stranded, and the asks
+// after it were refused service because of another key. batch_close.lua
+// now catches it with pcall.
+func TestRedisLeaseManyWrongTypeFailsAlone(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
 	client := redistest.Start(t).Client(t)

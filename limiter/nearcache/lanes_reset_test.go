@@ -37,17 +37,18 @@ func waitWriterPending(t *testing.T, sh *nearShard) {
 	}
 }
 
-// TestReviewGroupSettleDeadlocksOnCloseAndReset shows a deadlock: settle
-// delivers a group's answers in turn on one goroutine, and an ask whose
+// TestNearCacheGroupAnsweredBeforeLeftDuringReset: settle answers every
+// requester of its groups before it runs the left asks' callbacks. It
+// delivered a group's answers in turn on one goroutine, and an ask whose
 // requester left, answered after Close, gives its lease back right there
 // (refillAnswer.take → giveBackNow), which takes its shard's backs lock
 // for reading. When an admin reset of a key of that shard already waits
 // for the lock (for another ask of the same group, a renewal, which holds
-// it until its answer is settled), RWMutex's writer preference blocks the
+// it until its answer is settled), RWMutex's writer preference blocked the
 // give-back behind the reset, the reset behind the renewal, and the
 // renewal behind the give-back: the renewal's request and the reset never
-// return.
-func TestReviewGroupSettleDeadlocksOnCloseAndReset(t *testing.T) {
+// returned.
+func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
