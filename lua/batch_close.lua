@@ -6,9 +6,9 @@ end
 -- how many arguments it has and then those arguments, as a lone script of
 -- the algorithm takes them. The reply holds every operation's reply, in
 -- order: its array, or its error (an operation that refuses a key's state
--- fails alone, and the operations after it still run). A command's error
--- inside an operation (WRONGTYPE: the key holds a hash, say) is caught
--- with pcall and becomes that operation's error too, so it does not end
+-- fails alone, and the operations after it still run). A WRONGTYPE
+-- error inside an operation (the key holds a hash, say) is caught with
+-- pcall and becomes that operation's error too, so it does not end
 -- the script after the operations before it were applied and leave their
 -- units taken with no reply. Every algorithm reads its key before it
 -- writes, so an operation that raises has written nothing.
@@ -23,10 +23,17 @@ for i = 1, #KEYS do
   local ok, reply = pcall(decide, {KEYS[i]}, args)
   if ok then
     replies[i] = reply
-  elseif type(reply) == 'table' and reply.err then
-    replies[i] = reply
   else
-    replies[i] = redis.error_reply(tostring(reply))
+    -- Redis hands pcall a command's error as a table with err, or as a
+    -- string, depending on the server's version.
+    local msg = type(reply) == 'table' and tostring(reply.err) or tostring(reply)
+    if not string.find(msg, 'WRONGTYPE', 1, true) then
+      -- Any other error (a command the server's ACL refuses, as TIME)
+      -- ends the script as before: the store reads it from the call's
+      -- error.
+      error(reply)
+    end
+    replies[i] = redis.error_reply(msg)
   end
 end
 return replies
