@@ -103,3 +103,62 @@ func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 		t.Fatal("deadlock: the reset never ran")
 	}
 }
+
+// slowGroups is a memory store whose lone lease calls can be held
+// (replyGate) and whose groups take 400 ms, or fail when their context
+// ends first, as a Redis call past its deadline does.
+type slowGroups struct {
+	*limiter.Memory
+	replyGate
+}
+
+func (s *slowGroups) TakeUpTo(ctx context.Context, key string, cost, want int64) (limiter.Admission, error) {
+	s.hold()
+	return s.Memory.TakeUpTo(ctx, key, cost, want)
+}
+
+func (s *slowGroups) LeaseMany(ctx context.Context, asks []limiter.LeaseAsk) []limiter.LeaseAnswer {
+	select {
+	case <-time.After(400 * time.Millisecond):
+		return s.Memory.LeaseMany(ctx, asks)
+	case <-ctx.Done():
+		answers := make([]limiter.LeaseAnswer, len(asks))
+		for i := range answers {
+			answers[i].Err = ctx.Err()
+		}
+		return answers
+	}
+}
+
+// TestReviewGroupBoundCutsRequestsShort shows a request's lease failing
+// because an unrelated key's refill ahead shared its group: callGroup
+// bounds the whole call by the shortest bound of its asks, and a token
+// bucket's refill ahead carries aheadTimeout (250 ms), so a request's
+// refill, which alone waits for the store's own timeout, fails after
+// 250 ms (the zone's fail mode then decides it) when the store takes
+// 400 ms.
+func TestReviewGroupBoundCutsRequestsShort(t *testing.T) {
+	ctx := context.Background()
+	p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: 1000, Window: time.Hour}
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	store := &slowGroups{Memory: newTestMemory(t, p, clock)}
+	held := &heldAheads{}
+	queued := make(queueWatch, 16)
+	cache := openCache(t, store, p, Options{LeaseFraction: 0.05, Clock: clock, manualSweep: true, goAhead: held.hook, queued: queued.hook})
+	toAhead(t, cache, "k")
+	if len(held.runs) != 1 {
+		t.Fatalf("%d refills ahead started, want 1", len(held.runs))
+	}
+	store.arm()
+	first := takeAsync(ctx, cache, "first", 1)
+	store.waitCalled(t, "the first request never reached the store")
+	go held.runAll()
+	queued.wait(t, 1)
+	request := takeAsync(ctx, cache, "r", 1)
+	queued.wait(t, 1)
+	close(store.release)
+	<-first
+	if r := <-request; r.err != nil || !r.d.Allowed {
+		t.Fatalf("the request grouped with a refill ahead: %+v, %v; want admitted (alone it waits for the store)", r.d, r.err)
+	}
+}
