@@ -2,7 +2,6 @@ package nearcache
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,17 +199,33 @@ func (c *Cache) nextGroup(l *nearLane) {
 }
 
 // takeAll empties l's queue into groups of up to leaseBatchOps operations
-// of the store (at least one ask each), oldest first; l.mu is held.
+// of the store (at least one ask each), oldest first; l.mu is held. Asks
+// of one bound share a group, never asks of different bounds: a group's
+// call is bounded by the shortest bound among its asks, and a token
+// bucket's refill ahead (aheadTimeout) would otherwise cut short a
+// request's refill, which the store's own timeout bounds
+// (TestNearCacheGroupsKeepAsksOfOneBound).
 func (l *nearLane) takeAll() [][]*nearAsk {
 	var groups [][]*nearAsk
-	for start := 0; start < len(l.queue); {
-		n, ops := 0, 0
-		for start+n < len(l.queue) && (n == 0 || ops+l.queue[start+n].ops() <= leaseBatchOps) {
-			ops += l.queue[start+n].ops()
-			n++
+	byBound := map[time.Duration][]*nearAsk{}
+	var bounds []time.Duration
+	for _, a := range l.queue {
+		if _, ok := byBound[a.bound]; !ok {
+			bounds = append(bounds, a.bound)
 		}
-		groups = append(groups, slices.Clone(l.queue[start:start+n]))
-		start += n
+		byBound[a.bound] = append(byBound[a.bound], a)
+	}
+	for _, b := range bounds {
+		queue := byBound[b]
+		for start := 0; start < len(queue); {
+			n, ops := 0, 0
+			for start+n < len(queue) && (n == 0 || ops+queue[start+n].ops() <= leaseBatchOps) {
+				ops += queue[start+n].ops()
+				n++
+			}
+			groups = append(groups, queue[start:start+n])
+			start += n
+		}
 	}
 	clear(l.queue)
 	l.queue = l.queue[:0]
@@ -218,7 +233,8 @@ func (l *nearLane) takeAll() [][]*nearAsk {
 }
 
 // callGroup sends group in one call of the store (a group of one by
-// itself, as a lone ask goes), bounded by the shortest bound of its asks,
+// itself, as a lone ask goes), bounded by its asks' bound (takeAll groups
+// asks of one bound),
 // and sets each ask's answer.
 func (c *Cache) callGroup(group []*nearAsk) {
 	if len(group) == 1 {

@@ -130,14 +130,14 @@ func (s *slowGroups) LeaseMany(ctx context.Context, asks []limiter.LeaseAsk) []l
 	}
 }
 
-// TestReviewGroupBoundCutsRequestsShort shows a request's lease failing
-// because an unrelated key's refill ahead shared its group: callGroup
-// bounds the whole call by the shortest bound of its asks, and a token
-// bucket's refill ahead carries aheadTimeout (250 ms), so a request's
-// refill, which alone waits for the store's own timeout, fails after
-// 250 ms (the zone's fail mode then decides it) when the store takes
-// 400 ms.
-func TestReviewGroupBoundCutsRequestsShort(t *testing.T) {
+// TestNearCacheGroupsKeepAsksOfOneBound: a request's lease is never cut
+// short by an unrelated key's refill ahead. A group's call is bounded by
+// the shortest bound of its asks, and a token bucket's refill ahead
+// carries aheadTimeout (250 ms); when they shared a group, a request's
+// refill, which alone waits for the store's own timeout, failed after
+// 250 ms (the zone's fail mode then decided it) when the store took
+// 400 ms. takeAll now groups asks of one bound only.
+func TestNearCacheGroupsKeepAsksOfOneBound(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: 1000, Window: time.Hour}
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
