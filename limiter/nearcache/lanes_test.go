@@ -108,9 +108,7 @@ func TestNearCacheGroupsLeases(t *testing.T) {
 	for name, backend := range edgeBackends(t) {
 		t.Run(name, func(t *testing.T) {
 			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-			store := &gatedBatcher{LeaseBatcher: backend(t, p, clock).(limiter.LeaseBatcher)}
-			queued := make(queueWatch, 16)
-			cache := openCache(t, store, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook})
+			cache, store, queued := gatedCache(t, backend(t, p, clock).(limiter.LeaseBatcher), p, clock, 16)
 
 			// A lone request, then another of the same key: a lease of 1,
 			// then of 2, of which 1 is left for the renewal below.
@@ -171,6 +169,16 @@ func TestNearCacheGroupsLeases(t *testing.T) {
 	}
 }
 
+// gatedCache is a cache leasing half of p's quota from store behind a
+// gate (gatedBatcher: arm holds its next call), on clock, with no janitor,
+// and the watch its queued requests report to (room for queue of them).
+func gatedCache(t *testing.T, store limiter.LeaseBatcher, p limiter.Policy, clock *testutil.Clock, queue int) (*Cache, *gatedBatcher, queueWatch) {
+	t.Helper()
+	gated := &gatedBatcher{LeaseBatcher: store}
+	queued := make(queueWatch, queue)
+	return openCache(t, gated, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook}), gated, queued
+}
+
 // TestNearCacheGroupFails: a group the store fails fails each of its
 // requests, as a failed call does alone, and each key asks afresh next
 // time.
@@ -178,9 +186,7 @@ func TestNearCacheGroupFails(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	store := &gatedBatcher{LeaseBatcher: newTestMemory(t, p, clock)}
-	queued := make(queueWatch, 16)
-	cache := openCache(t, store, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook})
+	cache, store, queued := gatedCache(t, newTestMemory(t, p, clock), p, clock, 16)
 	store.failGroups = true
 	store.arm()
 	first := takeAsync(ctx, cache, "first", 1)
@@ -218,9 +224,7 @@ func TestNearCacheQueuedRequestLeaves(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 	mem := newTestMemory(t, p, clock)
-	store := &gatedBatcher{LeaseBatcher: mem}
-	queued := make(queueWatch, 16)
-	cache := openCache(t, store, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook})
+	cache, store, queued := gatedCache(t, mem, p, clock, 16)
 	ctx := context.Background()
 	store.arm()
 	first := takeAsync(ctx, cache, "first", 1)
@@ -272,9 +276,7 @@ func TestNearCacheGroupsSplit(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	store := &gatedBatcher{LeaseBatcher: newTestMemory(t, p, clock)}
-	queued := make(queueWatch, 128)
-	cache := openCache(t, store, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook})
+	cache, store, queued := gatedCache(t, newTestMemory(t, p, clock), p, clock, 128)
 	store.arm()
 	first := takeAsync(ctx, cache, "first", 1)
 	store.waitCalled(t, "the first request never reached the store")

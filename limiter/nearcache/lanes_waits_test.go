@@ -52,9 +52,7 @@ func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	store := &gatedBatcher{LeaseBatcher: newTestMemory(t, p, clock)}
-	queued := make(queueWatch, 16)
-	cache := openCache(t, store, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook})
+	cache, store, queued := gatedCache(t, newTestMemory(t, p, clock), p, clock, 16)
 
 	// "renewed" holds a lease of 2 with 1 unit left: its next request of 3
 	// is a renewal, which holds its shard's backs lock while it waits.
