@@ -1,7 +1,9 @@
 package nearcache
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -199,42 +201,32 @@ func (c *Cache) nextGroup(l *nearLane) {
 }
 
 // takeAll empties l's queue into groups of up to leaseBatchOps operations
-// of the store (at least one ask each), oldest first; l.mu is held. Asks
-// of one bound share a group, never asks of different bounds: a group's
-// call is bounded by the shortest bound among its asks, and a token
-// bucket's refill ahead (aheadTimeout) would otherwise cut short a
-// request's refill, which the store's own timeout bounds
-// (TestNearCacheGroupsKeepAsksOfOneBound).
+// of the store (at least one ask each), oldest first among asks of one
+// bound; l.mu is held. Only asks of one bound share a group: its call is
+// bounded by that bound, and a token bucket's refill ahead (aheadTimeout)
+// would otherwise cut short a request's refill, which the store's own
+// timeout bounds (TestNearCacheGroupsKeepAsksOfOneBound).
 func (l *nearLane) takeAll() [][]*nearAsk {
-	var groups [][]*nearAsk
-	byBound := map[time.Duration][]*nearAsk{}
-	var bounds []time.Duration
-	for _, a := range l.queue {
-		if _, ok := byBound[a.bound]; !ok {
-			bounds = append(bounds, a.bound)
-		}
-		byBound[a.bound] = append(byBound[a.bound], a)
-	}
-	for _, b := range bounds {
-		queue := byBound[b]
-		for start := 0; start < len(queue); {
-			n, ops := 0, 0
-			for start+n < len(queue) && (n == 0 || ops+queue[start+n].ops() <= leaseBatchOps) {
-				ops += queue[start+n].ops()
-				n++
-			}
-			groups = append(groups, queue[start:start+n])
-			start += n
-		}
-	}
+	queue := slices.Clone(l.queue)
 	clear(l.queue)
 	l.queue = l.queue[:0]
+	slices.SortStableFunc(queue, func(x, y *nearAsk) int { return cmp.Compare(x.bound, y.bound) })
+	var groups [][]*nearAsk
+	for start := 0; start < len(queue); {
+		n, ops := 0, 0
+		for start+n < len(queue) && (n == 0 || queue[start+n].bound == queue[start].bound && ops+queue[start+n].ops() <= leaseBatchOps) {
+			ops += queue[start+n].ops()
+			n++
+		}
+		groups = append(groups, queue[start:start+n])
+		start += n
+	}
 	return groups
 }
 
 // callGroup sends group in one call of the store (a group of one by
 // itself, as a lone ask goes), bounded by its asks' bound (takeAll groups
-// asks of one bound),
+// asks of one bound only),
 // and sets each ask's answer.
 func (c *Cache) callGroup(group []*nearAsk) {
 	if len(group) == 1 {
@@ -242,13 +234,10 @@ func (c *Cache) callGroup(group []*nearAsk) {
 		return
 	}
 	asks := make([]limiter.LeaseAsk, len(group))
-	var bound time.Duration
 	for i, a := range group {
 		asks[i] = a.LeaseAsk
-		if a.bound > 0 && (bound == 0 || a.bound < bound) {
-			bound = a.bound
-		}
 	}
+	bound := group[0].bound
 	// Nobody's context: each requester waits on its own, and the store
 	// bounds the call with its timeout.
 	ctx, cancel := context.Background(), context.CancelFunc(func() {})
