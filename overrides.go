@@ -67,7 +67,7 @@ type overrideRules struct {
 func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) error {
 	name := z.name
 	z.ov = &overrideRules{
-		newLimit: func(p limiter.Policy) (limit, error) { return h.newLimit(name, "", true, cfg, p) },
+		newLimit: func(p limiter.Policy) (limit, error) { return h.newLimit(z, "", true, cfg, p) },
 		block:    blockLimit(name, &z.limit),
 	}
 	if cfg.Store == storeRedis {

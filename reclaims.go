@@ -17,7 +17,10 @@ import (
 // they hold of it in leases, and every instance answers the requests for
 // the zones it serves (redisstore.Reclaims, nearcache.Cache.ReturnNamed;
 // docs/design.md "The near cache"). One redisstore.Reclaims serves every
-// handler on the same Redis and prefix, as the runtime overrides do.
+// handler on the same Redis and prefix, as the runtime overrides do; each
+// zone of each handler listens on it apart, so a request from one handler
+// reaches the others of the process too (several sites may declare one
+// zone, each with its own leases).
 // Zones whose redis block has a global server do not reclaim (newLimit
 // says why).
 
@@ -69,6 +72,15 @@ func (h *Handler) loadReclaims() error {
 func releaseRedisReclaims(key string) {
 	if key != "" {
 		_, _ = redisReclaimSources.Delete(key)
+	}
+}
+
+// askReclaim asks the zone's other handlers, in this process and in the
+// other instances, for their leases of the key named name; nothing before
+// the zone listens or after it stopped.
+func (z *zone) askReclaim(name string) {
+	if l := z.reclaims.Load(); l != nil {
+		l.Ask(name)
 	}
 }
 

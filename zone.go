@@ -92,9 +92,10 @@ type zone struct {
 	// lapsed, swept) is made on it, on the request path, in the admin
 	// API and rate_limit_status alike.
 	clock limiter.Clock
-	// stopReclaims ends the zone's listening for other instances'
-	// requests for its leases (reclaims.go); nil when it does not listen.
-	stopReclaims func()
+	// reclaims is the zone's listening for other handlers' and
+	// instances' requests for its leases, and its asking (reclaims.go);
+	// nil when it does not listen, and then it asks nothing.
+	reclaims atomic.Pointer[redisstore.ReclaimListener]
 }
 
 // now is the time on the zone's handler's clock.
@@ -462,7 +463,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		z.key.ipv6Bits = 64
 	}
 	p := cfg.policy()
-	if z.limit, err = h.newLimit(name, "", false, cfg, p); err != nil {
+	if z.limit, err = h.newLimit(z, "", false, cfg, p); err != nil {
 		z.release()
 		return nil, err
 	}
@@ -479,7 +480,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		tk.ipv4Bits, tk.ipv6Bits = 32, 128
 		z.tierKey, z.tiers = &tk, make(map[string]*limit, len(cfg.Tier.Limits))
 		for value, tl := range cfg.Tier.Limits {
-			l, err := h.newLimit(name, value, false, cfg, tierPolicy(p, tl))
+			l, err := h.newLimit(z, value, false, cfg, tierPolicy(p, tl))
 			if err != nil {
 				z.release()
 				return nil, fmt.Errorf("tier %q: %w", value, err)
@@ -488,7 +489,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		}
 	}
 	if h.reclaims != nil && cfg.Store == storeRedis && cfg.LocalQuota > 0 {
-		z.stopReclaims = h.reclaims.Listen(name, z.reclaimed)
+		z.reclaims.Store(h.reclaims.Listen(name, z.reclaimed))
 	}
 	return z, nil
 }
@@ -496,7 +497,8 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 // newLimit opens the stores of one policy of a zone: the zone's own
 // (tier ""), a tier's or, with override, one of its override limits',
 // whose states are always kept apart.
-func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limiter.Policy) (limit, error) {
+func (h *Handler) newLimit(z *zone, tier string, override bool, cfg *Zone, p limiter.Policy) (limit, error) {
+	name := z.name
 	q, w := p.Quota()
 	l := limit{policy: p, traits: p.Algorithm.Traits(), maxCost: p.MaxCost(), quotaText: strconv.FormatInt(q, 10), window: w, policyItem: policyItem(name, p)}
 	if p.Calendar != nil {
@@ -569,8 +571,7 @@ func (h *Handler) newLimit(name, tier string, override bool, cfg *Zone, p limite
 			if err := h.loadReclaims(); err != nil {
 				return limit{}, err
 			}
-			rec := h.reclaims
-			opts.Reclaim = func(n string) { rec.Ask(name, n) }
+			opts.Reclaim = z.askReclaim
 			opts.Name = keyName
 		}
 		near, err := nearcache.New(leaser, p, opts)
@@ -617,8 +618,8 @@ func (z *zone) limits() []*limit {
 // decides afterwards, as Caddy may route requests on old connections to a
 // handler after its Cleanup.
 func (z *zone) release() {
-	if z.stopReclaims != nil {
-		z.stopReclaims()
+	if l := z.reclaims.Load(); l != nil {
+		l.Stop()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), nearCloseTimeout)
 	defer cancel()

@@ -27,16 +27,17 @@ func reclaimingCaches(tb testing.TB, clients []redis.UniversalClient, p limiter.
 		if err != nil {
 			tb.Fatal(err)
 		}
-		cache, err := New(store, p, Options{LeaseFraction: fraction, DenyFor: time.Second,
-			Reclaim: func(name string) { rec.Ask(zone, name) }, Name: store.Key})
+		var cache *Cache
+		listener := rec.Listen(zone, func(name string) {
+			go func() { _ = cache.ReturnNamed(context.Background(), name) }()
+		})
+		cache, err = New(store, p, Options{LeaseFraction: fraction, DenyFor: time.Second,
+			Reclaim: listener.Ask, Name: store.Key})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		stop := rec.Listen(zone, func(name string) {
-			go func() { _ = cache.ReturnNamed(context.Background(), name) }()
-		})
 		tb.Cleanup(func() {
-			stop()
+			listener.Stop()
 			_ = cache.Close(context.Background())
 			_ = rec.Close()
 		})

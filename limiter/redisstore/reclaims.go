@@ -114,16 +114,29 @@ func (r *Reclaims) channel(zone string) string {
 	return r.prefix + "reclaim:" + limiter.EscapeKeyPart(zone)
 }
 
+// ReclaimListener is one Listen of a zone: one near cache's (or one
+// handler's) ear on the zone's requests, and its voice. Several handlers
+// of one process may serve a zone, each with its own leases, so a request
+// reaches every listener but the one that asked, in this process and in
+// the others.
+type ReclaimListener struct {
+	r    *Reclaims
+	z    *reclaimZone // nil once Reclaims was closed before Listen
+	n    int
+	once sync.Once
+}
+
 // Listen calls on with the name of each key of zone whose leases another
-// instance asks back, on the zone's subscription goroutine (on must not
-// block: it returns the leases in the background). It subscribes to the
-// zone's channel on the first Listen of the zone; stop ends this Listen,
-// and the last one the subscription.
-func (r *Reclaims) Listen(zone string, on func(name string)) (stop func()) {
+// listener asks back, on the zone's subscription goroutine or the asking
+// listener's publishing one (on must not block: it returns the leases in
+// the background). It subscribes to the zone's channel on the first
+// Listen of the zone; Stop ends this Listen, and the last one the
+// subscription.
+func (r *Reclaims) Listen(zone string, on func(name string)) *ReclaimListener {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return func() {}
+		return &ReclaimListener{r: r}
 	}
 	z := r.zones[zone]
 	if z == nil {
@@ -148,10 +161,15 @@ func (r *Reclaims) Listen(zone string, on func(name string)) (stop func()) {
 	n := z.next
 	z.next++
 	z.listeners[n] = on
-	var once sync.Once
-	return func() {
-		once.Do(func() { r.unlisten(z, n) })
+	return &ReclaimListener{r: r, z: z, n: n}
+}
+
+// Stop ends l's listening, once; l asks nothing afterwards.
+func (l *ReclaimListener) Stop() {
+	if l.z == nil {
+		return
 	}
+	l.once.Do(func() { l.r.unlisten(l.z, l.n) })
 }
 
 // unlisten ends Listen n of z, and z's subscription with its last one.
@@ -169,29 +187,40 @@ func (r *Reclaims) unlisten(z *reclaimZone, n int) {
 	}
 }
 
-// heard handles one request of z's channel: "<instance> <name>".
+// heard handles one request of z's channel: "<instance> <name>". This
+// process's own requests reached its listeners when they were asked.
 func (r *Reclaims) heard(z *reclaimZone, payload string) {
 	from, name, ok := strings.Cut(payload, " ")
 	if !ok || from == r.id || name == "" {
 		return
 	}
-	r.mu.Lock()
-	ons := make([]func(string), 0, len(z.listeners))
-	for _, on := range z.listeners {
-		ons = append(ons, on)
-	}
-	r.mu.Unlock()
-	for _, on := range ons {
+	for _, on := range r.listenersOf(z, -1) {
 		on(name)
 	}
 }
 
-// Ask asks the other instances listening to zone to return their leases of
-// the key whose name (Store.Key) is name. It publishes in the background,
-// within the timeout; a request that fails is lost, as a hint may be.
-func (r *Reclaims) Ask(zone, name string) {
+// listenersOf lists z's listeners but number except.
+func (r *Reclaims) listenersOf(z *reclaimZone, except int) []func(string) {
 	r.mu.Lock()
-	if r.closed {
+	defer r.mu.Unlock()
+	ons := make([]func(string), 0, len(z.listeners))
+	for n, on := range z.listeners {
+		if n != except {
+			ons = append(ons, on)
+		}
+	}
+	return ons
+}
+
+// Ask asks every other listener of l's zone, in this process and in the
+// other instances, to return their leases of the key whose name
+// (Store.Key) is name. In the background, it tells this process's other
+// listeners at once and publishes within the timeout; a request that
+// fails is lost, as a hint may be.
+func (l *ReclaimListener) Ask(name string) {
+	r, z := l.r, l.z
+	r.mu.Lock()
+	if r.closed || z == nil || z.listeners[l.n] == nil {
 		r.mu.Unlock()
 		return
 	}
@@ -199,10 +228,13 @@ func (r *Reclaims) Ask(zone, name string) {
 	r.mu.Unlock()
 	go func() {
 		defer r.wg.Done()
+		for _, on := range r.listenersOf(z, l.n) {
+			on(name)
+		}
 		ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
 		defer cancel()
-		if err := publish(ctx, r.client, r.channel(zone), r.id+" "+name); err != nil && r.ctx.Err() == nil {
-			r.fail(fmt.Errorf("lease reclaims of zone %q: asking for %s: %w", zone, name, err))
+		if err := publish(ctx, r.client, z.channel, r.id+" "+name); err != nil && r.ctx.Err() == nil {
+			r.fail(fmt.Errorf("lease reclaims of zone %q: asking for %s: %w", z.name, name, err))
 		}
 	}()
 }

@@ -48,7 +48,7 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 			var recs [3]*Reclaims
 			var heard [3]heardNames
 			var other heardNames
-			stops := make([]func(), 3)
+			var listeners [3]*ReclaimListener
 			for i := range recs {
 				r, err := NewReclaims(redisClient(t, cfg), ReclaimsOptions{OnError: func(err error) { t.Logf("instance %d: %v", i, err) }})
 				if err != nil {
@@ -56,10 +56,9 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = r.Close() })
 				recs[i] = r
-				stops[i] = r.Listen("api", heard[i].on)
+				listeners[i] = r.Listen("api", heard[i].on)
 			}
-			stopOther := recs[2].Listen("web", other.on)
-			defer stopOther()
+			defer recs[2].Listen("web", other.on).Stop()
 			for i, r := range recs {
 				testutil.Eventually(t, fmt.Sprintf("instance %d to listen", i), func() error {
 					if !r.Listening("api") || (i == 2 && !r.Listening("web")) {
@@ -68,7 +67,7 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 					return nil
 				})
 			}
-			recs[0].Ask("api", "fg:api:{k1}")
+			listeners[0].Ask("fg:api:{k1}")
 			testutil.Eventually(t, "the others to hear it", func() error {
 				for i := 1; i < 3; i++ {
 					if got := heard[i].got(); len(got) != 1 || got[0] != "fg:api:{k1}" {
@@ -77,8 +76,8 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 				}
 				return nil
 			})
-			stops[2]()
-			recs[1].Ask("api", "fg:api:{k2}")
+			listeners[2].Stop()
+			listeners[1].Ask("fg:api:{k2}")
 			testutil.Eventually(t, "instance 0 to hear it", func() error {
 				if got := heard[0].got(); len(got) != 1 || got[0] != "fg:api:{k2}" {
 					return fmt.Errorf("instance 0 heard %q", got)
@@ -97,5 +96,60 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 				t.Errorf("zone web heard zone api's requests: %q", got)
 			}
 		})
+	}
+}
+
+// TestReclaimsReachOtherListenersOfTheProcess: several handlers of one
+// process may serve a zone, each with its own leases, over one pooled
+// Reclaims. A request reaches the process's other listeners as it reaches
+// other processes' (once each), and never the listener that asked.
+func TestReclaimsReachOtherListenersOfTheProcess(t *testing.T) {
+	cfg := Config{Addresses: []string{redistest.Start(t).Addr()}}
+	var recs [2]*Reclaims
+	for i := range recs {
+		r, err := NewReclaims(redisClient(t, cfg), ReclaimsOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		recs[i] = r
+	}
+	var asker, sibling, elsewhere heardNames
+	a := recs[0].Listen("api", asker.on)
+	defer a.Stop()
+	defer recs[0].Listen("api", sibling.on).Stop()
+	defer recs[1].Listen("api", elsewhere.on).Stop()
+	for i, r := range recs {
+		testutil.Eventually(t, fmt.Sprintf("process %d to listen", i), func() error {
+			if !r.Listening("api") {
+				return errors.New("not subscribed yet")
+			}
+			return nil
+		})
+	}
+	a.Ask("fg:api:{k1}")
+	testutil.Eventually(t, "the sibling and the other process to hear it", func() error {
+		if got := sibling.got(); len(got) != 1 {
+			return fmt.Errorf("the asker's sibling heard %q", got)
+		}
+		if got := elsewhere.got(); len(got) != 1 {
+			return fmt.Errorf("the other process heard %q", got)
+		}
+		return nil
+	})
+	// Time for anything wrongly delivered (the asker, or the sibling
+	// again through the channel) to arrive.
+	time.Sleep(100 * time.Millisecond)
+	if got := sibling.got(); len(got) != 1 {
+		t.Errorf("the asker's sibling heard %q, want the request once", got)
+	}
+	if got := asker.got(); len(got) != 0 {
+		t.Errorf("the asker heard its own request: %q", got)
+	}
+	a.Stop()
+	a.Ask("fg:api:{k2}")
+	time.Sleep(100 * time.Millisecond)
+	if got := sibling.got(); len(got) != 1 {
+		t.Errorf("a stopped listener asked: the sibling heard %q", got)
 	}
 }
