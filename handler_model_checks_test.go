@@ -450,6 +450,7 @@ func (r *hmRun) finalRedis() {
 		}
 	}
 	r.finishAll()
+	r.countReclaims()
 	for _, in := range r.inst {
 		_ = in.h.Cleanup()
 		_ = in.hr.Cleanup()

@@ -202,6 +202,8 @@ type hmRun struct {
 	regionQuota          float64
 	byZone               map[string]int
 	resetSeen            bool
+	// reclaimsCounted: countReclaims ran.
+	reclaimsCounted bool
 	// compared counts the states compared with the stores at quiet
 	// points, and at the end in Redis.
 	compared, comparedRedis int
@@ -521,6 +523,27 @@ func (r *hmRun) caddyfile(in *hmInstance, cfg hmConfig, kind hmHandlerKind) stri
 	return b.String()
 }
 
+// countReclaims adds the run's lease reclaims to the totals, once, while
+// its handlers still declare their zones (the last Cleanup of a zone
+// drops its series).
+func (r *hmRun) countReclaims() {
+	if r.reclaimsCounted {
+		return
+	}
+	r.reclaimsCounted = true
+	var asked, heard float64
+	for _, z := range hmAllZones {
+		if z.redis {
+			asked += counterValue(r.t, metricFamilies.reclaims.WithLabelValues(r.name(z, 0), "asked"))
+			heard += counterValue(r.t, metricFamilies.reclaims.WithLabelValues(r.name(z, 0), "heard"))
+		}
+	}
+	r.totals.mu.Lock()
+	r.totals.reclaimsAsked += asked
+	r.totals.reclaimsHeard += heard
+	r.totals.mu.Unlock()
+}
+
 // pathsOf are the paths whose requests z decides.
 func pathsOf(z *hmZone) string {
 	if z == hmRC {
@@ -556,6 +579,7 @@ func (r *hmRun) zoneOf(in *hmInstance, z *hmZone) *zone {
 // every handler is cleaned up. Its zones' names are never used again.
 func (r *hmRun) close() {
 	r.finishAll()
+	r.countReclaims()
 	for _, in := range r.inst {
 		if in.h != nil && !in.cleaned {
 			_ = in.h.Cleanup()

@@ -149,6 +149,10 @@ type hmTotals struct {
 	// skewMin and skewMax are the least and greatest skew (either way)
 	// of the schedules that mixed clocks.
 	skewMin, skewMax time.Duration
+	// reclaimsAsked and reclaimsHeard are the leased redis zones' lease
+	// reclaims (lease_reclaims_total): the instances are handlers of one
+	// process, which reach each other without Redis.
+	reclaimsAsked, reclaimsHeard float64
 }
 
 type hmExcess struct {
@@ -255,6 +259,7 @@ func (tt *hmTotals) report(failed int) string {
 	for _, z := range []*hmZone{hmCW, hmLB, hmRW} {
 		fmt.Fprintf(&b, " %s %d", z.id, tt.passedOn[z.id])
 	}
+	fmt.Fprintf(&b, "\n  lease reclaims: %.0f asked, %.0f heard", tt.reclaimsAsked, tt.reclaimsHeard)
 	b.WriteString("\n  largest excess over the limit, per check, against its bound:\n")
 	checks := make([]string, 0, len(tt.excess))
 	for c := range tt.excess {

@@ -54,6 +54,8 @@ type metricVecs struct {
 	// a global server take from it and give back (see regionCounters).
 	globalRefills *prometheus.CounterVec
 	globalUnits   *prometheus.CounterVec
+	// reclaims counts lease reclaims asked and heard (reclaims.go).
+	reclaims *prometheus.CounterVec
 }
 
 // decisionBuckets are the decision-time histogram's buckets, from 5 µs (a
@@ -78,6 +80,7 @@ var metricFamilies = &metricVecs{
 		Name:      "global_refills_total",
 		Help:      "Batches of units this instance took from the global server for its region, by zone (zones whose redis block has a global server).",
 	}, []string{"zone"}),
+	reclaims:    counterVec("lease_reclaims_total", "Requests for a key's lease units between the instances (and sites) of leased redis zones, by zone and side: asked (Redis refused this instance a key) or heard (another asked this one, which returned what it held of the key).", "side"),
 	globalUnits: counterVec("global_units_total", "Units this instance moved between its region and the global server, by zone and movement: taken (in refills) or returned (unspent, or given back).", "movement"),
 	seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy",
@@ -107,7 +110,7 @@ func registerMetrics(ctx caddy.Context) (*metricVecs, error) {
 		return nil, nil
 	}
 	m := metricFamilies
-	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.responseCosts, m.overrides, m.seconds, m.globalRefills, m.globalUnits, zoneGauges} {
+	for _, c := range []prometheus.Collector{m.decisions, m.storeFailures, m.local, m.responseCosts, m.overrides, m.seconds, m.globalRefills, m.globalUnits, m.reclaims, zoneGauges} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) || are.ExistingCollector != c {
@@ -130,6 +133,36 @@ func (m *metricVecs) forgetZone(name string) {
 	m.seconds.DeletePartialMatch(labels)
 	m.globalRefills.DeletePartialMatch(labels)
 	m.globalUnits.DeletePartialMatch(labels)
+	m.reclaims.DeletePartialMatch(labels)
+}
+
+// reclaimCounters are a leased zone's counts of lease reclaims; a nil one
+// counts nothing.
+type reclaimCounters struct {
+	asked, heard prometheus.Counter
+}
+
+// forReclaims resolves zone name's reclaim counters; a nil receiver gives
+// nil (no metrics).
+func (m *metricVecs) forReclaims(name string) *reclaimCounters {
+	if m == nil {
+		return nil
+	}
+	return &reclaimCounters{asked: m.reclaims.WithLabelValues(name, "asked"), heard: m.reclaims.WithLabelValues(name, "heard")}
+}
+
+// countAsked counts a reclaim this zone asked for; safe on nil.
+func (rc *reclaimCounters) countAsked() {
+	if rc != nil {
+		rc.asked.Inc()
+	}
+}
+
+// countHeard counts a reclaim this zone heard; safe on nil.
+func (rc *reclaimCounters) countHeard() {
+	if rc != nil {
+		rc.heard.Inc()
+	}
 }
 
 // regionCounters are a regional zone's counters of its dealings with the

@@ -80,6 +80,7 @@ func releaseRedisReclaims(key string) {
 // the zone listens or after it stopped.
 func (z *zone) askReclaim(name string) {
 	if l := z.reclaims.Load(); l != nil {
+		z.reclaimCounts.countAsked()
 		l.Ask(name)
 	}
 }
@@ -88,6 +89,7 @@ func (z *zone) askReclaim(name string) {
 // instance asked for, under every limit of the zone (its own, its tiers',
 // its overrides'), each in the background.
 func (z *zone) reclaimed(name string) {
+	z.reclaimCounts.countHeard()
 	for _, l := range z.limits() {
 		if l.near == nil {
 			continue

@@ -41,4 +41,9 @@ func TestReclaimsReachOtherHandlersOfTheProcess(t *testing.T) {
 			t.Fatal("admitted more than 30")
 		}
 	}
+	asked := counterValue(t, metricFamilies.reclaims.WithLabelValues("reclaim_sites", "asked"))
+	heard := counterValue(t, metricFamilies.reclaims.WithLabelValues("reclaim_sites", "heard"))
+	if asked < 1 || heard < 1 {
+		t.Fatalf("lease_reclaims_total: asked %v, heard %v; want both counted", asked, heard)
+	}
 }

@@ -96,6 +96,9 @@ type zone struct {
 	// instances' requests for its leases, and its asking (reclaims.go);
 	// nil when it does not listen, and then it asks nothing.
 	reclaims atomic.Pointer[redisstore.ReclaimListener]
+	// reclaimCounts counts its reclaims asked and heard; nil without
+	// metrics or listening.
+	reclaimCounts *reclaimCounters
 }
 
 // now is the time on the zone's handler's clock.
@@ -489,6 +492,7 @@ func (h *Handler) provisionZone(ctx caddy.Context, name string, cfg *Zone) (*zon
 		}
 	}
 	if h.reclaims != nil && cfg.Store == storeRedis && cfg.LocalQuota > 0 {
+		z.reclaimCounts = h.metrics.forReclaims(name)
 		z.reclaims.Store(h.reclaims.Listen(name, z.reclaimed))
 	}
 	return z, nil
