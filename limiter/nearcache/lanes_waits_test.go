@@ -160,3 +160,46 @@ func TestNearCacheGroupsKeepAsksOfOneBound(t *testing.T) {
 		t.Fatalf("the request grouped with a refill ahead: %+v, %v; want admitted (alone it waits for the store)", r.d, r.err)
 	}
 }
+
+// TestNearCacheGroupLeaveAsDelivered: a queued request whose context ends
+// just as its group is delivered is answered exactly once, by its
+// requester or by nearAsk.left: after Close every key's units in the
+// store are those its admitted request spent, none lost to a double
+// install or left taken and unclaimed.
+func TestNearCacheGroupLeaveAsDelivered(t *testing.T) {
+	ctx := context.Background()
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	mem := newTestMemory(t, p, clock)
+	cache, store, queued := gatedCache(t, mem, p, clock, 16)
+	const n = 200
+	admitted := make([]bool, n)
+	for i := range n {
+		store.arm()
+		first := takeAsync(ctx, cache, fmt.Sprint("first", i), 1)
+		store.waitCalled(t, "the first request never reached the store")
+		leaving, leave := context.WithCancel(ctx)
+		res := takeAsync(leaving, cache, fmt.Sprint("k", i), 2)
+		queued.wait(t, 1)
+		go leave()
+		close(store.release)
+		<-first
+		r := <-res
+		admitted[i] = r.err == nil && r.d.Allowed
+		leave()
+	}
+	if err := cache.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	both := 0
+	for i := range n {
+		want := int64(100)
+		if admitted[i] {
+			want, both = 98, both+1
+		}
+		if d, err := mem.Peek(ctx, fmt.Sprint("k", i)); err != nil || d.Remaining != want {
+			t.Errorf("k%d (admitted %v) after Close: %+v, %v; want %d left", i, admitted[i], d, err, want)
+		}
+	}
+	t.Logf("%d of %d requests got their answer, the rest left", both, n)
+}
