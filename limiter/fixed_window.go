@@ -71,7 +71,7 @@ func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a A
 	s.count += granted
 	a.Allowed, a.Remaining = true, p.l-s.count
 	a.Receipt.Granted = granted
-	a.store, a.key, a.held = by.store, by.key, granted
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
 	return a
 }
 

@@ -47,7 +47,7 @@ func (s *slidingCounterState) take(p *params, now, cost, want int64, by taker) (
 	s.status(p, now, &a.Decision)
 	a.Time = now
 	a.Receipt.At, a.Receipt.Granted = now, granted
-	a.store, a.key, a.held = by.store, by.key, granted
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
 	return a
 }
 

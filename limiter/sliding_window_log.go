@@ -69,7 +69,7 @@ func (s *slidingLogState) take(p *params, now, cost, want int64, by taker) (a Ad
 		at += LeaseLifetime.Microseconds()
 	}
 	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(at, granted), granted
-	a.store, a.key, a.held = by.store, by.key, granted
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
 	s.status(p, now, &a.Decision)
 	a.Time = now
 	return a
