@@ -38,3 +38,8 @@ func (s *concurrencyState) refund(p *params, _, cost, _ int64) Decision {
 func (s *concurrencyState) idle(*params, int64) bool {
 	return s.inFlight == 0
 }
+
+// empty is idle, which changes nothing.
+func (s *concurrencyState) empty(p *params, now int64) bool {
+	return s.idle(p, now)
+}

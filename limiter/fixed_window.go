@@ -117,6 +117,11 @@ func (s *fixedWindowState) status(p *params, now, end int64, d *Decision) {
 	}
 }
 
+func (s *fixedWindowState) empty(p *params, now int64) bool {
+	win, _ := windowOf(p, now)
+	return win > s.win || win == s.win && s.count == 0
+}
+
 // idle keeps an emptied window while the clock is behind it: forgotten,
 // the earlier window would be counted afresh, as the script keeps it too.
 func (s *fixedWindowState) idle(p *params, now int64) bool {

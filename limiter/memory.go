@@ -254,6 +254,10 @@ type keyState[S any] interface {
 	// (Receipt.Name).
 	refund(p *params, now, cost, name int64) Decision
 	idle(p *params, now int64) bool
+	// empty reports whether the state holds nothing at now, as idle
+	// does, without changing it: a take or charge then makes a new state
+	// (cell.epoch), as a Redis script does once its key holds nothing.
+	empty(p *params, now int64) bool
 }
 
 // shardSet spreads keys over 1<<bits tables by the top bits of their hash.
@@ -290,18 +294,36 @@ func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
 
 func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission {
 	sh := set.lock(key)
-	c := &sh.cells[sh.get(key)]
+	c, now := sh.state(key, p, clock)
 	by.epoch = c.epoch
-	a := PS(&c.st).take(p, clock.now(), cost, want, by)
+	a := PS(&c.st).take(p, now, cost, want, by)
 	sh.mu.Unlock()
 	return a
 }
 
 func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) Admission {
 	sh := set.lock(key)
-	a := PS(&sh.cells[sh.get(key)].st).charge(p, clock.now(), cost)
+	c, now := sh.state(key, p, clock)
+	a := PS(&c.st).charge(p, now, cost)
 	sh.mu.Unlock()
 	return a
+}
+
+// state is the cell of key for a take or charge at now, which it reads
+// from clock: created if need be (see get), and given a new epoch when its
+// state holds nothing. An empty state is no state: a Redis script finds
+// no key then (deleted once emptied, or expired), and the state the take
+// makes is another, to which no give-back of units the earlier one
+// counted is credited (a token bucket full again would otherwise take back
+// units time has already repaid). The shard is locked.
+func (sh *shard[S, PS]) state(key uint64, p *params, clock *memoryClock) (*cell[S], int64) {
+	c := &sh.cells[sh.get(key)]
+	now := clock.now()
+	if PS(&c.st).empty(p, now) {
+		sh.epochs++
+		c.epoch = sh.epochs
+	}
+	return c, now
 }
 
 // refund gives cost units back to key's state when epoch names it (or is
@@ -466,7 +488,8 @@ type cell[S any] struct {
 	moved uint64
 	// epoch names the key's state among every state the store has made
 	// for it (Receipt.Epoch): a reset, sweep or eviction frees the cell,
-	// and the key's next take makes a state with a new epoch, which the
+	// and the key's next take makes a state with a new epoch (as does a
+	// take that finds the state empty, see shard.state), which the
 	// give-backs of the units an earlier state counted do not reach.
 	// Numbered per shard (and never below another shard's, see reshard),
 	// so it costs no shared counter; 64 bits so it cannot wrap.
@@ -487,14 +510,13 @@ func (sh *shard[S, PS]) get(key uint64) uint32 {
 		sh.remove(sh.cells[sh.oldest-1].key, sh.oldest-1)
 	}
 	var i uint32
-	sh.epochs++
 	if sh.free != 0 {
 		i = sh.free - 1
 		sh.free = sh.cells[i].next
-		sh.cells[i] = cell[S]{key: key, epoch: sh.epochs}
+		sh.cells[i] = cell[S]{key: key}
 	} else {
 		i = uint32(len(sh.cells))
-		sh.cells = append(sh.cells, cell[S]{key: key, epoch: sh.epochs})
+		sh.cells = append(sh.cells, cell[S]{key: key})
 	}
 	sh.index[key] = i
 	sh.pushNewest(i)

@@ -428,9 +428,8 @@ func TestMemorySharingCountsOneSetInFlight(t *testing.T) {
 
 // TestMemoryGiveBackAfterSweepOrEviction: a key swept (its state back to
 // empty) or evicted, then taken again, has a new state, to which the
-// give-back of an admission of the earlier state credits nothing, even
-// on a clock that has not moved since. Before the sweep, the same
-// give-back is credited.
+// give-back of an admission of the earlier state credits nothing (as a
+// state back to empty and not swept: shard.state).
 func TestMemoryGiveBackAfterSweepOrEviction(t *testing.T) {
 	ctx := context.Background()
 	p := Policy{Algorithm: TokenBucket, Events: 3, Window: time.Hour}

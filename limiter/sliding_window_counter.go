@@ -116,6 +116,18 @@ func (s *slidingCounterState) status(p *params, now int64, d *Decision) {
 	}
 }
 
+func (s *slidingCounterState) empty(p *params, now int64) bool {
+	switch idx := windowIndex(p, now); {
+	case idx < s.win:
+		return false
+	case idx == s.win:
+		return s.prev == 0 && s.cur == 0
+	case idx == s.win+1:
+		return s.cur == 0
+	}
+	return true
+}
+
 // idle keeps the state while the clock is behind its window (see
 // fixedWindowState.idle).
 func (s *slidingCounterState) idle(p *params, now int64) bool {

@@ -147,6 +147,12 @@ func (s *slidingLogState) status(p *params, now int64, d *Decision) {
 	}
 }
 
+// empty: every entry has left the window (they are in time order).
+func (s *slidingLogState) empty(p *params, now int64) bool {
+	n := len(s.ents)
+	return n == s.head || logAt(s.ents[n-1]) <= max(now, 0)-p.w
+}
+
 // idle also gives memory back: a log whose live entries fill less than a
 // quarter of its slice is copied into a smaller one.
 func (s *slidingLogState) idle(p *params, now int64) bool {
