@@ -81,3 +81,53 @@ func TestResetIsOneForEveryHandlerOfAZone(t *testing.T) {
 		t.Errorf("after the reset A admitted %d in the window, want the fresh limit %d (during the reset: %v)", admitted, limit, during)
 	}
 }
+
+// TestResetDropsGiveBackOfRequestInFlight: a request admitted before an
+// admin reset of its key and still running at it, whose response is then
+// not counted (count_response), gives its unit back naming the state
+// that took it, which the reset erased: the fresh state, which never
+// counted it, is not credited, and the key admits its limit after the
+// reset, not one request more. For the memory store and Redis (where
+// the zone leases, the near cache sends the give-back to Redis, its lease
+// forgotten by the reset).
+func TestResetDropsGiveBackOfRequestInFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, alg := range []string{"token_bucket", "sliding_window_log"} {
+		for _, store := range []string{"memory", "redis"} {
+			t.Run(alg+"/"+store, func(t *testing.T) {
+				name := "reset_in_flight_" + alg + "_" + store
+				opts := []string{"key {http.request.header.X-Key}", "algorithm " + alg, "rate 3/1h", "count_response {", "status 401", "}"}
+				var blocks []string
+				if store == "redis" {
+					opts = append(opts, "store redis", "local_quota 0.5")
+					blocks = append(blocks, redisConfig(srv.Addr(), "timeout 5s"))
+				}
+				h := provisionHandler(t, rateLimitConfig(append([]string{zoneConfig(name, opts...)}, blocks...)...))
+				key := map[string]string{"X-Key": "k"}
+				send := func() int {
+					r, _ := newKeyRequest("198.51.100.32", key)
+					_, code := serve(h, r, answer(401))
+					return code
+				}
+				held := holdKey(h, "198.51.100.32", key)
+				if code := <-held.admitted; code != 200 {
+					t.Fatalf("the held request: %d", code)
+				}
+				if code, body := adminReset(t, name, "k"); code != http.StatusOK {
+					t.Fatalf("reset: %d %s", code, body)
+				}
+				for i := range 3 {
+					if code := send(); code != 401 {
+						t.Fatalf("request %d after the reset: %d, want 401 (admitted, counted)", i+1, code)
+					}
+				}
+				// The held request's 200 does not match count_response:
+				// its unit comes back, to the state the reset erased.
+				finish(held)
+				if code := send(); code != http.StatusTooManyRequests {
+					t.Errorf("after the held request ended: %d, want 429: the fresh state admitted its 3 and never counted the held request's unit", code)
+				}
+			})
+		}
+	}
+}

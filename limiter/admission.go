@@ -39,8 +39,18 @@ type Receipt struct {
 	At int64
 	// Mark names the admission in the store when At does not: the time a
 	// sliding log entry is logged at, for units spent from a lease the
-	// lease's grant, for a memory concurrency slot the state's epoch.
+	// lease's grant.
 	Mark int64
+	// Epoch names the state of the key that took the units, among every
+	// state the store has made for the key: a reset (or a sweep, or an
+	// eviction) ends a state, and the key's next take makes a new one
+	// with a new epoch. A give-back is credited only to the state its
+	// epoch names; one to a later state is dropped, since that state never
+	// counted its units (docs/design.md, "Exact where features meet").
+	// Zero names no state: a give-back of a receipt a store did not make
+	// (the regional store's, to its global store) goes to the key's
+	// current state.
+	Epoch uint64
 	// Slot names the concurrency slot a Redis admission holds.
 	Slot string
 	// Lease numbers the nearcache.Cache lease the units were spent from; zero
@@ -66,15 +76,16 @@ func NewAdmission(s Store, key string, held int64, d Decision, r Receipt) Admiss
 	return Admission{Decision: d, Receipt: r, store: s, key: key, held: held}
 }
 
-// taker is who takes an admission's units: the store, and the state name
-// in it. A memory store's algorithms write it into the Admissions they
+// taker is who takes an admission's units: the store, the state name in
+// it and the epoch of the key's state there (Receipt.Epoch). A memory store's algorithms write it into the Admissions they
 // admit with the rest, field by field into their named results: an
-// Admission is 128 bytes and a memory decision about 100 ns, and fields
+// Admission is 136 bytes and a memory decision about 100 ns, and fields
 // written into it after it is built (or a copy more) stall the 16-byte
 // loads of the next copy, by about a tenth of a decision.
 type taker struct {
 	store Store
 	key   string
+	epoch uint64
 }
 
 // Errors of giving back.

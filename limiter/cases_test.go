@@ -22,3 +22,17 @@ func TestAlgorithmCasesMemory(t *testing.T) {
 		return m, clock.SetMicro
 	})
 }
+
+// TestResetCasesMemory runs the shared cases of give-backs across an admin
+// reset (storetest.RunResetCases) against the memory store, on a clock
+// that stands still; the Redis store's tests run them against Redis.
+func TestResetCasesMemory(t *testing.T) {
+	storetest.RunResetCases(t, func(t *testing.T, p limiter.Policy) (limiter.Store, func(int64)) {
+		clock := &testutil.Clock{}
+		m, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, clock.SetMicro
+	})
+}

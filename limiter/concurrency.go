@@ -1,22 +1,13 @@
 package limiter
 
-import "sync/atomic"
-
-// concurrencyState counts a key's units in flight.
+// concurrencyState counts a key's units in flight. A key that was reset
+// (or evicted) while requests ran starts a new state, and their releases,
+// arriving later, must not free slots that the new state's requests hold
+// (as a Redis slot, named by its id, is never removed twice): the state's
+// epoch, which every store's state has (cell.epoch), sees to that.
 type concurrencyState struct {
 	inFlight int64
-	// epoch names this state among every state the store ever made for
-	// any key: the admissions it counts carry it (Receipt.Mark), and a
-	// release is subtracted only from the state that counted it. A key
-	// that was reset (or evicted) while requests ran starts a new state,
-	// and their releases, arriving later, must not free slots that the
-	// new state's requests hold (as a Redis slot, named by its id, is
-	// never removed twice).
-	epoch int64
 }
-
-// concurrencyEpochs hands out concurrencyState.epoch.
-var concurrencyEpochs atomic.Int64
 
 // take: allow iff in flight + c <= L; remaining = L - in flight. There is
 // no time to wait for: a slot frees when a response finishes, so reset and
@@ -27,13 +18,9 @@ func (s *concurrencyState) take(p *params, now, cost, _ int64, by taker) (a Admi
 		a.Remaining = max(0, p.l-s.inFlight)
 		return a
 	}
-	if s.epoch == 0 {
-		s.epoch = concurrencyEpochs.Add(1)
-	}
 	s.inFlight += cost
 	a.Allowed, a.Remaining = true, p.l-s.inFlight
-	a.Receipt.Mark = s.epoch
-	a.store, a.key, a.held = by.store, by.key, cost
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, by.epoch
 	return a
 }
 
@@ -43,13 +30,16 @@ func (s *concurrencyState) charge(_ *params, now, _ int64) Admission {
 	return Admission{Decision: Decision{Time: now}}
 }
 
-func (s *concurrencyState) refund(p *params, now, cost, name int64) Decision {
-	if name == s.epoch {
-		s.inFlight = max(0, s.inFlight-cost)
-	}
+func (s *concurrencyState) refund(p *params, _, cost, _ int64) Decision {
+	s.inFlight = max(0, s.inFlight-cost)
 	return Decision{Allowed: true, Remaining: max(0, p.l-s.inFlight)}
 }
 
 func (s *concurrencyState) idle(*params, int64) bool {
 	return s.inFlight == 0
+}
+
+// empty is idle, which changes nothing.
+func (s *concurrencyState) empty(p *params, now int64) bool {
+	return s.idle(p, now)
 }

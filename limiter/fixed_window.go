@@ -71,7 +71,7 @@ func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a A
 	s.count += granted
 	a.Allowed, a.Remaining = true, p.l-s.count
 	a.Receipt.Granted = granted
-	a.store, a.key, a.held = by.store, by.key, granted
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
 	return a
 }
 
@@ -115,6 +115,11 @@ func (s *fixedWindowState) status(p *params, now, end int64, d *Decision) {
 	if s.count > 0 {
 		d.ResetAfter = microseconds(end - now)
 	}
+}
+
+func (s *fixedWindowState) empty(p *params, now int64) bool {
+	win, _ := windowOf(p, now)
+	return win > s.win || win == s.win && s.count == 0
 }
 
 // idle keeps an emptied window while the clock is behind it: forgotten,

@@ -24,7 +24,7 @@ func (s *leakyBucketState) take(p *params, now, cost, _ int64, by taker) (a Admi
 	a.Remaining = leakyRemaining(p, debt)
 	a.ResetAfter = microseconds(ceilDiv(debt, p.l))
 	a.RetryAfter = microseconds(ceilDiv(wait, p.l))
-	a.store, a.key, a.held = by.store, by.key, cost
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, by.epoch
 	return a
 }
 

@@ -71,7 +71,7 @@ type Memory struct {
 // memoryTables is the algorithm-specific part of Memory.
 type memoryTables interface {
 	take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission
-	refund(key uint64, p *params, clock *memoryClock, cost, name int64) Decision
+	refund(key uint64, p *params, clock *memoryClock, cost, name int64, epoch uint64) Decision
 	charge(key uint64, p *params, clock *memoryClock, cost int64) Admission
 	forget(key uint64, p *params, clock *memoryClock) bool
 	sweep(p *params, clock *memoryClock) int
@@ -149,7 +149,7 @@ func (mc *memoryClock) now() int64 {
 // Take implements Store; it never fails. The algorithm writes the whole
 // Admission, who holds its units included (see taker).
 func (m *Memory) Take(_ context.Context, key string, cost int64) (Admission, error) {
-	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, cost, taker{m, key}), nil
+	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, cost, taker{store: m, key: key}), nil
 }
 
 // TakeUpTo implements Leaser for the algorithms whose Traits say Leases;
@@ -161,7 +161,7 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Admi
 	if !m.p.alg.Leases {
 		return Admission{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
 	}
-	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, want, taker{m, key}), nil
+	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, want, taker{store: m, key: key}), nil
 }
 
 // Charge implements Charger for the algorithms whose Traits say Charges;
@@ -214,7 +214,7 @@ func (m *Memory) ReturnMany(ctx context.Context, returns []Return) error {
 // Peek implements Store; it never fails, and a key it does not hold is
 // reported as fresh without being added.
 func (m *Memory) Peek(_ context.Context, key string) (Decision, error) {
-	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, 0), nil
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, 0, 0, 0), nil
 }
 
 // Reset implements Store; it never fails. A key held whose state is back
@@ -224,9 +224,11 @@ func (m *Memory) Reset(_ context.Context, key string) (bool, error) {
 }
 
 // GiveBack implements Store; it never fails. A key forgotten since the
-// Take has nothing to give back.
+// Take (reset, swept or evicted) has nothing to give back: its state now,
+// if it has come back since, is another (Receipt.Epoch), and the units
+// are dropped.
 func (m *Memory) GiveBack(_ context.Context, key string, units int64, taken Receipt) (Decision, error) {
-	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, units, taken.Name()), nil
+	return m.tables.refund(maphash.String(m.seed, key), &m.p, &m.clock, units, taken.Name(), taken.Epoch), nil
 }
 
 // Sweep forgets every key whose state is back to empty and reports how many
@@ -252,6 +254,10 @@ type keyState[S any] interface {
 	// (Receipt.Name).
 	refund(p *params, now, cost, name int64) Decision
 	idle(p *params, now int64) bool
+	// empty reports whether the state holds nothing at now, as idle
+	// does, without changing it: a take or charge then makes a new state
+	// (cell.epoch), as a Redis script does once its key holds nothing.
+	empty(p *params, now int64) bool
 }
 
 // shardSet spreads keys over 1<<bits tables by the top bits of their hash.
@@ -288,24 +294,51 @@ func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
 
 func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission {
 	sh := set.lock(key)
-	a := PS(&sh.cells[sh.get(key)].st).take(p, clock.now(), cost, want, by)
+	c, now := sh.state(key, p, clock)
+	by.epoch = c.epoch
+	a := PS(&c.st).take(p, now, cost, want, by)
 	sh.mu.Unlock()
 	return a
 }
 
 func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) Admission {
 	sh := set.lock(key)
-	a := PS(&sh.cells[sh.get(key)].st).charge(p, clock.now(), cost)
+	c, now := sh.state(key, p, clock)
+	a := PS(&c.st).charge(p, now, cost)
 	sh.mu.Unlock()
 	return a
 }
 
-func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost, name int64) Decision {
+// state is the cell of key for a take or charge at now, which it reads
+// from clock: created if need be (see get), and given a new epoch when its
+// state holds nothing. An empty state is no state: a Redis script finds
+// no key then (deleted once emptied, or expired), and the state the take
+// makes is another, to which no give-back of units the earlier one
+// counted is credited (a token bucket full again would otherwise take back
+// units time has already repaid). The shard is locked.
+func (sh *shard[S, PS]) state(key uint64, p *params, clock *memoryClock) (*cell[S], int64) {
+	c := &sh.cells[sh.get(key)]
+	now := clock.now()
+	if PS(&c.st).empty(p, now) {
+		sh.epochs++
+		c.epoch = sh.epochs
+	}
+	return c, now
+}
+
+// refund gives cost units back to key's state when epoch names it (or is
+// zero, naming none): a give-back to a state that has ended since (reset,
+// swept, evicted) gives nothing, and reports the key's state as it is.
+func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost, name int64, epoch uint64) Decision {
 	sh := set.lock(key)
 	now := clock.now()
 	var d Decision
 	if i, ok := sh.index[key]; ok {
-		d = PS(&sh.cells[i].st).refund(p, now, cost, name)
+		c := &sh.cells[i]
+		if epoch != 0 && epoch != c.epoch {
+			cost = 0
+		}
+		d = PS(&c.st).refund(p, now, cost, name)
 	} else {
 		var fresh S // a key not held reports as fresh, and is not added
 		d = PS(&fresh).refund(p, now, 0, name)
@@ -378,15 +411,21 @@ func (set *shardSet[S, PS]) reshard(bits uint32, n int) {
 		set.shards[i].mu.Lock()
 	}
 	type entry struct {
-		key uint64
-		st  S
+		key   uint64
+		epoch uint64
+		st    S
 	}
 	var all []entry
+	// Every shard goes on numbering epochs from the highest any had
+	// reached, so no key's new state can take an epoch one of its
+	// states had in the shard it moved from.
+	var epochs uint64
 	for i := range set.shards {
 		sh := &set.shards[i]
+		epochs = max(epochs, sh.epochs)
 		// Oldest first: prev links lead to more recently used cells.
 		for j := sh.oldest; j != 0; j = sh.cells[j-1].prev {
-			all = append(all, entry{sh.cells[j-1].key, sh.cells[j-1].st})
+			all = append(all, entry{sh.cells[j-1].key, sh.cells[j-1].epoch, sh.cells[j-1].st})
 		}
 		sh.index = make(map[uint64]uint32)
 		sh.cells = nil
@@ -394,9 +433,13 @@ func (set *shardSet[S, PS]) reshard(bits uint32, n int) {
 	}
 	set.setLimits(bits, n)
 	set.bits.Store(bits)
+	for i := range set.shards {
+		set.shards[i].epochs = epochs
+	}
 	for _, e := range all {
 		sh := &set.shards[e.key>>(64-bits)]
-		sh.cells[sh.get(e.key)].st = e.st
+		c := &sh.cells[sh.get(e.key)]
+		c.st, c.epoch = e.st, e.epoch
 	}
 	for i := range set.shards {
 		set.shards[i].mu.Unlock()
@@ -427,10 +470,13 @@ type shard[S any, PS keyState[S]] struct {
 	newest, oldest, free uint32
 	// moves counts pushes to the front of the use list (see touch).
 	moves uint64
-	limit atomic.Int64
+	// epochs counts the states the shard has made: the last one's
+	// epoch (cell.epoch).
+	epochs uint64
+	limit  atomic.Int64
 	// Pad the shard to 128 bytes, two whole cache lines, so no two shards'
 	// locks and hot fields share a line (TestShardSize keeps it so).
-	_ [56]byte
+	_ [48]byte
 }
 
 type cell[S any] struct {
@@ -440,6 +486,14 @@ type cell[S any] struct {
 	// 8 bytes a key (a uint32 would be padded to the same), bought for the
 	// relinks touch skips. 64 bits so it cannot wrap.
 	moved uint64
+	// epoch names the key's state among every state the store has made
+	// for it (Receipt.Epoch): a reset, sweep or eviction frees the cell,
+	// and the key's next take makes a state with a new epoch (as does a
+	// take that finds the state empty, see shard.state), which the
+	// give-backs of the units an earlier state counted do not reach.
+	// Numbered per shard (and never below another shard's, see reshard),
+	// so it costs no shared counter; 64 bits so it cannot wrap.
+	epoch uint64
 	st    S
 }
 

@@ -425,3 +425,85 @@ func TestMemorySharingCountsOneSetInFlight(t *testing.T) {
 		t.Fatal("a fixed window's state was shared under another limit")
 	}
 }
+
+// TestMemoryGiveBackAfterSweepOrEviction: a key swept (its state back to
+// empty) or evicted, then taken again, has a new state, to which the
+// give-back of an admission of the earlier state credits nothing (as a
+// state back to empty and not swept: shard.state).
+func TestMemoryGiveBackAfterSweepOrEviction(t *testing.T) {
+	ctx := context.Background()
+	p := Policy{Algorithm: TokenBucket, Events: 3, Window: time.Hour}
+	for _, forget := range []string{"sweep", "evict"} {
+		t.Run(forget, func(t *testing.T) {
+			m, clock := newTestMemory(t, p, MemoryOptions{MaxKeys: 1})
+			first, _ := m.Take(ctx, "k", 1)
+			// A window on, the bucket is full again: the state is
+			// empty, and Sweep forgets it.
+			clock.Advance(time.Hour)
+			switch forget {
+			case "sweep":
+				if n := m.Sweep(); n != 1 {
+					t.Fatalf("swept %d keys, want 1", n)
+				}
+			case "evict":
+				m.Take(ctx, "other", 1)
+			}
+			if n := takeAll(m, "k"); n != 3 {
+				t.Fatalf("admitted %d of a fresh state, want 3", n)
+			}
+			if _, err := first.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := takeAll(m, "k"); n != 0 {
+				t.Errorf("admitted %d after a give-back of units the state never counted, want 0", n)
+			}
+		})
+	}
+}
+
+// TestMemoryEpochsAcrossReshard: a change of the shard count keeps each
+// state's epoch (a give-back still reaches the state that took the units)
+// and numbers no later state of a key as an earlier one, though each
+// shard numbers its own: 300 keys numbered in one shard spread over 64.
+func TestMemoryEpochsAcrossReshard(t *testing.T) {
+	ctx := context.Background()
+	p := Policy{Algorithm: FixedWindow, Events: 3, Window: time.Hour}
+	m, _ := newTestMemory(t, p, MemoryOptions{MaxKeys: 1000}) // one shard
+	var held []Admission
+	for i := range 300 {
+		a, _ := m.Take(ctx, fmt.Sprint(i), 1)
+		held = append(held, a)
+	}
+	m.SetMaxKeys(0) // 64 shards
+	for i, a := range held[:10] {
+		if d, _ := a.Release(ctx); d.Remaining != 3 {
+			t.Fatalf("key %d: the give-back after a reshard left remaining %d, want 3", i, d.Remaining)
+		}
+	}
+	for i, a := range held[10:] {
+		key := fmt.Sprint(10 + i)
+		for range 400 {
+			m.Reset(ctx, key)
+			b, _ := m.Take(ctx, key, 1)
+			if b.Receipt.Epoch == a.Receipt.Epoch {
+				t.Fatalf("key %s: a later state numbered %d, as the one before the reshard", key, b.Receipt.Epoch)
+			}
+		}
+		if d, _ := a.Release(ctx); d.Remaining != 2 {
+			t.Fatalf("key %s: the give-back after resets left remaining %d, want the fresh state's 2", key, d.Remaining)
+		}
+	}
+}
+
+// takeAll takes unit requests of key until one is refused and reports
+// how many passed (at most 100).
+func takeAll(m *Memory, key string) int {
+	n := 0
+	for range 100 {
+		if d, _ := m.Take(context.Background(), key, 1); !d.Allowed {
+			break
+		}
+		n++
+	}
+	return n
+}

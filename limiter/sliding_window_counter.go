@@ -47,7 +47,7 @@ func (s *slidingCounterState) take(p *params, now, cost, want int64, by taker) (
 	s.status(p, now, &a.Decision)
 	a.Time = now
 	a.Receipt.At, a.Receipt.Granted = now, granted
-	a.store, a.key, a.held = by.store, by.key, granted
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
 	return a
 }
 
@@ -114,6 +114,18 @@ func (s *slidingCounterState) status(p *params, now int64, d *Decision) {
 	case s.prev > 0:
 		d.ResetAfter = microseconds((s.win+1)*p.w - now)
 	}
+}
+
+func (s *slidingCounterState) empty(p *params, now int64) bool {
+	switch idx := windowIndex(p, now); {
+	case idx < s.win:
+		return false
+	case idx == s.win:
+		return s.prev == 0 && s.cur == 0
+	case idx == s.win+1:
+		return s.cur == 0
+	}
+	return true
 }
 
 // idle keeps the state while the clock is behind its window (see

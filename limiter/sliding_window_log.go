@@ -69,7 +69,7 @@ func (s *slidingLogState) take(p *params, now, cost, want int64, by taker) (a Ad
 		at += LeaseLifetime.Microseconds()
 	}
 	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(at, granted), granted
-	a.store, a.key, a.held = by.store, by.key, granted
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
 	s.status(p, now, &a.Decision)
 	a.Time = now
 	return a
@@ -145,6 +145,12 @@ func (s *slidingLogState) status(p *params, now int64, d *Decision) {
 	if n := len(s.ents); n > s.head {
 		d.ResetAfter = microseconds(max(0, logAt(s.ents[n-1])+p.w-now))
 	}
+}
+
+// empty: every entry has left the window (they are in time order).
+func (s *slidingLogState) empty(p *params, now int64) bool {
+	n := len(s.ents)
+	return n == s.head || logAt(s.ents[n-1]) <= max(now, 0)-p.w
 }
 
 // idle also gives memory back: a log whose live entries fill less than a

@@ -35,7 +35,7 @@ func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a A
 	a.Remaining = (full - need) / p.w
 	a.ResetAfter = microseconds(ceilDiv(need, p.l))
 	a.Receipt.Granted = granted
-	a.store, a.key, a.held = by.store, by.key, granted
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
 	return a
 }
 

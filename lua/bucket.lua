@@ -15,9 +15,13 @@
 -- limiter/algorithm.go), so a value
 -- is never read with another L than it was written with.
 --
--- ARGV[6]: max ahead (µs), the furthest tat may lie ahead of now.
+-- After it comes the state's epoch (see prelude.lua), "@<epoch>"; a state
+-- written before states had epochs has none.
+--
+-- ARGV[6]: max ahead (µs), the furthest tat may lie ahead of now; ARGV[7]:
+-- the epoch (prelude.lua).
 
-local ahead = tonumber(ARGV[6])
+local ahead, given, epoch = tonumber(ARGV[6]), ARGV[7], nil
 
 local E9 = 1000000000
 
@@ -26,6 +30,10 @@ local E9 = 1000000000
 local queued = 0
 local v = redis.call('GET', KEYS[1])
 if v then
+  local body, e = string.match(v, '^([%d:]+)@(%d+)$')
+  if body then
+    v, epoch = body, e
+  end
   -- Only what bucket_save.lua writes is state: digits, or digits:digits
   -- (see window_state.lua).
   if not string.find(v, '^%d+$') and not string.find(v, '^%d+:%d+$') then
@@ -56,4 +64,21 @@ if v then
     end
     queued = d * l + frac
   end
+end
+-- A bucket that holds nothing is no state (as limiter's memory store
+-- sees it): the next take makes a new one, with a new epoch.
+if queued == 0 then
+  epoch = nil
+end
+if op == 'return' then
+  -- Only into the state that counted the units: one a reset began since
+  -- never did (given '0' names no state). Given back to another, they are
+  -- dropped, and the call reports the state as a look would.
+  if given ~= '0' and given ~= epoch then
+    cost = 0
+  end
+else
+  -- A state this call makes (or one written before states had epochs)
+  -- takes the call's epoch.
+  epoch = epoch or given
 end

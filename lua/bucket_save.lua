@@ -1,7 +1,8 @@
 -- bucket_save.lua: the end of token_bucket.lua's and leaky_bucket.lua's
 -- scripts on every path that changes the state. It moves tat to
--- now + debt/L, packed as bucket.lua describes, and returns the reply the
--- algorithm built; the key lives exactly as long as tat lies ahead.
+-- now + debt/L, packed as bucket.lua describes, with the state's epoch,
+-- and returns the reply the algorithm built, the epoch added; the key
+-- lives exactly as long as tat lies ahead.
 -- Written inline rather than as a function the algorithms call, because the
 -- interpreter would create that function anew on every call.
 
@@ -30,6 +31,15 @@ else
       val = string.format('%d:%d', tat, frac)
     end
   end
+  if epoch then
+    -- A number is written whole, as SET writes it, not as Lua's
+    -- concatenation would (with an exponent, past 14 digits).
+    if type(val) == 'number' then
+      val = string.format('%d', val)
+    end
+    val = val .. '@' .. epoch
+  end
   redis.call('SET', KEYS[1], val, 'PX', ceil(debt / (l * 1000)) + pad)
 end
+reply[#reply + 1] = tonumber(epoch or 0)
 return reply

@@ -19,14 +19,14 @@
 -- s1 as W, which this script does not use), and window_state.lua, which
 -- reads the state; followed by window_count.lua, which decides.
 --
--- ARGV: cost, now, L (see prelude.lua), s1, s2, s3, s4, and for "return"
--- the time of the decision being returned (µs), for a lease the units
--- wanted.
+-- ARGV: cost, now, L (see prelude.lua), s1, s2, s3, s4, the epoch
+-- (prelude.lua), and for "return" the time of the decision being returned
+-- (µs), for a lease the units wanted.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
--- A lease (ARGV[8], want >= cost) takes what the window has left, up to
--- want, when it has at least cost, and its reply adds the units granted;
--- so does a charge's, with the units charged.
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs,
+-- epoch}. A lease (ARGV[9], want >= cost) takes what the window has left,
+-- up to want, when it has at least cost, and its reply adds the units
+-- granted before the epoch; so does a charge's, with the units charged.
 
 local s1, s2, s3, s4 = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local win, ends
@@ -57,10 +57,10 @@ if stored and stored >= win then
   count = tonumber(n)
 end
 local left = ends - now
--- A give-back names its admission's time (ARGV[8]), which counts here only
--- if it fell in this window; a lease's want is ARGV[8] too.
-local here, extra = false, 8
+-- A give-back names its admission's time (ARGV[9]), which counts here only
+-- if it fell in this window; a lease's want is ARGV[9] too.
+local given, here, extra = ARGV[8], false, 9
 if op == 'return' then
-  local at = tonumber(ARGV[8])
+  local at = tonumber(ARGV[9])
   here = at >= win and at < ends
 end

@@ -8,13 +8,14 @@
 -- window.lua and window_state.lua, which reads the state; followed by
 -- window_count.lua, which decides.
 --
--- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
--- the decision being returned (µs), for a lease the units wanted.
+-- ARGV: cost, now, L, W (see prelude.lua), the epoch (prelude.lua), and
+-- for "return" the time of the decision being returned (µs), for a lease
+-- the units wanted.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
--- A lease (ARGV[5], want >= cost) takes what the window has left, up to
--- want, when it has at least cost, and its reply adds the units granted;
--- so does a charge's, with the units charged.
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs,
+-- epoch}. A lease (ARGV[6], want >= cost) takes what the window has left,
+-- up to want, when it has at least cost, and its reply adds the units
+-- granted before the epoch; so does a charge's, with the units charged.
 
 local win, count, behind = index(now), 0, false
 if stored and stored >= win then
@@ -28,9 +29,9 @@ if stored and stored >= win then
   count = tonumber(n)
 end
 local left = (win + 1) * w - now
--- A give-back names its admission's time (ARGV[5]), which counts here only
--- if it fell in this window; a lease's want is ARGV[5] too.
-local here, extra = false, 5
+-- A give-back names its admission's time (ARGV[6]), which counts here only
+-- if it fell in this window; a lease's want is ARGV[6] too.
+local given, here, extra = ARGV[5], false, 6
 if op == 'return' then
-  here = index(tonumber(ARGV[5])) == win
+  here = index(tonumber(ARGV[6])) == win
 end

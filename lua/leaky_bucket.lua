@@ -11,10 +11,10 @@
 -- reply.
 --
 -- ARGV: cost, now, L, W (see prelude.lua), max_delay (µs scaled by L), max
--- ahead. L, W and max_delay arrive divided by the greatest common divisor
--- of L and W.
+-- ahead, the epoch (prelude.lua). L, W and max_delay arrive divided by the
+-- greatest common divisor of L and W.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs}, without the decision
+-- Reply: {allowed, remaining, reset µs, retry_after µs, epoch}, without the decision
 -- time as token_bucket.lua explains; on an admission retry_after is how long
 -- the request is held.
 
@@ -28,7 +28,7 @@ if op == 'return' then
   end
 else
   if wait > maxdelay then
-    return {0, 0, ceil(wait / l), ceil((wait - maxdelay) / l)}
+    return {0, 0, ceil(wait / l), ceil((wait - maxdelay) / l), tonumber(epoch)}
   end
   debt, held = wait + cost * w, ceil(wait / l)
 end

@@ -6,12 +6,13 @@
 -- [3] and [4] unused; then [5] mode and:
 --   'fill':   [6] token, [7] lifetime µs, [8..15] the batch (u e s m t r
 --             z b), [16] 1 if global refused, [17..22] the refusal (dl dm
---             dr dy dz dt). Installs it if the caller holds the lock, and
---             releases it. Reply {1 if installed, the old batch's units,
---             its mark}.
+--             dr dy dz dt), [23] the batch's g. Installs it if the caller
+--             holds the lock, and releases it. Reply {1 if installed, the
+--             old batch's units, its mark, its g}.
 --   'unlock': [6] token. Releases the lock if the caller holds it.
---   'back':   [6] mark. Puts the units back into the batch named mark if
---             it has not lapsed and takes units back. Reply {1 if so}.
+--   'back':   [6] mark, [7] g (0: any). Puts the units back into the
+--             batch named mark of global's state g if it has not lapsed
+--             and takes units back. Reply {1 if so}.
 --   'drain':  [6] mark, [7] 1 to force. Ends the batch named mark once
 --             it has lapsed (or at once, forced): takes its units out
 --             and lets no give-back into it. Reply {0 gone or empty, 1
@@ -34,18 +35,18 @@ end
 
 if mode == 'fill' or mode == 'unlock' then
   if redis.call('HGET', key, 'lk') ~= ARGV[6] then
-    return {0, 0, 0}
+    return {0, 0, 0, 0}
   end
   if mode == 'unlock' then
     redis.call('HDEL', key, 'lk', 'lu')
-    return {1, 0, 0}
+    return {1, 0, 0, 0}
   end
-  local old, mark = num('u'), num('m')
-  if not old or not mark then
+  local old, mark, g = num('u'), num('m'), num('g')
+  if not old or not mark or not g then
     return foreign()
   end
   redis.call('HSET', key, 'u', ARGV[8], 'e', ARGV[9], 's', ARGV[10], 'm', ARGV[11],
-    't', ARGV[12], 'r', ARGV[13], 'z', ARGV[14], 'b', ARGV[15])
+    't', ARGV[12], 'r', ARGV[13], 'z', ARGV[14], 'b', ARGV[15], 'g', ARGV[23])
   redis.call('HDEL', key, 'lk', 'lu', 'dl', 'dm', 'dr', 'dy', 'dz', 'dt')
   local denied = 0
   if ARGV[16] == '1' then
@@ -55,17 +56,18 @@ if mode == 'fill' or mode == 'unlock' then
   end
   local e = tonumber(ARGV[9])
   redis.call('PEXPIRE', key, ceil((math.max(e, denied, now) + 2 * tonumber(ARGV[7]) - now) / 1000) + pad)
-  return {1, old, mark}
+  return {1, old, mark, g}
 end
 
-local u, e, m, b = num('u'), num('e'), num('m'), num('b')
-if not u or not e or not m or not b then
+local u, e, m, b, g = num('u'), num('e'), num('m'), num('b'), num('g')
+if not u or not e or not m or not b or not g then
   return foreign()
 end
 local mark = tonumber(ARGV[6])
 
 if mode == 'back' then
-  if cost > 0 and m == mark and now < e and b == 1 then
+  local epoch = tonumber(ARGV[7])
+  if cost > 0 and m == mark and (epoch == 0 or g == epoch) and now < e and b == 1 then
     redis.call('HSET', key, 'u', u + cost)
     return {1}
   end

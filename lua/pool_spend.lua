@@ -4,7 +4,8 @@
 --
 -- State (KEYS[1], a hash): the batch (u units, e expires µs, s sent µs,
 -- m mark, t r z global's decision time, remaining and reset, b 1 when
--- give-backs may go into it), global's refusal repeated (dl until, dm
+-- give-backs may go into it, g the epoch of global's state that granted
+-- it, see lua/prelude.lua), global's refusal repeated (dl until, dm
 -- made, dr remaining, dy retry, dz reset, dt time), the refill lock (lk
 -- token, lu until) and sz, the next batch's size.
 --
@@ -13,13 +14,13 @@
 -- [9] the largest batch, [10] a batch's lifetime µs.
 --
 -- Reply: {outcome, units, now, u, e, s, m, t, r, z, b, want, wait, dl,
--- dm, dr, dy, dz, dt}; outcome 0 none, 1 taken, 2 denied, 3 wait (another
+-- dm, dr, dy, dz, dt, g}; outcome 0 none, 1 taken, 2 denied, 3 wait (another
 -- instance refills), 4 refill (the caller now holds the lock; units are a
 -- lapsed batch's rest, moved out for the refill to return).
 
 local key = KEYS[1]
 local mode = ARGV[5]
-local names = {'u', 'e', 's', 'm', 't', 'r', 'z', 'b', 'dl', 'dm', 'dr', 'dy', 'dz', 'dt', 'lu', 'sz'}
+local names = {'u', 'e', 's', 'm', 't', 'r', 'z', 'b', 'dl', 'dm', 'dr', 'dy', 'dz', 'dt', 'lu', 'sz', 'g'}
 local raw = redis.call('HMGET', key, unpack(names))
 local f = {}
 for i = 1, #names do
@@ -33,7 +34,7 @@ local lk = redis.call('HGET', key, 'lk')
 
 local function reply(outcome, units, want, wait)
   return {outcome, units, now, f.u, f.e, f.s, f.m, f.t, f.r, f.z, f.b, want, wait,
-    f.dl, f.dm, f.dr, f.dy, f.dz, f.dt}
+    f.dl, f.dm, f.dr, f.dy, f.dz, f.dt, f.g}
 end
 
 if mode == 'peek' then

@@ -10,6 +10,22 @@
 -- clock), L, W. Further arguments are the algorithm's. Every TTL a script
 -- sets is the state's end plus pad (ms): see below.
 --
+-- The epoch: every algorithm's state but concurrency's (whose slots name
+-- themselves) stores an epoch, a number below 2^53 that names it among
+-- every state the key has had: an admin reset deletes the state, and the
+-- next take makes one with another epoch. It is an argument of every call,
+-- after the algorithm's own and before a give-back's admission time or a
+-- lease's want: for a take, a lease or a charge, a random epoch the
+-- instance drew, which the state takes only if this call makes it (no
+-- clock is involved, so instances on different clocks, or a test's clock
+-- that stands still, cannot give two states one epoch); for a give-back,
+-- the epoch of the state that took the units (limiter.Receipt.Epoch), and
+-- the units are given back only if the key's state has it: one a reset
+-- began since never counted them. A give-back's epoch "0" names no state
+-- and gives back to any. Every reply ends with the state's epoch (0 for a
+-- key that holds none), which the instance keeps in the admission's
+-- receipt.
+--
 -- The scripts run on every request and the interpreter is most of their
 -- cost, so they are written straight through, with few function calls and
 -- few arguments: each one is a string Redis parses and Lua interns.

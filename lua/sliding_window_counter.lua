@@ -2,26 +2,34 @@
 -- decided exactly as limiter/sliding_window_counter.go decides it:
 -- est + c <= L is tested as prev×(W - e) + (cur + c)×W <= L×W.
 --
--- State (KEYS[1], a string): "<window index>:<prev>:<cur>", the counts of
--- window ⌊now/W⌋ and of the one before it. The key expires at the end of the
--- next window while cur holds units, else at the end of this one.
+-- State (KEYS[1], a string): "<window index>:<prev>:<cur>@<epoch>", the
+-- counts of window ⌊now/W⌋ and of the one before it, and the state's
+-- epoch (prelude.lua; a state written before states had epochs has none).
+-- The key expires at the end of the next window while cur holds units,
+-- else at the end of this one.
 --
 -- Sent after prelude.lua, which reads the arguments and the clock, and
 -- window.lua.
 --
--- ARGV: cost, now, L, W (see prelude.lua), and for "return" the time of
--- the decision being returned (µs), for a lease the units wanted.
+-- ARGV: cost, now, L, W (see prelude.lua), the epoch (prelude.lua), and
+-- for "return" the time of the decision being returned (µs), for a lease
+-- the units wanted.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs}.
--- A lease (ARGV[5], want >= cost) takes the most units that fit, up to
--- want, when cost fits, and its reply adds the units granted; so does a
--- charge's, with the units charged.
+-- Reply: {allowed, remaining, reset µs, retry_after µs, decision time µs,
+-- epoch}. A lease (ARGV[6], want >= cost) takes the most units that fit,
+-- up to want, when cost fits, and its reply adds the units granted before
+-- the epoch; so does a charge's, with the units charged.
 
 -- Roll the stored counts forward to the window now falls in.
 local win, prev, cur, behind = index(now), 0, 0, false
+local given, epoch = ARGV[5], nil
 local v = redis.call('GET', KEYS[1])
 if v then
-  local a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+  local a, p, c
+  a, p, c, epoch = string.match(v, '^(%d+):(%d+):(%d+)@(%d+)$')
+  if not a then
+    a, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+  end
   if not a then
     -- Only what this script writes is state (see window_state.lua).
     return redis.error_reply('floodgate: ' .. KEYS[1] .. ' holds a value Floodgate does not write')
@@ -39,6 +47,11 @@ if v then
   end
 end
 local e = now - win * w
+-- Counts that hold nothing are no state (as limiter's memory store sees
+-- it): the next take makes a new one, with a new epoch.
+if prev == 0 and cur == 0 and not behind then
+  epoch = nil
+end
 
 local function status(allowed, retry)
   local est = prev * (w - e) + cur * w
@@ -49,6 +62,12 @@ local function status(allowed, retry)
     reset = (win + 1) * w - now
   end
   return {allowed, math.max(0, floor((l * w - est) / w)), reset, retry, now}
+end
+
+-- done adds the state's epoch to a reply.
+local function done(reply)
+  reply[#reply + 1] = tonumber(epoch or 0)
+  return reply
 end
 
 local function save()
@@ -63,11 +82,20 @@ local function save()
     redis.call('DEL', KEYS[1])
     return
   end
-  redis.call('SET', KEYS[1], string.format('%d:%d:%d', win, prev, cur), 'PX', ceil(left / 1000) + pad)
+  local state = string.format('%d:%d:%d', win, prev, cur)
+  if epoch then
+    state = state .. '@' .. epoch
+  end
+  redis.call('SET', KEYS[1], state, 'PX', ceil(left / 1000) + pad)
 end
 
 if op == 'return' then
-  local taken = index(tonumber(ARGV[5]))
+  -- Only into the state that counted the units: one a reset began since
+  -- never did (given '0' names no state).
+  local taken = index(tonumber(ARGV[6]))
+  if given ~= '0' and given ~= epoch then
+    taken = nil
+  end
   if taken == win and cur > 0 then
     cur = math.max(0, cur - cost)
     save()
@@ -75,8 +103,12 @@ if op == 'return' then
     prev = math.max(0, prev - cost)
     save()
   end
-  return status(1, 0)
+  return done(status(1, 0))
 end
+
+-- A state this call makes (or one written before states had epochs)
+-- takes the call's epoch.
+epoch = epoch or given
 
 if op == 'charge' then
   -- Taken whether or not they fit: cur goes past L, up to 2L
@@ -87,7 +119,7 @@ if op == 'charge' then
   save()
   local reply = status(1, 0)
   reply[6] = cur - was
-  return reply
+  return done(reply)
 end
 
 -- cur + cost > L first: after a charge, cur and prev reach 2L, and the
@@ -119,9 +151,9 @@ if cur + cost > l or prev * (w - e) + (cur + cost) * w > l * w then
       end
     end
   end
-  return status(0, retry)
+  return done(status(0, retry))
 end
-local want = tonumber(ARGV[5])
+local want = tonumber(ARGV[6])
 if want then
   -- The most g with prev×(W - e) + (cur + g)×W <= L×W.
   cost = math.min(want, floor((l * w - prev * (w - e)) / w) - cur)
@@ -132,4 +164,4 @@ local reply = status(1, 0)
 if want then
   reply[6] = cost
 end
-return reply
+return done(reply)

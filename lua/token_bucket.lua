@@ -3,18 +3,18 @@
 -- bucket.lua, which read the arguments, the clock and the state, and before
 -- bucket_save.lua, which stores debt and returns reply.
 --
--- ARGV: cost, now, L, W (see prelude.lua), B, max ahead, and for a lease
--- the units wanted (see below). L and W arrive divided by their greatest
+-- ARGV: cost, now, L, W (see prelude.lua), B, max ahead, the epoch
+-- (prelude.lua), and for a lease the units wanted (see below). L and W arrive divided by their greatest
 -- common divisor, which changes no decision and keeps products small.
 --
--- Reply: {allowed, remaining, reset µs, retry_after µs}. Unlike the window
+-- Reply: {allowed, remaining, reset µs, retry_after µs, epoch}. Unlike the window
 -- algorithms' it leaves out the decision time: a bucket's reset is a
 -- duration with no boundary to align to, and the reply stays shorter.
 --
--- A lease (ARGV[7], want >= cost) takes as many tokens as the bucket
+-- A lease (ARGV[8], want >= cost) takes as many tokens as the bucket
 -- holds, up to want, when it holds at least cost; it is refused exactly
 -- as a take of cost is. Its reply adds the decision time and the units
--- granted: {1, remaining, reset µs, 0, now µs, granted}. A charge
+-- granted: {1, remaining, reset µs, 0, now µs, granted, epoch}. A charge
 -- replies in the same shape, with the tokens it charged.
 
 local b = tonumber(ARGV[5])
@@ -37,9 +37,9 @@ else
   if need > full then
     -- Never negative: a clock behind the state reads a debt beyond the
     -- burst (limiter/token_bucket.go).
-    return {0, math.max(0, floor((full - debt) / w)), ceil(debt / l), ceil((need - full) / l)}
+    return {0, math.max(0, floor((full - debt) / w)), ceil(debt / l), ceil((need - full) / l), tonumber(epoch)}
   end
-  local want = tonumber(ARGV[7])
+  local want = tonumber(ARGV[8])
   if want then
     cost = math.min(want, floor((full - debt) / w))
     need = debt + cost * w
@@ -47,6 +47,6 @@ else
   debt = need
 end
 local reply = {1, math.max(0, floor((full - debt) / w)), ceil(debt / l), 0}
-if (ARGV[7] and op == 'take') or op == 'charge' then
+if (ARGV[8] and op == 'take') or op == 'charge' then
   reply[5], reply[6] = now, cost
 end

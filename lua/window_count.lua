@@ -5,7 +5,14 @@
 -- win (the window's name in the state: its index or its start), count,
 -- behind (the clock is behind the stored window), left (µs to the
 -- window's end), here (a give-back's admission was counted in this
--- window) and extra (the index in ARGV of a lease's want).
+-- window), extra (the index in ARGV of a lease's want), epoch (the
+-- state's, from window_state.lua) and given (the call's epoch argument).
+
+-- A window that holds nothing is no state (as limiter's memory store sees
+-- it): the next take makes a new one, with a new epoch.
+if count == 0 and not behind then
+  epoch = nil
+end
 
 -- An emptied window is deleted, unless the clock is behind it: deleted
 -- then, the next decision would count the earlier window afresh, though
@@ -15,11 +22,17 @@ local function save()
     redis.call('DEL', KEYS[1])
     return
   end
-  redis.call('SET', KEYS[1], string.format('%d:%d', win, count), 'PX', ceil(left / 1000) + pad)
+  local state = string.format('%d:%d', win, count)
+  if epoch then
+    state = state .. '@' .. epoch
+  end
+  redis.call('SET', KEYS[1], state, 'PX', ceil(left / 1000) + pad)
 end
 
 if op == 'return' then
-  if here and count > 0 then
+  -- Only into the state that counted the units: one a reset began since
+  -- never did (given '0' names no state).
+  if here and count > 0 and (given == '0' or given == epoch) then
     count = math.max(0, count - cost)
     save()
   end
@@ -27,8 +40,12 @@ if op == 'return' then
   if count > 0 then
     reset = left
   end
-  return {1, math.max(0, l - count), reset, 0, now}
+  return {1, math.max(0, l - count), reset, 0, now, tonumber(epoch or 0)}
 end
+
+-- A state this call makes (or one written before states had epochs)
+-- takes the call's epoch.
+epoch = epoch or given
 
 if op == 'charge' then
   -- Taken whether or not the window has them: the count goes past L, up
@@ -36,11 +53,11 @@ if op == 'charge' then
   local was = count
   count = math.max(count, math.min(count + cost, 2 * l))
   save()
-  return {1, math.max(0, l - count), left, 0, now, count - was}
+  return {1, math.max(0, l - count), left, 0, now, count - was, tonumber(epoch)}
 end
 
 if count + cost > l then
-  return {0, math.max(0, l - count), left, left, now}
+  return {0, math.max(0, l - count), left, left, now, tonumber(epoch)}
 end
 local want = tonumber(ARGV[extra])
 if want then
@@ -49,6 +66,6 @@ end
 count = count + cost
 save()
 if want then
-  return {1, l - count, left, 0, now, cost}
+  return {1, l - count, left, 0, now, cost, tonumber(epoch)}
 end
-return {1, l - count, left, 0, now}
+return {1, l - count, left, 0, now, tonumber(epoch)}

@@ -658,8 +658,8 @@ func (c *Cache) newLease(d limiter.Admission, sent, now int64) nearLease {
 // now, holding nothing yet: the store's remaining when it granted the
 // lease plus what the lease still holds (this instance's best knowledge,
 // never above the quota), and the store's reset counted down. Its receipt
-// names the lease and the grant, whose window or log entry its units
-// belong to.
+// names the lease and the grant, whose window or log entry (and whose
+// state, by its epoch) its units belong to.
 func (c *Cache) leaseAdmission(k *nearKey, now int64) limiter.Admission {
 	elapsed := max(0, now-k.grantAt)
 	a := limiter.Admission{Decision: limiter.Decision{
@@ -668,7 +668,7 @@ func (c *Cache) leaseAdmission(k *nearKey, now int64) limiter.Admission {
 		ResetAfter: max(0, k.grant.ResetAfter-microseconds(elapsed)),
 		Source:     limiter.SourceLease,
 		Time:       k.grant.Time,
-	}, Receipt: limiter.Receipt{At: k.grant.Receipt.At, Mark: k.grant.Receipt.Name(), Lease: k.gen}}
+	}, Receipt: limiter.Receipt{At: k.grant.Receipt.At, Mark: k.grant.Receipt.Name(), Lease: k.gen, Epoch: k.grant.Receipt.Epoch}}
 	if a.Time != 0 {
 		a.Time += elapsed
 		a.Receipt.At += elapsed

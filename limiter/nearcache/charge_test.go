@@ -324,8 +324,9 @@ func checkChargeAccuracy(t *testing.T, clients []redis.UniversalClient, p limite
 }
 
 // redisCount reads the units a window algorithm's Redis state counts for
-// key in the current window, through client, r's: the count, the sliding counter's cur, the
-// sliding log's length.
+// key in the current window, through client, r's: the count, the sliding
+// counter's cur (each before the state's "@epoch"), the sliding log's
+// length less its epoch (lua/sliding_window_log.lua).
 func redisCount(t *testing.T, client redis.UniversalClient, r *redisstore.Store, key string) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -335,12 +336,13 @@ func redisCount(t *testing.T, client redis.UniversalClient, r *redisstore.Store,
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return max(0, n-1)
 	}
 	v, err := client.Get(ctx, name).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
+	v, _, _ = strings.Cut(v, "@")
 	parts := strings.Split(v, ":")
 	n, err := strconv.ParseInt(parts[len(parts)-1], 10, 64)
 	if err != nil {

@@ -10,14 +10,14 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter/internal/storetest"
 )
 
-// TestResetBoundsGiveBackOfForgottenRefill: a take whose lease was
-// decided on the state an admin reset then erased is admitted, and holds
-// its cost of the store (refill, case forgotten). When another zone
-// refuses the request, the admission gives that cost back into the fresh
-// state, which never counted it: the bound docs/guarantees.md gives requests in flight
-// at a reset, which this pins (a store that names its states could close
-// it; see the closing note of the issue on one admission).
-func TestResetBoundsGiveBackOfForgottenRefill(t *testing.T) {
+// TestResetGiveBackOfForgottenRefill: a take whose lease was decided on
+// the state an admin reset then erased is admitted, and holds its cost of
+// the store (refill, case forgotten). When another zone refuses the
+// request, the admission gives that cost back, naming the erased state
+// (Receipt.Epoch): the store drops it, since the fresh state never
+// counted it, and the key admits its limit after the reset, not a unit
+// more.
+func TestResetGiveBackOfForgottenRefill(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
 	for name, backend := range edgeBackends(t) {
 		t.Run(name, func(t *testing.T) {
@@ -54,24 +54,19 @@ func TestResetBoundsGiveBackOfForgottenRefill(t *testing.T) {
 			if _, err := a.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			// The documented bound (docs/guarantees.md): a
-			// request in flight at the reset that gives units back after
-			// it credits the fresh state with them, at most the units
-			// held in flight at the reset: here 1.
-			if got := 5 + admitAll(t, cache, "k", p.Events); got > p.Events+1 {
-				t.Errorf("admitted %d after the reset, want at most the fresh window's %d and the 1 unit in flight at the reset", got, p.Events)
+			if got := 5 + admitAll(t, cache, "k", p.Events); got != p.Events {
+				t.Errorf("admitted %d after the reset, want the fresh window's %d: the unit in flight at the reset never reached it", got, p.Events)
 			}
 		})
 	}
 }
 
-// TestResetBoundsGiveBackInFlight: the same without a near
-// cache: an admission taken before an admin reset and given back after it
-// (another zone refused the request, or its response reported less) is
-// credited to the fresh state, which never counted it. Concurrency guards
-// against this with its state's epoch (Receipt.Mark); the window
-// algorithms do not.
-func TestResetBoundsGiveBackInFlight(t *testing.T) {
+// TestResetGiveBackInFlight: the same without a near cache: an admission
+// taken before an admin reset and given back after it (another zone
+// refused the request, or its response reported less) names the state
+// that took it (Receipt.Epoch), and the fresh state, which never counted
+// it, is not credited.
+func TestResetGiveBackInFlight(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
 	for name, backend := range edgeBackends(t) {
 		t.Run(name, func(t *testing.T) {
@@ -99,12 +94,44 @@ func TestResetBoundsGiveBackInFlight(t *testing.T) {
 				}
 				n++
 			}
-			// The documented bound (docs/guarantees.md): at
-			// most the units in flight at the reset (1) come back into
-			// the fresh state.
-			if n > p.Events+1 {
-				t.Errorf("admitted %d in the fresh window, want at most %d and the 1 unit in flight at the reset", n, p.Events)
+			if n != p.Events {
+				t.Errorf("admitted %d in the fresh window, want %d: the unit in flight at the reset never reached it", n, p.Events)
 			}
 		})
+	}
+}
+
+// TestResetGiveBackThroughCache: a give-back through the cache of units
+// taken before a reset, which the cache's lease cannot take back (the
+// reset forgot the lease), goes to the store naming the state that took
+// them, and the store drops it: the key admits its limit after the
+// reset, on a clock that stands still, for every algorithm that leases.
+func TestResetGiveBackThroughCache(t *testing.T) {
+	for _, alg := range limiter.Algorithms {
+		if !alg.Traits().Leases {
+			continue
+		}
+		p := limiter.Policy{Algorithm: alg, Events: 5, Window: time.Hour}
+		for name, backend := range edgeBackends(t) {
+			t.Run(string(alg)+"/"+name, func(t *testing.T) {
+				clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+				cache := edgeCaches(t, backend(t, p, clock), p, clock, 1, 0.5)[0]
+				ctx := context.Background()
+				before := storetest.MustAdmit(t, cache, "k")
+				if _, err := cache.Reset(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+				n := admitAll(t, cache, "k", p.Events)
+				if n != p.Events {
+					t.Fatalf("admitted %d after the reset, want %d", n, p.Events)
+				}
+				if _, err := cache.GiveBack(ctx, "k", 1, before.Receipt); err != nil {
+					t.Fatal(err)
+				}
+				if more := admitAll(t, cache, "k", p.Events); more != 0 {
+					t.Errorf("admitted %d more after a give-back of a unit taken before the reset, want none", more)
+				}
+			})
+		}
 	}
 }

@@ -103,6 +103,12 @@ var algorithmTable = []*algorithm{
 	},
 }
 
+// epochs reports whether the algorithm's state has an epoch, which its
+// scripts take as an argument and end their replies with (see
+// lua/prelude.lua): every state but concurrency's, whose slots name
+// themselves (a slot a reset erased is never released twice).
+func (a *algorithm) epochs() bool { return !a.holdsSlots }
+
 // lookupAlgorithm is a's entry; every known algorithm has one (see
 // TestAlgorithmTable), so a compiled policy's is never nil.
 func lookupAlgorithm(a limiter.Algorithm) *algorithm {

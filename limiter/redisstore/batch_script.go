@@ -57,7 +57,7 @@ func (r *Store) Renew(ctx context.Context, back limiter.Return, cost, want int64
 	if err != nil {
 		return limiter.Admission{}, fmt.Errorf("redis store for zone %q: renewing a lease: %w", r.zone, err)
 	}
-	a, err := decodeReply(calls[1].reply)
+	a, err := r.decodeReply(calls[1].reply)
 	if err != nil {
 		return limiter.Admission{}, err
 	}
@@ -70,8 +70,8 @@ func (r *Store) Renew(ctx context.Context, back limiter.Return, cost, want int64
 func (r *Store) renewCalls(ctx context.Context, back limiter.Return, cost, want int64) []*scriptCall {
 	key := r.Key(back.Key)
 	return []*scriptCall{
-		r.callOn(ctx, key, -back.Units, r.refundArg(back.Taken)),
-		r.callOn(ctx, key, cost, want),
+		r.callOn(ctx, key, -back.Units, back.Taken.Epoch, r.refundArg(back.Taken)),
+		r.callOn(ctx, key, cost, 0, want),
 	}
 }
 
@@ -99,7 +99,7 @@ func (r *Store) ReturnMany(ctx context.Context, returns []limiter.Return) error 
 			wg.Go(func() {
 				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
 				defer cancel()
-				if _, err := r.runCall(r.newCall(cctx, rf.Key, -rf.Units, r.refundArg(rf.Taken))); err != nil {
+				if _, err := r.runCall(r.newCall(cctx, rf.Key, -rf.Units, rf.Taken.Epoch, r.refundArg(rf.Taken))); err != nil {
 					mu.Lock()
 					fail(1, err)
 					mu.Unlock()
@@ -118,7 +118,7 @@ func (r *Store) ReturnMany(ctx context.Context, returns []limiter.Return) error 
 				calls = calls[:0]
 				cctx, cancel := context.WithTimeout(ctx, redisReturnTimeout)
 				for _, rf := range returns[start:min(len(returns), start+redisMaxReturns)] {
-					calls = append(calls, r.newCall(cctx, rf.Key, -rf.Units, r.refundArg(rf.Taken)))
+					calls = append(calls, r.newCall(cctx, rf.Key, -rf.Units, rf.Taken.Epoch, r.refundArg(rf.Taken)))
 				}
 				err := r.runBatch(cctx, calls)
 				cancel()

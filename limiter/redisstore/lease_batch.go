@@ -73,7 +73,7 @@ func (r *Store) LeaseMany(ctx context.Context, asks []limiter.LeaseAsk) []limite
 		if a.Back.Units > 0 {
 			op.calls = r.renewCalls(ctx, a.Back, a.Cost, a.Want)
 		} else {
-			op.calls = []*scriptCall{r.callOn(ctx, r.Key(a.Key), a.Cost, a.Want)}
+			op.calls = []*scriptCall{r.callOn(ctx, r.Key(a.Key), a.Cost, 0, a.Want)}
 		}
 		ops = append(ops, op)
 	}
@@ -112,7 +112,7 @@ func (r *Store) runLeases(ctx context.Context, asks []limiter.LeaseAsk, ops []le
 		if err == nil {
 			err := lease.err
 			if err == nil {
-				ans.Admission, err = decodeReply(lease.reply)
+				ans.Admission, err = r.decodeReply(lease.reply)
 			}
 			if err == nil {
 				ans.Admission = holding(ans.Admission, r, key, ans.Receipt.Granted)

@@ -35,7 +35,7 @@ type scriptCall struct {
 	args []any
 	// argv holds args without an allocation of their own for every
 	// algorithm's arguments.
-	argv  [8]any
+	argv  [9]any
 	reply []int64
 	err   error
 	// done is closed when reply and err are set, for a call that waits in

@@ -200,7 +200,7 @@ func TestPipelineScriptsNoScript(t *testing.T) {
 			}
 			var calls []*scriptCall
 			for i := range 30 {
-				calls = append(calls, r.newCall(r.deadlines.bound(ctx, r.timeout), fmt.Sprintf("k%d", i%10), 1, nil))
+				calls = append(calls, r.newCall(r.deadlines.bound(ctx, r.timeout), fmt.Sprintf("k%d", i%10), 1, 0, nil))
 			}
 			r.pipeline.runMany(calls)
 			// k0 had one take before; every key gets three here.
@@ -211,7 +211,7 @@ func TestPipelineScriptsNoScript(t *testing.T) {
 					left[key] = 10
 				}
 				left[key]--
-				d, err := decodeReply(c.reply)
+				d, err := r.decodeReply(c.reply)
 				if c.err != nil || err != nil {
 					t.Fatalf("call %d: %v %v", i, c.err, err)
 				}
@@ -232,11 +232,11 @@ func TestPipelineOutlivesCancelledCaller(t *testing.T) {
 	gone, cancel := context.WithTimeout(context.Background(), time.Minute)
 	cancel()
 	calls := []*scriptCall{
-		r.newCall(r.deadlines.bound(context.Background(), r.timeout), "a", 1, nil),
-		r.newCall(gone, "b", 1, nil), // its deadline is the latest
+		r.newCall(r.deadlines.bound(context.Background(), r.timeout), "a", 1, 0, nil),
+		r.newCall(gone, "b", 1, 0, nil), // its deadline is the latest
 	}
 	r.pipeline.runMany(calls)
-	if d, err := decodeReply(calls[0].reply); calls[0].err != nil || err != nil || !d.Allowed || d.Remaining != 9 {
+	if d, err := r.decodeReply(calls[0].reply); calls[0].err != nil || err != nil || !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("the waiting caller's decision: %+v %v %v", d, calls[0].err, err)
 	}
 }

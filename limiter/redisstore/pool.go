@@ -113,12 +113,12 @@ func (p *Pool) Peek(ctx context.Context, key string) (regional.Spent, error) {
 
 // decodeSpent reads pool_spend.lua's reply.
 func decodeSpent(r []int64) (regional.Spent, error) {
-	if len(r) != 19 {
-		return regional.Spent{}, fmt.Errorf("pool script replied with %d values, want 19", len(r))
+	if len(r) != 20 {
+		return regional.Spent{}, fmt.Errorf("pool script replied with %d values, want 20", len(r))
 	}
 	return regional.Spent{
 		Outcome: int(r[0]), Units: r[1], Now: r[2],
-		Batch: regional.Batch{Units: r[3], Expires: r[4], Sent: r[5], Mark: r[6], Time: r[7], Remaining: r[8], Reset: r[9], TakesBack: r[10] == 1},
+		Batch: regional.Batch{Units: r[3], Expires: r[4], Sent: r[5], Mark: r[6], Time: r[7], Remaining: r[8], Reset: r[9], TakesBack: r[10] == 1, Epoch: uint64(r[19])},
 		Want:  r[11], Wait: r[12],
 		Denial: regional.Denial{Until: r[13], Made: r[14], Remaining: r[15], Retry: r[16], Reset: r[17], Time: r[18]},
 	}, nil
@@ -137,14 +137,14 @@ func (p *Pool) Fill(ctx context.Context, key, token string, f regional.PoolFill)
 	}
 	reply, err := p.run(ctx, p.fill, key, 0, "fill", token, regional.Lifetime.Microseconds(),
 		b.Units, b.Expires, b.Sent, b.Mark, b.Time, b.Remaining, b.Reset, takesBack,
-		denied, d.Until, d.Made, d.Remaining, d.Retry, d.Reset, d.Time)
+		denied, d.Until, d.Made, d.Remaining, d.Retry, d.Reset, d.Time, int64(b.Epoch))
 	if err != nil {
 		return regional.Filled{}, err
 	}
-	if len(reply) != 3 {
-		return regional.Filled{}, fmt.Errorf("pool script replied with %d values, want 3", len(reply))
+	if len(reply) != 4 {
+		return regional.Filled{}, fmt.Errorf("pool script replied with %d values, want 4", len(reply))
 	}
-	return regional.Filled{Ours: reply[0] == 1, Old: reply[1], OldMark: reply[2]}, nil
+	return regional.Filled{Ours: reply[0] == 1, Old: reply[1], OldMark: reply[2], OldEpoch: uint64(reply[3])}, nil
 }
 
 // Unlock implements regional.Pool.
@@ -154,8 +154,8 @@ func (p *Pool) Unlock(ctx context.Context, key, token string) error {
 }
 
 // Back implements regional.Pool.
-func (p *Pool) Back(ctx context.Context, key string, units, mark int64) (bool, error) {
-	reply, err := p.run(ctx, p.fill, key, units, "back", mark)
+func (p *Pool) Back(ctx context.Context, key string, units, mark int64, epoch uint64) (bool, error) {
+	reply, err := p.run(ctx, p.fill, key, units, "back", mark, int64(epoch))
 	if err != nil {
 		return false, err
 	}

@@ -192,7 +192,7 @@ func (r *Store) renewSlots(ctx context.Context) error {
 // renewCall is the script call that renews slots (id, units, id, units,
 // ...) on redisKey: concurrency.lua's "renew" operation.
 func (r *Store) renewCall(ctx context.Context, redisKey string, slots []any) *scriptCall {
-	c := r.callOn(ctx, redisKey, 0, "")
+	c := r.callOn(ctx, redisKey, 0, 0, "")
 	c.args = append(c.args, "renew")
 	c.args = append(c.args, slots...)
 	return c

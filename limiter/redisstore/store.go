@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -328,7 +329,7 @@ func (r *Store) Take(ctx context.Context, key string, cost int64) (limiter.Admis
 		slot = r.slotID + strconv.FormatUint(r.slotSeq.Add(1), 36)
 	}
 	redisKey := r.Key(key)
-	a, err := r.runKey(ctx, redisKey, cost, slot)
+	a, err := r.runKey(ctx, redisKey, cost, 0, slot)
 	if err != nil {
 		return limiter.Admission{}, fmt.Errorf("redis store for zone %q: take: %w", r.zone, err)
 	}
@@ -351,7 +352,7 @@ func (r *Store) TakeUpTo(ctx context.Context, key string, cost, want int64) (lim
 	if err := r.checkLease(cost, want); err != nil {
 		return limiter.Admission{}, err
 	}
-	a, err := r.run(ctx, key, cost, want)
+	a, err := r.run(ctx, key, cost, 0, want)
 	if err != nil {
 		return limiter.Admission{}, fmt.Errorf("redis store for zone %q: lease: %w", r.zone, err)
 	}
@@ -370,12 +371,12 @@ func (r *Store) Charge(ctx context.Context, key string, cost int64) (limiter.Adm
 		return limiter.Admission{}, err
 	}
 	ctx = r.deadlines.bound(ctx, r.timeout)
-	call := r.callOn(ctx, r.Key(key), cost, nil)
+	call := r.callOn(ctx, r.Key(key), cost, 0, nil)
 	call.args[0] = "c" + strconv.FormatInt(cost, 10)
 	reply, err := r.runCall(call)
 	if err == nil {
 		var a limiter.Admission
-		if a, err = decodeReply(reply); err == nil {
+		if a, err = r.decodeReply(reply); err == nil {
 			return a, nil
 		}
 	}
@@ -395,7 +396,7 @@ func (r *Store) checkLease(cost, want int64) error {
 
 // Peek implements Store with one script run that gives back nothing.
 func (r *Store) Peek(ctx context.Context, key string) (limiter.Decision, error) {
-	a, err := r.run(ctx, key, 0, r.refundArg(limiter.Receipt{}))
+	a, err := r.run(ctx, key, 0, 0, r.refundArg(limiter.Receipt{}))
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("redis store for zone %q: peek: %w", r.zone, err)
 	}
@@ -414,7 +415,9 @@ func (r *Store) Reset(ctx context.Context, key string) (bool, error) {
 }
 
 // GiveBack implements Store: it gives back units of what taken consumed,
-// or releases its concurrency slot, in one script run.
+// or releases its concurrency slot, in one script run. The script gives
+// them back only to the state that took them, which taken.Epoch names
+// (see lua/prelude.lua): after a reset they are dropped.
 func (r *Store) GiveBack(ctx context.Context, key string, units int64, taken limiter.Receipt) (limiter.Decision, error) {
 	if err := r.checkCost(units); err != nil {
 		return limiter.Decision{}, err
@@ -422,7 +425,7 @@ func (r *Store) GiveBack(ctx context.Context, key string, units int64, taken lim
 	if taken.Slot != "" {
 		r.release(taken.Slot)
 	}
-	a, err := r.run(ctx, key, -units, r.refundArg(taken))
+	a, err := r.run(ctx, key, -units, taken.Epoch, r.refundArg(taken))
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("redis store for zone %q: give-back: %w", r.zone, err)
 	}
@@ -451,23 +454,23 @@ func (r *Store) refundArg(taken limiter.Receipt) any {
 // shared with concurrent decisions when there are any (see pipeliner), and
 // reads its reply; while Redis keeps failing it answers ErrUnavailable
 // at once instead (see Breaker). A positive cost takes, a negative one
-// gives back.
-func (r *Store) run(ctx context.Context, key string, cost int64, extra any) (limiter.Admission, error) {
-	return r.runKey(ctx, r.Key(key), cost, extra)
+// gives back, to the state epoch names (see callOn).
+func (r *Store) run(ctx context.Context, key string, cost int64, epoch uint64, extra any) (limiter.Admission, error) {
+	return r.runKey(ctx, r.Key(key), cost, epoch, extra)
 }
 
 // runKey is run for a client key already named in Redis (Key).
-func (r *Store) runKey(ctx context.Context, redisKey string, cost int64, extra any) (limiter.Admission, error) {
+func (r *Store) runKey(ctx context.Context, redisKey string, cost int64, epoch uint64, extra any) (limiter.Admission, error) {
 	// A Done that closes at the deadline, not only socket deadlines:
 	// go-redis dials a new connection in the background and only Done stops
 	// the wait for it, so an unreachable host would otherwise hold the
 	// request for the client's dial timeout.
 	ctx = r.deadlines.bound(ctx, r.timeout)
-	reply, err := r.runCall(r.callOn(ctx, redisKey, cost, extra))
+	reply, err := r.runCall(r.callOn(ctx, redisKey, cost, epoch, extra))
 	if err != nil {
 		return limiter.Admission{}, err
 	}
-	return decodeReply(reply)
+	return r.decodeReply(reply)
 }
 
 // runCall runs one script call, whose ctx the caller has bounded (calls
@@ -526,16 +529,21 @@ func (r *Store) outcome(b *Breaker, err error) error {
 }
 
 // newCall is the script call deciding for key: its Redis key and
-// arguments {cost, now, the policy's, extra}.
-func (r *Store) newCall(ctx context.Context, key string, cost int64, extra any) *scriptCall {
-	return r.callOn(ctx, r.Key(key), cost, extra)
+// arguments {cost, now, the policy's, the epoch, extra} (see callOn).
+func (r *Store) newCall(ctx context.Context, key string, cost int64, epoch uint64, extra any) *scriptCall {
+	return r.callOn(ctx, r.Key(key), cost, epoch, extra)
 }
 
 // callOn is newCall for a client key already named in Redis (Key), for a
 // caller that sends several calls on one key. A calendar policy's call
 // also carries the starts of the windows around the instance's clock,
 // which the script picks the one of that holds Redis's TIME.
-func (r *Store) callOn(ctx context.Context, redisKey string, cost int64, extra any) *scriptCall {
+//
+// Every algorithm but concurrency is sent an epoch (lua/prelude.lua):
+// a take (cost > 0, or a charge) a new random one, which the state takes
+// if the call makes it; a give-back (cost < 0) epoch, that of the state
+// which took the units (Receipt.Epoch, 0 naming none); a look 0.
+func (r *Store) callOn(ctx context.Context, redisKey string, cost int64, epoch uint64, extra any) *scriptCall {
 	var now any = "" // Redis's TIME (lua/prelude.lua)
 	var here int64
 	switch {
@@ -554,20 +562,48 @@ func (r *Store) callOn(ctx context.Context, redisKey string, cost int64, extra a
 		}
 		c.args = append(c.args, r.p.Windows.Around(here).Args[:]...)
 	}
+	if r.alg.epochs() {
+		if cost > 0 {
+			epoch = newEpoch()
+		}
+		c.args = append(c.args, int64(epoch))
+	}
 	if extra != nil {
 		c.args = append(c.args, extra)
 	}
 	return c
 }
 
-// decodeReply reads a script's reply: {allowed, remaining, reset µs,
+// newEpoch is a state's epoch for a take to send (see lua/prelude.lua):
+// random, nonzero and below 2^53, which the scripts' numbers hold exactly.
+// Two states of a key draw the same one once in 2^52 resets.
+func newEpoch() uint64 {
+	return mrand.Uint64()>>11 | 1
+}
+
+// decodeReply reads a script's reply as decodeReplyOf does, after taking
+// off the state's epoch, which ends the reply of every algorithm that has
+// one (see lua/prelude.lua), into the receipt.
+func (r *Store) decodeReply(reply []int64) (limiter.Admission, error) {
+	if !r.alg.epochs() {
+		return decodeReplyOf(reply)
+	}
+	if len(reply) == 0 {
+		return limiter.Admission{}, errors.New("script replied with no values")
+	}
+	a, err := decodeReplyOf(reply[:len(reply)-1])
+	a.Receipt.Epoch = uint64(reply[len(reply)-1])
+	return a, err
+}
+
+// decodeReplyOf reads a script's reply: {allowed, remaining, reset µs,
 // retry_after µs[, decision time µs[, units granted[, admission µs]]]};
 // the bucket scripts leave out the decision time but for a lease, only a
 // lease's admission says what it granted (the sliding log's, every
 // admission's), and only the sliding log names the time its admission is
 // logged at, when that is not the decision's (see Receipt.Mark). The
 // Admission it returns holds nothing yet: the caller says what it holds.
-func decodeReply(reply []int64) (limiter.Admission, error) {
+func decodeReplyOf(reply []int64) (limiter.Admission, error) {
 	if len(reply) < 4 || len(reply) > 7 {
 		return limiter.Admission{}, fmt.Errorf("script replied with %d values, want 4 to 7", len(reply))
 	}

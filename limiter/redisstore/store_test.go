@@ -51,6 +51,28 @@ func TestAlgorithmCasesRedisCluster(t *testing.T) {
 	storetest.RunAlgorithmCases(t, redisCaseStore(c.Client(t)))
 }
 
+// TestResetCasesRedis runs the shared cases of give-backs across an admin
+// reset (storetest.RunResetCases) against Redis, on a test clock that
+// stands still, as the memory store's tests run them: the scripts tell
+// the states apart by their epochs, not their times.
+func TestResetCasesRedis(t *testing.T) {
+	s := redistest.Start(t)
+	storetest.RunResetCases(t, redisCaseStore(s.Client(t)))
+}
+
+// TestResetCasesRedisShards runs them on shards, where LeaseMany and
+// ReturnMany send the batch script to the key's shard.
+func TestResetCasesRedisShards(t *testing.T) {
+	storetest.RunResetCases(t, redisCaseStore(startShards(t, 2).ring(t)))
+}
+
+// TestResetCasesRedisCluster runs them on a Cluster, where every give-back
+// and lease goes alone.
+func TestResetCasesRedisCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	storetest.RunResetCases(t, redisCaseStore(c.Client(t)))
+}
+
 // redisPolicies is one policy per algorithm, for tests that run them all.
 func redisPolicies(events int64, window time.Duration) map[limiter.Algorithm]limiter.Policy {
 	m := make(map[limiter.Algorithm]limiter.Policy)

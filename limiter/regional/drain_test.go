@@ -239,3 +239,56 @@ func TestResetForgetsABatchGrantedBeforeIt(t *testing.T) {
 		t.Errorf("global's fresh state has %d left after one admission since the reset, want 9: the admission spent a unit granted before the reset", got)
 	}
 }
+
+// TestResetDropsGiveBackOfABatchGrantedBeforeIt: a unit spent from a
+// batch global granted before an admin reset, given back after it, names
+// global's state that granted it (Batch.Epoch), on a clock that stands
+// still (every grant under one mark), for every algorithm a region shares:
+//   - "global": the reset forgot the batch and the fresh state is spent:
+//     the unit goes to global, which drops it (once the region's repeat of
+//     global's refusal has passed, the next refill is refused);
+//   - "batch": a batch of the fresh state, granted under the same mark,
+//     takes it not: the key admits its limit after the reset, not more.
+func TestResetDropsGiveBackOfABatchGrantedBeforeIt(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range Algorithms() {
+		for _, into := range []string{"global", "batch"} {
+			t.Run(string(alg)+"/"+into, func(t *testing.T) {
+				r := newDrainRegion(t, limiter.Policy{Algorithm: alg, Events: 4, Window: time.Hour})
+				s := r.store(r.pool, nil)
+				takeAll := func() int {
+					n := 0
+					for range 8 {
+						a, err := s.Take(ctx, "k", 1)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if !a.Allowed {
+							break
+						}
+						n++
+					}
+					return n
+				}
+				before := storetest.MustAdmit(t, s, "k")
+				if _, err := s.Reset(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+				n := 0
+				if into == "batch" {
+					storetest.MustAdmit(t, s, "k") // a batch of 4, 3 to spare
+					n++
+				} else {
+					n += takeAll()
+					r.clock.Advance(denyFor + time.Millisecond)
+				}
+				if _, err := before.GiveBack(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+				if n += takeAll(); n != 4 {
+					t.Errorf("admitted %d after the reset, want the limit 4: a unit granted before it came back", n)
+				}
+			})
+		}
+	}
+}

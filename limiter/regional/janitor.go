@@ -70,7 +70,7 @@ func (s *Store) sweep(ctx context.Context, all bool) {
 			continue
 		}
 		if units := s.lateRest(dr.Units, now-d.b.lapses); units > 0 {
-			returns = append(returns, limiter.Return{Key: d.key, Units: units, Taken: limiter.Receipt{At: d.b.mark, Mark: d.b.mark}})
+			returns = append(returns, limiter.Return{Key: d.key, Units: units, Taken: globalReceipt(d.b.mark, d.b.epoch)})
 		}
 	}
 	if len(returns) > 0 {

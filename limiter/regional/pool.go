@@ -29,10 +29,12 @@ type Pool interface {
 	// Unlock releases key's refill lock if token holds it: the refill
 	// failed.
 	Unlock(ctx context.Context, key, token string) error
-	// Back puts units back into key's batch if it is the batch named mark,
-	// has not lapsed and takes units back; it reports whether it did (if
-	// not, the units go to global).
-	Back(ctx context.Context, key string, units, mark int64) (bool, error)
+	// Back puts units back into key's batch if it is the batch named mark
+	// of global's state epoch (0 naming any), has not lapsed and takes
+	// units back; it reports whether it did (if not, the units go to
+	// global). The epoch tells a batch granted after an admin reset from
+	// one granted before it under the same mark (a grant in the same µs).
+	Back(ctx context.Context, key string, units, mark int64, epoch uint64) (bool, error)
 	// Drain ends key's batch named mark once it has lapsed (or at once,
 	// with force): it takes the batch's units out of the pool, so the
 	// caller returns them to global, and takes no give-back into the
@@ -110,6 +112,10 @@ type Batch struct {
 	// Mark names the grant: global's receipt name (the window or log
 	// entry it was counted in), for the token bucket Sent.
 	Mark int64
+	// Epoch names global's state that granted the batch (its receipt's
+	// limiter.Receipt.Epoch), so units of it that reach global after an
+	// admin reset are not credited to the fresh state.
+	Epoch uint64
 	// Time, Remaining and Reset are global's decision at the grant (µs).
 	Time, Remaining, Reset int64
 	// TakesBack is set when units spent from the batch may come back into
@@ -136,8 +142,10 @@ type Filled struct {
 	// Ours is false when the caller no longer held the lock: nothing was
 	// installed.
 	Ours bool
-	// Old is the units the replaced batch still held, named OldMark.
+	// Old is the units the replaced batch still held, named OldMark, of
+	// global's state OldEpoch.
 	Old, OldMark int64
+	OldEpoch     uint64
 }
 
 // Outcomes of a Drain.

@@ -105,7 +105,7 @@ func (m *MemoryPool) Fill(_ context.Context, key, token string, f PoolFill) (Fil
 	if k.lock != token {
 		return Filled{}, nil
 	}
-	out := Filled{Ours: true, Old: k.batch.Units, OldMark: k.batch.Mark}
+	out := Filled{Ours: true, Old: k.batch.Units, OldMark: k.batch.Mark, OldEpoch: k.batch.Epoch}
 	k.batch = f.Batch
 	k.denial = Denial{}
 	if f.Denied {
@@ -126,12 +126,12 @@ func (m *MemoryPool) Unlock(_ context.Context, key, token string) error {
 }
 
 // Back implements Pool.
-func (m *MemoryPool) Back(_ context.Context, key string, units, mark int64) (bool, error) {
+func (m *MemoryPool) Back(_ context.Context, key string, units, mark int64, epoch uint64) (bool, error) {
 	now := m.clock.Now().UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := m.keys[key]
-	if k == nil || units <= 0 || k.batch.Mark != mark || now >= k.batch.Expires || !k.batch.TakesBack {
+	if k == nil || units <= 0 || k.batch.Mark != mark || epoch != 0 && k.batch.Epoch != epoch || now >= k.batch.Expires || !k.batch.TakesBack {
 		return false, nil
 	}
 	k.batch.Units += units

@@ -56,7 +56,7 @@ func TestPoolDrainEndsTheBatch(t *testing.T) {
 			}
 			back := func(key string, mark int64, want bool) {
 				t.Helper()
-				if got, err := pool.Back(ctx, key, 2, mark); err != nil || got != want {
+				if got, err := pool.Back(ctx, key, 2, mark, 0); err != nil || got != want {
 					t.Fatalf("give-back into %s: %v, %v; want %v", key, got, err, want)
 				}
 			}
@@ -77,6 +77,66 @@ func TestPoolDrainEndsTheBatch(t *testing.T) {
 			back("forced-empty", m, false)
 			if ps, err := pool.Peek(ctx, "forced-empty"); err != nil || ps.Now < ps.Batch.Expires {
 				t.Fatalf("a drained batch still lives: %+v, %v", ps, err)
+			}
+		})
+	}
+}
+
+// TestPoolBackNamesTheEpoch: on both pools, a give-back goes into the
+// batch only if it names the batch's mark and global's state that granted
+// it (Batch.Epoch; 0 names any), and a fill reports the epoch of the batch
+// it replaced: a batch granted after an admin reset under the same mark
+// (a grant in the same µs) takes no unit of one granted before it.
+func TestPoolBackNamesTheEpoch(t *testing.T) {
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
+	srv := redistest.Start(t)
+	rp, err := redisstore.NewPool(newClient(t, srv.Addr()), p, redisstore.Options{Zone: "epoch", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		pool regional.Pool
+	}{{"memory", regional.NewMemoryPool(nil)}, {"redis", rp}} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool := c.pool
+			// fill claims the refill with a request of cost (more than
+			// the batch holds) and installs a batch of 3 units of epoch.
+			fill := func(epoch uint64, cost int64) regional.Filled {
+				t.Helper()
+				sp, err := pool.Spend(ctx, "k", regional.PoolSpend{Cost: cost, Want: cost, Token: "t", LockFor: time.Second.Microseconds(),
+					MaxBatch: 10, Life: regional.Lifetime.Microseconds()})
+				if err != nil || sp.Outcome != regional.SpendRefill {
+					t.Fatalf("claiming the refill: %+v, %v", sp, err)
+				}
+				b := regional.Batch{Units: 3, Sent: sp.Now, Expires: sp.Now + regional.Lifetime.Microseconds(), Mark: 42, Epoch: epoch, TakesBack: true}
+				rep, err := pool.Fill(ctx, "k", "t", regional.PoolFill{Batch: b})
+				if err != nil || !rep.Ours {
+					t.Fatalf("filling: %+v, %v", rep, err)
+				}
+				return rep
+			}
+			fill(7, 1)
+			if sp, err := pool.Peek(ctx, "k"); err != nil || sp.Batch.Epoch != 7 {
+				t.Fatalf("peek: %+v, %v; want the batch of epoch 7", sp.Batch, err)
+			}
+			for _, tc := range []struct {
+				epoch uint64
+				want  bool
+			}{{8, false}, {7, true}, {0, true}} {
+				if got, err := pool.Back(ctx, "k", 1, 42, tc.epoch); err != nil || got != tc.want {
+					t.Errorf("give-back naming epoch %d into the batch of epoch 7: %v, %v; want %v", tc.epoch, got, err, tc.want)
+				}
+			}
+			// A request of more than the batch holds refills it: the
+			// fill reports what the batch it replaced held.
+			if _, err := pool.Reset(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			fill(7, 1)
+			if rep := fill(9, 4); rep.Old != 3 || rep.OldMark != 42 || rep.OldEpoch != 7 {
+				t.Errorf("the fill that replaced the batch of epoch 7 reports %+v, want its 3 units, mark 42 and epoch 7", rep)
 			}
 		})
 	}

@@ -119,10 +119,11 @@ type Store struct {
 	returning sync.WaitGroup
 }
 
-// filledBatch is a batch this instance installed: its mark and when it
-// lapses, on the instance's clock (µs).
+// filledBatch is a batch this instance installed: its mark, global's
+// state that granted it and when it lapses, on the instance's clock (µs).
 type filledBatch struct {
 	mark, lapses int64
+	epoch        uint64
 }
 
 // Algorithms is the algorithms a region can share exactly: those whose
@@ -290,18 +291,25 @@ func (s *Store) spent(key string, sp Spent, units int64) limiter.Admission {
 		// lease no later than that window.
 		d.Time = b.Time + elapsed
 	}
-	return limiter.NewAdmission(s, key, units, d, s.receipt(d.Time, b.Mark, units))
+	return limiter.NewAdmission(s, key, units, d, s.receipt(d.Time, b, units))
 }
 
-// receipt names units of the grant mark: Mark is the grant's name, which
-// a give-back takes back into its batch or to global. A sliding log's
-// receipt has At = Mark, so a near cache in front takes no refund back
-// into its lease (see TakeUpTo).
-func (s *Store) receipt(at, mark, units int64) limiter.Receipt {
+// receipt names units of batch b: Mark is the grant's name, which a
+// give-back takes back into its batch or to global, and Epoch global's
+// state that granted it, the only one a give-back to global reaches. A
+// sliding log's receipt has At = Mark, so a near cache in front takes no
+// refund back into its lease (see TakeUpTo).
+func (s *Store) receipt(at int64, b Batch, units int64) limiter.Receipt {
 	if s.alg == limiter.SlidingWindowLog || at == 0 {
-		at = mark
+		at = b.Mark
 	}
-	return limiter.Receipt{At: at, Mark: mark, Granted: units}
+	return limiter.Receipt{At: at, Mark: b.Mark, Epoch: b.Epoch, Granted: units}
+}
+
+// globalReceipt names, for a give-back to global, units of its grant mark
+// by its state epoch.
+func globalReceipt(mark int64, epoch uint64) limiter.Receipt {
+	return limiter.Receipt{At: mark, Mark: mark, Epoch: epoch}
 }
 
 // denied is the refusal of global a pool repeats, its times counted down.
@@ -328,7 +336,7 @@ func (s *Store) refill(ctx context.Context, key string, cost, want int64, token 
 	var a limiter.Admission
 	var err error
 	if rest := s.lateRest(sp.Units, sp.Now-sp.Batch.Expires); rest > 0 {
-		back := limiter.Return{Key: key, Units: rest, Taken: limiter.Receipt{At: sp.Batch.Mark, Mark: sp.Batch.Mark}}
+		back := limiter.Return{Key: key, Units: rest, Taken: globalReceipt(sp.Batch.Mark, sp.Batch.Epoch)}
 		a, err = s.global.Renew(ctx, back, cost, sp.Want)
 		if err == nil {
 			s.returned(rest)
@@ -366,6 +374,7 @@ func (s *Store) refill(ctx context.Context, key string, cost, want int64, token 
 		Sent:      sent,
 		Expires:   s.expires(sent, a.Time),
 		Mark:      a.Receipt.Name(),
+		Epoch:     a.Receipt.Epoch,
 		Time:      a.Time,
 		Remaining: a.Remaining,
 		Reset:     a.ResetAfter.Microseconds(),
@@ -399,7 +408,7 @@ func (s *Store) refill(ctx context.Context, key string, cost, want int64, token 
 	d := a.Decision
 	d.Remaining = min(s.quota, d.Remaining+b.Units)
 	d.Source = limiter.SourceStore
-	return limiter.NewAdmission(s, key, mine, d, s.receipt(a.Time, b.Mark, mine)), nil
+	return limiter.NewAdmission(s, key, mine, d, s.receipt(a.Time, b, mine)), nil
 }
 
 // expires is when a batch claimed at sent (the pool's µs) and granted by
@@ -423,7 +432,7 @@ func (s *Store) expires(sent, gt int64) int64 {
 func (s *Store) track(key string, b Batch, sent int64) {
 	lapses := s.now() + (b.Expires - sent)
 	s.mu.Lock()
-	s.filled[key] = filledBatch{mark: b.Mark, lapses: lapses}
+	s.filled[key] = filledBatch{mark: b.Mark, epoch: b.Epoch, lapses: lapses}
 	s.mu.Unlock()
 }
 
@@ -456,7 +465,7 @@ func (s *Store) giveBackOld(key string, rep Filled) {
 	if rep.Old <= 0 {
 		return
 	}
-	s.returnToGlobal([]limiter.Return{{Key: key, Units: rep.Old, Taken: limiter.Receipt{At: rep.OldMark, Mark: rep.OldMark}}})
+	s.returnToGlobal([]limiter.Return{{Key: key, Units: rep.Old, Taken: globalReceipt(rep.OldMark, rep.OldEpoch)}})
 }
 
 // returnToGlobal sends returns to global off the request path.
@@ -507,14 +516,14 @@ func (s *Store) GiveBack(ctx context.Context, key string, units int64, taken lim
 		return limiter.Decision{}, fmt.Errorf("regional store: giving back %d units", units)
 	}
 	mark := taken.Name()
-	ok, err := s.pool.Back(ctx, key, units, mark)
+	ok, err := s.pool.Back(ctx, key, units, mark, taken.Epoch)
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("regional store: giving back to the region's pool: %w", err)
 	}
 	if ok {
 		return s.Peek(ctx, key)
 	}
-	d, err := s.global.GiveBack(ctx, key, units, limiter.Receipt{At: mark, Mark: mark})
+	d, err := s.global.GiveBack(ctx, key, units, globalReceipt(mark, taken.Epoch))
 	if err != nil {
 		return limiter.Decision{}, fmt.Errorf("regional store: giving back to global: %w", err)
 	}
@@ -529,13 +538,13 @@ func (s *Store) ReturnMany(ctx context.Context, returns []limiter.Return) error 
 	var errs []error
 	for _, r := range returns {
 		mark := r.Taken.Name()
-		ok, err := s.pool.Back(ctx, r.Key, r.Units, mark)
+		ok, err := s.pool.Back(ctx, r.Key, r.Units, mark, r.Taken.Epoch)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("regional store: returning %d units to the region's pool: %w", r.Units, err))
 			continue
 		}
 		if !ok {
-			toGlobal = append(toGlobal, limiter.Return{Key: r.Key, Units: r.Units, Taken: limiter.Receipt{At: mark, Mark: mark}})
+			toGlobal = append(toGlobal, limiter.Return{Key: r.Key, Units: r.Units, Taken: globalReceipt(mark, r.Taken.Epoch)})
 		}
 	}
 	if len(toGlobal) > 0 {
