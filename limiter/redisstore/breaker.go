@@ -156,15 +156,22 @@ func (b *Breaker) record(err error) {
 // one decision went wrong: no answer or a broken connection (anything that
 // is not a reply from Redis), a reply saying the server cannot serve now,
 // or one refusing the client's configuration (credentials, permissions, a
-// standalone client sent to a Cluster node). Any other error reply, say
-// WRONGTYPE for a key another application wrote, is an answer about one
-// key.
+// standalone client sent to a Cluster node). A protocol error is about
+// the connection, never a key: Redis answers one and closes the
+// connection, for instance to a client that has not authenticated and
+// sends a command of more than a few arguments, as a script call is
+// ("ERR Protocol error: unauthenticated multibulk length"). Any other
+// error reply, say WRONGTYPE for a key another application wrote, is an
+// answer about one key.
 func storeWide(err error) bool {
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return true
 	}
 	msg := re.Error()
+	if strings.HasPrefix(msg, "ERR Protocol error") {
+		return true
+	}
 	for _, prefix := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "READONLY", "BUSY", "TRYAGAIN", "OOM", "NOAUTH", "WRONGPASS", "NOPERM", "MOVED"} {
 		if strings.HasPrefix(msg, prefix) {
 			return true

@@ -80,6 +80,7 @@ func TestStoreWide(t *testing.T) {
 		{replyError("WRONGPASS invalid username-password pair or user is disabled."), true},
 		{replyError("NOAUTH Authentication required."), true},
 		{replyError("MOVED 7854 127.0.0.1:7001"), true},
+		{replyError("ERR Protocol error: unauthenticated multibulk length"), true},
 		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 		{replyError("ERR Error running script"), false},
 	} {
