@@ -51,8 +51,10 @@ type Receipt struct {
 	// (the regional store's, to its global store) goes to the key's
 	// current state.
 	Epoch uint64
-	// Slot names the concurrency slot a Redis admission holds.
-	Slot string
+	// Slot numbers the concurrency slot a Redis admission holds among its
+	// store's, which name it with their own random part (so a receipt
+	// stays 8 bytes of it, and an Admission 128); zero for none.
+	Slot uint64
 	// Lease numbers the nearcache.Cache lease the units were spent from; zero
 	// for any other admission.
 	Lease uint64
@@ -79,7 +81,7 @@ func NewAdmission(s Store, key string, held int64, d Decision, r Receipt) Admiss
 // taker is who takes an admission's units: the store, the state name in
 // it and the epoch of the key's state there (Receipt.Epoch). A memory store's algorithms write it into the Admissions they
 // admit with the rest, field by field into their named results: an
-// Admission is 136 bytes and a memory decision about 100 ns, and fields
+// Admission is 128 bytes and a memory decision about 100 ns, and fields
 // written into it after it is built (or a copy more) stall the 16-byte
 // loads of the next copy, by about a tenth of a decision.
 type taker struct {

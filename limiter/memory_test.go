@@ -393,6 +393,16 @@ func TestShardSize(t *testing.T) {
 	}
 }
 
+// TestAdmissionSize keeps an Admission 128 bytes: past that, Go copies it
+// with a loop instead of unrolled 16-byte moves, and each layer a memory
+// decision passes it through costs a third more (docs/design.md, "The
+// stores' contract").
+func TestAdmissionSize(t *testing.T) {
+	if n := unsafe.Sizeof(Admission{}); n != 128 {
+		t.Fatalf("Admission is %d bytes, want 128", n)
+	}
+}
+
 // TestMemorySharingCountsOneSetInFlight: views of one concurrency store
 // under other limits count the same requests in flight, give slots back
 // into the same count, and only concurrency stores can be shared.

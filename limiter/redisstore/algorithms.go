@@ -28,7 +28,7 @@ type algorithm struct {
 	redisArgs func(p *limiter.Compiled) []any
 	// refundArg is the argument a refund sends after the policy's, to
 	// say which admission it gives back; nil sends none.
-	refundArg func(taken limiter.Receipt) any
+	refundArg func(r *Store, taken limiter.Receipt) any
 	// holdsSlots is set when every admission holds a slot id of its own
 	// (passed as the take's extra argument), which its refund names.
 	holdsSlots bool
@@ -98,7 +98,7 @@ var algorithmTable = []*algorithm{
 		scripts:    mustScripts("concurrency.lua"),
 		keySuffix:  "cc",
 		redisArgs:  windowArgs,
-		refundArg:  func(taken limiter.Receipt) any { return taken.Slot },
+		refundArg:  func(r *Store, taken limiter.Receipt) any { return r.slotName(taken.Slot) },
 		holdsSlots: true,
 	},
 }
@@ -146,7 +146,7 @@ func windowArgs(p *limiter.Compiled) []any { return []any{p.L, p.W} }
 
 // refundAt names an admission by the time it was counted at, which tells
 // the window algorithms which window or log entry to give back to.
-func refundAt(taken limiter.Receipt) any { return taken.Name() }
+func refundAt(_ *Store, taken limiter.Receipt) any { return taken.Name() }
 
 // reduced is L and W divided by their greatest common divisor: the bucket
 // algorithms compute in time scaled by L, and the reduction changes no

@@ -39,7 +39,7 @@ func TestRedisConcurrencySlotsRenewed(t *testing.T) {
 	}
 	long := take(a, true)
 	dead := take(b, true) // b will stop renewing it, as if b had died
-	b.release(dead.Receipt.Slot)
+	b.release(b.slotName(dead.Receipt.Slot))
 	// Ten windows pass; a renews every third of one, b does not.
 	for range 30 {
 		clock.Advance(p.Window / 3)

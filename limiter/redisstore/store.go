@@ -324,9 +324,11 @@ func (r *Store) Take(ctx context.Context, key string, cost int64) (limiter.Admis
 	if err := r.checkCost(cost); err != nil {
 		return limiter.Admission{}, err
 	}
+	var seq uint64
 	var slot string
 	if r.alg.holdsSlots {
-		slot = r.slotID + strconv.FormatUint(r.slotSeq.Add(1), 36)
+		seq = r.slotSeq.Add(1)
+		slot = r.slotName(seq)
 	}
 	redisKey := r.Key(key)
 	a, err := r.runKey(ctx, redisKey, cost, 0, slot)
@@ -335,7 +337,7 @@ func (r *Store) Take(ctx context.Context, key string, cost int64) (limiter.Admis
 	}
 	if a.Allowed {
 		a = holding(a, r, key, cost)
-		a.Receipt.Slot = slot
+		a.Receipt.Slot = seq
 		if r.traits.Leases {
 			a.Receipt.Granted = cost
 		}
@@ -422,8 +424,8 @@ func (r *Store) GiveBack(ctx context.Context, key string, units int64, taken lim
 	if err := r.checkCost(units); err != nil {
 		return limiter.Decision{}, err
 	}
-	if taken.Slot != "" {
-		r.release(taken.Slot)
+	if taken.Slot != 0 {
+		r.release(r.slotName(taken.Slot))
 	}
 	a, err := r.run(ctx, key, -units, taken.Epoch, r.refundArg(taken))
 	if err != nil {
@@ -447,7 +449,17 @@ func (r *Store) refundArg(taken limiter.Receipt) any {
 	if r.alg.refundArg == nil {
 		return nil
 	}
-	return r.alg.refundArg(taken)
+	return r.alg.refundArg(r, taken)
+}
+
+// slotName is the id of this store's concurrency slot number seq
+// (limiter.Receipt.Slot): the store's random part and the number in base
+// 36; "" for 0, no slot.
+func (r *Store) slotName(seq uint64) string {
+	if seq == 0 {
+		return ""
+	}
+	return r.slotID + strconv.FormatUint(seq, 36)
 }
 
 // run calls the script for key under the store's timeout, in a round trip

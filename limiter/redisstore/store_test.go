@@ -498,7 +498,7 @@ func TestRedisConcurrencySlots(t *testing.T) {
 		if err != nil || !d.Allowed {
 			t.Fatalf("take: %+v %v", d, err)
 		}
-		r.release(d.Receipt.Slot) // the instance dies: nobody renews the slot
+		r.release(r.slotName(d.Receipt.Slot)) // the instance dies: nobody renews the slot
 	}
 	if d, err := r.Take(ctx, "crashed", 1); err != nil || d.Allowed {
 		t.Fatalf("third take while two are in flight: %+v %v", d, err)
