@@ -83,17 +83,7 @@ func TestResetGiveBackInFlight(t *testing.T) {
 			if _, err := a.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			n := int64(5)
-			for range 20 {
-				d, err := s.Take(ctx, "k", 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !d.Allowed {
-					break
-				}
-				n++
-			}
+			n := 5 + storetest.AdmitAll(t, s, "k", 20)
 			if n != p.Events {
 				t.Errorf("admitted %d in the fresh window, want %d: the unit in flight at the reset never reached it", n, p.Events)
 			}

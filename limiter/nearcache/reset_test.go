@@ -144,19 +144,9 @@ func resetDuringReply(t *testing.T, cache *Cache, h *heldReply, key string) limi
 
 // admitAll takes key one unit at a time through cache until it is refused
 // (at most 3 × limit times) and returns how many were admitted.
-func admitAll(t *testing.T, cache *Cache, key string, limit int64) (admitted int64) {
+func admitAll(t *testing.T, cache *Cache, key string, limit int64) int64 {
 	t.Helper()
-	for range 3 * limit {
-		d, err := cache.Take(context.Background(), key, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !d.Allowed {
-			break
-		}
-		admitted++
-	}
-	return admitted
+	return storetest.AdmitAll(t, cache, key, 3*limit)
 }
 
 // TestNearCacheResetDropsLeaseInFlight: an admin reset forgets every lease

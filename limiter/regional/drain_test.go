@@ -256,25 +256,12 @@ func TestResetDropsGiveBackOfABatchGrantedBeforeIt(t *testing.T) {
 			t.Run(string(alg)+"/"+into, func(t *testing.T) {
 				r := newDrainRegion(t, limiter.Policy{Algorithm: alg, Events: 4, Window: time.Hour})
 				s := r.store(r.pool, nil)
-				takeAll := func() int {
-					n := 0
-					for range 8 {
-						a, err := s.Take(ctx, "k", 1)
-						if err != nil {
-							t.Fatal(err)
-						}
-						if !a.Allowed {
-							break
-						}
-						n++
-					}
-					return n
-				}
+				takeAll := func() int64 { return storetest.AdmitAll(t, s, "k", 8) }
 				before := storetest.MustAdmit(t, s, "k")
 				if _, err := s.Reset(ctx, "k"); err != nil {
 					t.Fatal(err)
 				}
-				n := 0
+				var n int64
 				if into == "batch" {
 					storetest.MustAdmit(t, s, "k") // a batch of 4, 3 to spare
 					n++

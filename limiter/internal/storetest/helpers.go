@@ -27,6 +27,23 @@ func MustAdmit(t testing.TB, s limiter.Store, key string) limiter.Admission {
 	return d
 }
 
+// AdmitAll takes unit requests of key from s until one is refused, at
+// most most of them, and reports how many were admitted.
+func AdmitAll(t testing.TB, s limiter.Store, key string, most int64) (admitted int64) {
+	t.Helper()
+	for range most {
+		a, err := s.Take(context.Background(), key, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !a.Allowed {
+			break
+		}
+		admitted++
+	}
+	return admitted
+}
+
 // AlignedBase is a realistic Unix time in µs that starts a window of p, so
 // steps can name window boundaries by their offset.
 func AlignedBase(p limiter.Policy) int64 {

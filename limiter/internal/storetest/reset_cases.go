@@ -108,12 +108,12 @@ func RunResetCases(t *testing.T, open CaseStore) {
 
 					// The same state: the units come back.
 					first := take()
-					admitted := admitAll(t, store, "k")
+					admitted := AdmitAll(t, store, "k", resetLimit+3)
 					if held := first.Held(); admitted != resetLimit-held {
 						t.Fatalf("admitted %d beside %d held, want %d", admitted, held, resetLimit-held)
 					}
 					extra := way.back(t, store, &first, false)
-					again := admitAll(t, store, "k")
+					again := AdmitAll(t, store, "k", resetLimit+3)
 					if extra.Allowed {
 						again += extra.Held()
 					}
@@ -129,11 +129,11 @@ func RunResetCases(t *testing.T, open CaseStore) {
 					if _, err := store.Reset(ctx, "k"); err != nil {
 						t.Fatal(err)
 					}
-					if n := admitAll(t, store, "k"); n != resetLimit {
+					if n := AdmitAll(t, store, "k", resetLimit+3); n != resetLimit {
 						t.Fatalf("admitted %d after the reset, want the limit %d", n, resetLimit)
 					}
 					extra = way.back(t, store, &before, true)
-					n := admitAll(t, store, "k")
+					n := AdmitAll(t, store, "k", resetLimit+3)
 					if extra.Allowed {
 						n += extra.Held()
 					}
@@ -144,22 +144,4 @@ func RunResetCases(t *testing.T, open CaseStore) {
 			}
 		}
 	}
-}
-
-// admitAll takes unit requests of key until one is refused and reports
-// how many were admitted (at most a few past resetLimit).
-func admitAll(t *testing.T, s limiter.Store, key string) int64 {
-	t.Helper()
-	var n int64
-	for range resetLimit + 3 {
-		a, err := s.Take(context.Background(), key, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !a.Allowed {
-			break
-		}
-		n++
-	}
-	return n
 }
