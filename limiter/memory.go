@@ -305,6 +305,10 @@ func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, co
 	sh := set.lock(key)
 	c, now := sh.state(key, p, clock)
 	a := PS(&c.st).charge(p, now, cost)
+	// The receipt names the state charged, as a take's does: written here,
+	// after the algorithm's answer, since a charge is rare next to a take
+	// (see taker on why a take writes it in the algorithm).
+	a.Receipt.Epoch = c.epoch
 	sh.mu.Unlock()
 	return a
 }

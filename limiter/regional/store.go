@@ -584,7 +584,7 @@ func (s *Store) Charge(ctx context.Context, key string, cost int64) (limiter.Adm
 	}
 	if sp.Units == cost {
 		a := s.spent(key, sp, 0)
-		return limiter.Admission{Decision: a.Decision, Receipt: limiter.Receipt{At: a.Receipt.At, Mark: a.Receipt.Mark, Granted: cost}}, nil
+		return limiter.Admission{Decision: a.Decision, Receipt: limiter.Receipt{At: a.Receipt.At, Mark: a.Receipt.Mark, Epoch: a.Receipt.Epoch, Granted: cost}}, nil
 	}
 	a, err := s.charger.Charge(ctx, key, cost-sp.Units)
 	if err != nil {
