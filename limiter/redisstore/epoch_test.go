@@ -78,23 +78,9 @@ func TestRedisMatchesMemoryAcrossResets(t *testing.T) {
 		t.Run(p.String(), func(t *testing.T) {
 			for seed := range uint64(20) {
 				rng := rand.New(rand.NewPCG(uint64(i), seed))
-				var now int64 = 1_763_800_000_000_000
-				clock := &testutil.Clock{}
-				mem, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
-				if err != nil {
-					t.Fatal(err)
-				}
-				red := newTestRedis(t, client, p, Options{Zone: fmt.Sprintf("rdiff%d-%d", i, seed), Timeout: 5 * time.Second, Clock: clock})
+				mem, red, clock, now, span, maxCost := newStoreDiff(t, client, p, fmt.Sprintf("rdiff%d-%d", i, seed))
 				var memTaken, redTaken []limiter.Admission
 				var costs []int64
-				span := 2*p.Window.Microseconds()/p.Events + 2
-				if p.Algorithm == limiter.Concurrency {
-					span = 1000
-				}
-				if p.Calendar != nil {
-					span, now = 3*time.Hour.Microseconds(), time.Date(2026, 3, 22, 0, 0, 0, 0, time.UTC).UnixMicro()
-				}
-				maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
 				leasing := p.Algorithm.Traits().Leases
 				var log []string
 				for step := range 200 {

@@ -733,6 +733,34 @@ func BenchmarkRedisTake(b *testing.B) {
 	}
 }
 
+// newStoreDiff is a memory store and a Redis store (zone) of p on one
+// test clock, for a comparison decision for decision, with the time it
+// starts at, the span a step may advance it by and the largest cost to
+// draw. Half the steps keep the time, the others advance it by up to span,
+// about the time one unit takes to come back, so quotas run out and
+// refill; concurrency slots must not lapse, which memory lacks. Costs go
+// up to a twentieth of the quota, so large quotas run out too.
+func newStoreDiff(t *testing.T, client redis.UniversalClient, p limiter.Policy, zone string) (mem *limiter.Memory, red *Store, clock *testutil.Clock, now, span, maxCost int64) {
+	t.Helper()
+	now = 1_763_800_000_000_000 // a real epoch, so absolute times are large
+	clock = &testutil.Clock{}
+	mem, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	red = newTestRedis(t, client, p, Options{Zone: zone, Timeout: 5 * time.Second, Clock: clock})
+	span = 2*p.Window.Microseconds()/p.Events + 2
+	if p.Algorithm == limiter.Concurrency {
+		span = 1000
+	}
+	if p.Calendar != nil {
+		// Calendar days, from a week before Berlin's 23-hour day.
+		span, now = 3*time.Hour.Microseconds(), time.Date(2026, 3, 22, 0, 0, 0, 0, time.UTC).UnixMicro()
+	}
+	maxCost = min(p.MaxCost(), max(3, p.MaxCost()/20))
+	return mem, red, clock, now, span, maxCost
+}
+
 // TestRedisMatchesMemory steps the memory store and the Redis store through
 // the same random requests and refunds (alone, several in one call, and in
 // a lease's renewal) under policies chosen to stress the
@@ -759,28 +787,9 @@ func TestRedisMatchesMemory(t *testing.T) {
 	for i, p := range policies {
 		t.Run(p.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 42))
-			var now int64 = 1_763_800_000_000_000 // a real epoch, so absolute times are large
-			clock := &testutil.Clock{}
-			mem, err := limiter.NewMemory(p, limiter.MemoryOptions{Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			red := newTestRedis(t, client, p, Options{Zone: fmt.Sprintf("diff%d", i), Timeout: 5 * time.Second, Clock: clock})
+			mem, red, clock, now, span, maxCost := newStoreDiff(t, client, p, fmt.Sprintf("diff%d", i))
 			var memTaken, redTaken []limiter.Admission
 			var costs []int64
-			// Half the steps keep the time, the others advance it by about
-			// the time one unit takes to come back, so quotas run out and
-			// refill; concurrency slots must not lapse, which memory lacks.
-			span := 2*p.Window.Microseconds()/p.Events + 2
-			if p.Algorithm == limiter.Concurrency {
-				span = 1000
-			}
-			if p.Calendar != nil {
-				// Calendar days, from a week before Berlin's 23-hour day.
-				span, now = 3*time.Hour.Microseconds(), time.Date(2026, 3, 22, 0, 0, 0, 0, time.UTC).UnixMicro()
-			}
-			// Costs up to a twentieth of the quota exhaust large quotas too.
-			maxCost := min(p.MaxCost(), max(3, p.MaxCost()/20))
 			outcomes, leases, renewals, many := map[bool]int{}, map[bool]int{}, map[bool]int{}, 0
 			charges, partial := map[bool]int{}, 0
 			// Groups of leases (LeaseMany), with a renewal or not, and
