@@ -79,15 +79,34 @@ func NewAdmission(s Store, key string, held int64, d Decision, r Receipt) Admiss
 }
 
 // taker is who takes an admission's units: the store, the state name in
-// it and the epoch of the key's state there (Receipt.Epoch). A memory store's algorithms write it into the Admissions they
-// admit with the rest, field by field into their named results: an
-// Admission is 128 bytes and a memory decision about 100 ns, and fields
-// written into it after it is built (or a copy more) stall the 16-byte
-// loads of the next copy, by about a tenth of a decision.
+// it, and where the memory store keeps the epoch of the key's state
+// (cell.epoch) and its shard's count of states made (shard.epochs). A
+// memory store's algorithms write it into the Admissions they admit with
+// the rest, field by field into their named results: an Admission is 128
+// bytes and a memory decision about 100 ns, and fields written into it
+// after it is built (or a copy more) stall the 16-byte loads of the next
+// copy, by about a tenth of a decision.
 type taker struct {
-	store Store
-	key   string
-	epoch uint64
+	store         Store
+	key           string
+	epoch, epochs *uint64
+}
+
+// stateEpoch is the epoch of the state a take or charge takes from
+// (Receipt.Epoch): the key's, or, when the algorithm found that state
+// holding nothing (empty), a new one. An empty state is no state: a Redis
+// script finds no key then (deleted once emptied, or expired), and the
+// state the take makes is another, to which no give-back of units the
+// earlier one counted is credited (a token bucket full again would
+// otherwise take back units time has already repaid). Each algorithm
+// judges emptiness from what its take computes anyway, so the check costs
+// a branch. The shard is locked.
+func (by *taker) stateEpoch(empty bool) uint64 {
+	if empty {
+		*by.epochs++
+		*by.epoch = *by.epochs
+	}
+	return *by.epoch
 }
 
 // Errors of giving back.

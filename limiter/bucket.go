@@ -44,8 +44,3 @@ func (s *bucketState) refund(p *params, now, cost int64) int64 {
 func (s *bucketState) idle(p *params, now int64) bool {
 	return s.debt(p, now) == 0
 }
-
-// empty is idle, which changes nothing.
-func (s *bucketState) empty(p *params, now int64) bool {
-	return s.idle(p, now)
-}

@@ -13,6 +13,7 @@ type concurrencyState struct {
 // no time to wait for: a slot frees when a response finishes, so reset and
 // retry_after are zero.
 func (s *concurrencyState) take(p *params, now, cost, _ int64, by taker) (a Admission) {
+	epoch := by.stateEpoch(s.inFlight == 0)
 	a.Time, a.Receipt.At = now, now
 	if s.inFlight+cost > p.l {
 		a.Remaining = max(0, p.l-s.inFlight)
@@ -20,13 +21,13 @@ func (s *concurrencyState) take(p *params, now, cost, _ int64, by taker) (a Admi
 	}
 	s.inFlight += cost
 	a.Allowed, a.Remaining = true, p.l-s.inFlight
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, by.epoch
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, epoch
 	return a
 }
 
 // charge refuses: a slot is a request in flight, so a concurrency state
 // cannot owe (Traits.Charges is false and Memory.Charge never asks).
-func (s *concurrencyState) charge(_ *params, now, _ int64) Admission {
+func (s *concurrencyState) charge(_ *params, now, _ int64, _ taker) Admission {
 	return Admission{Decision: Decision{Time: now}}
 }
 
@@ -37,9 +38,4 @@ func (s *concurrencyState) refund(p *params, _, cost, _ int64) Decision {
 
 func (s *concurrencyState) idle(*params, int64) bool {
 	return s.inFlight == 0
-}
-
-// empty is idle, which changes nothing.
-func (s *concurrencyState) empty(p *params, now int64) bool {
-	return s.idle(p, now)
 }

@@ -35,7 +35,9 @@ type fixedWindowState struct {
 }
 
 // roll starts a new count when now has left the stored window, and returns
-// the time to decide at and when its window ends. A now before the stored
+// the time to decide at, when its window ends, and whether the state held
+// nothing at now (taker.stateEpoch): a later window, or this one's count
+// at zero; never while the clock is behind the stored window (see idle). A now before the stored
 // window is taken as that window's start. Both stores read the clock
 // inside the key's critical section (the shard's lock, the script), so
 // this happens only when the clock steps back: an injected clock, or
@@ -44,15 +46,17 @@ type fixedWindowState struct {
 // would restart the newer one's: each flip admitted up to L more. The
 // sliding log treats a clock stepped back the same way; the memory store's
 // default clock never steps back.
-func (s *fixedWindowState) roll(p *params, now int64) (at, end int64) {
+func (s *fixedWindowState) roll(p *params, now int64) (at, end int64, empty bool) {
 	win, end := windowOf(p, now)
 	switch {
 	case win > s.win:
 		s.win, s.count = win, 0
+		return now, end, true
 	case win < s.win:
 		now, end = windowBounds(p, s.win)
+		return now, end, false
 	}
-	return now, end
+	return now, end, s.count == 0
 }
 
 // take: allow iff count + c <= L; remaining = L - count;
@@ -61,7 +65,8 @@ func (s *fixedWindowState) roll(p *params, now int64) (at, end int64) {
 // With want above cost it takes what the window has left, up to want, when
 // it has at least cost: a lease.
 func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a Admission) {
-	now, end := s.roll(p, now)
+	now, end, empty := s.roll(p, now)
+	epoch := by.stateEpoch(empty)
 	a.ResetAfter, a.Time, a.Receipt.At = microseconds(end-now), now, now
 	if s.count+cost > p.l {
 		a.Remaining, a.RetryAfter = max(0, p.l-s.count), a.ResetAfter
@@ -71,7 +76,7 @@ func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a A
 	s.count += granted
 	a.Allowed, a.Remaining = true, p.l-s.count
 	a.Receipt.Granted = granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
 	return a
 }
 
@@ -80,8 +85,9 @@ func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a A
 // of a charge beyond is forgiven), and requests are refused until the
 // window ends. A debt does not carry into the next window, which starts
 // from zero as it always does.
-func (s *fixedWindowState) charge(p *params, now, cost int64) (a Admission) {
-	now, end := s.roll(p, now)
+func (s *fixedWindowState) charge(p *params, now, cost int64, by taker) (a Admission) {
+	now, end, empty := s.roll(p, now)
+	a.Receipt.Epoch = by.stateEpoch(empty)
 	before := s.count
 	s.count = max(s.count, min(s.count+cost, 2*p.l))
 	s.status(p, now, end, &a.Decision)
@@ -91,7 +97,7 @@ func (s *fixedWindowState) charge(p *params, now, cost int64) (a Admission) {
 }
 
 func (s *fixedWindowState) refund(p *params, now, cost, name int64) (d Decision) {
-	now, end := s.roll(p, now)
+	now, end, _ := s.roll(p, now)
 	if s.holds(p, name, end) {
 		s.count = max(0, s.count-cost)
 	}
@@ -115,11 +121,6 @@ func (s *fixedWindowState) status(p *params, now, end int64, d *Decision) {
 	if s.count > 0 {
 		d.ResetAfter = microseconds(end - now)
 	}
-}
-
-func (s *fixedWindowState) empty(p *params, now int64) bool {
-	win, _ := windowOf(p, now)
-	return win > s.win || win == s.win && s.count == 0
 }
 
 // idle keeps an emptied window while the clock is behind it: forgotten,

@@ -12,6 +12,7 @@ type leakyBucketState struct{ bucketState }
 // wait <= maxDelay; then debt += c×W.
 func (s *leakyBucketState) take(p *params, now, cost, _ int64, by taker) (a Admission) {
 	wait := s.debt(p, now)
+	epoch := by.stateEpoch(wait == 0)
 	a.Time, a.Receipt.At = now, now
 	if wait > p.maxDelay {
 		a.ResetAfter = microseconds(ceilDiv(wait, p.l))
@@ -24,13 +25,13 @@ func (s *leakyBucketState) take(p *params, now, cost, _ int64, by taker) (a Admi
 	a.Remaining = leakyRemaining(p, debt)
 	a.ResetAfter = microseconds(ceilDiv(debt, p.l))
 	a.RetryAfter = microseconds(ceilDiv(wait, p.l))
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, by.epoch
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, epoch
 	return a
 }
 
 // charge refuses: a leaky bucket's units are waits already served, so it
 // cannot owe (Traits.Charges is false and Memory.Charge never asks).
-func (s *leakyBucketState) charge(_ *params, now, _ int64) Admission {
+func (s *leakyBucketState) charge(_ *params, now, _ int64, _ taker) Admission {
 	return Admission{Decision: Decision{Time: now}}
 }
 

@@ -245,19 +245,18 @@ type keyState[S any] interface {
 	*S
 	// take takes cost units when they fit; an algorithm that leases
 	// (Traits.Leases) takes more while they fit, up to want. The
-	// admission holds the units it took, by taker by.
+	// admission holds the units it took, by taker by, and its receipt
+	// names the state (by.stateEpoch, told whether the state held
+	// nothing at now, as idle would say).
 	take(p *params, now, cost, want int64, by taker) Admission
 	// charge takes cost units whether or not they fit, for an algorithm
 	// whose state can owe (Traits.Charges); Memory.Charge asks no other.
-	charge(p *params, now, cost int64) Admission
+	// Its receipt names the state as take's does.
+	charge(p *params, now, cost int64, by taker) Admission
 	// refund gives cost units back of the admission named name
 	// (Receipt.Name).
 	refund(p *params, now, cost, name int64) Decision
 	idle(p *params, now int64) bool
-	// empty reports whether the state holds nothing at now, as idle
-	// does, without changing it: a take or charge then makes a new state
-	// (cell.epoch), as a Redis script does once its key holds nothing.
-	empty(p *params, now int64) bool
 }
 
 // shardSet spreads keys over 1<<bits tables by the top bits of their hash.
@@ -292,42 +291,24 @@ func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
 	}
 }
 
+// take and charge read the clock inside the shard's lock, so the
+// decisions of one key are in the order of their times; the key's cell is
+// created if need be (see get), and by names its epoch (taker.stateEpoch).
 func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission {
 	sh := set.lock(key)
-	c, now := sh.state(key, p, clock)
-	by.epoch = c.epoch
-	a := PS(&c.st).take(p, now, cost, want, by)
+	c := &sh.cells[sh.get(key)]
+	by.epoch, by.epochs = &c.epoch, &sh.epochs
+	a := PS(&c.st).take(p, clock.now(), cost, want, by)
 	sh.mu.Unlock()
 	return a
 }
 
 func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) Admission {
 	sh := set.lock(key)
-	c, now := sh.state(key, p, clock)
-	a := PS(&c.st).charge(p, now, cost)
-	// The receipt names the state charged, as a take's does: written here,
-	// after the algorithm's answer, since a charge is rare next to a take
-	// (see taker on why a take writes it in the algorithm).
-	a.Receipt.Epoch = c.epoch
+	c := &sh.cells[sh.get(key)]
+	a := PS(&c.st).charge(p, clock.now(), cost, taker{epoch: &c.epoch, epochs: &sh.epochs})
 	sh.mu.Unlock()
 	return a
-}
-
-// state is the cell of key for a take or charge at now, which it reads
-// from clock: created if need be (see get), and given a new epoch when its
-// state holds nothing. An empty state is no state: a Redis script finds
-// no key then (deleted once emptied, or expired), and the state the take
-// makes is another, to which no give-back of units the earlier one
-// counted is credited (a token bucket full again would otherwise take back
-// units time has already repaid). The shard is locked.
-func (sh *shard[S, PS]) state(key uint64, p *params, clock *memoryClock) (*cell[S], int64) {
-	c := &sh.cells[sh.get(key)]
-	now := clock.now()
-	if PS(&c.st).empty(p, now) {
-		sh.epochs++
-		c.epoch = sh.epochs
-	}
-	return c, now
 }
 
 // refund gives cost units back to key's state when epoch names it (or is
@@ -493,7 +474,7 @@ type cell[S any] struct {
 	// epoch names the key's state among every state the store has made
 	// for it (Receipt.Epoch): a reset, sweep or eviction frees the cell,
 	// and the key's next take makes a state with a new epoch (as does a
-	// take that finds the state empty, see shard.state), which the
+	// take that finds the state empty, see taker.stateEpoch), which the
 	// give-backs of the units an earlier state counted do not reach.
 	// Numbered per shard (and never below another shard's, see reshard),
 	// so it costs no shared counter; 64 bits so it cannot wrap.

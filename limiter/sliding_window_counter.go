@@ -8,14 +8,16 @@ type slidingCounterState struct {
 }
 
 // roll moves the counts on to now's window and returns the time to decide
-// at. As in fixedWindowState.roll, a now before the stored window (a clock
-// read that lost the race for the lock) is taken as that window's start:
-// rolling back would drop both counts and readmit a full quota.
-func (s *slidingCounterState) roll(p *params, now int64) int64 {
+// at, and whether the state held nothing at now (taker.stateEpoch; never
+// while the clock is behind, as in fixedWindowState.roll). As there, a now
+// before the stored window (a clock read that lost the race for the lock)
+// is taken as that window's start: rolling back would drop both counts and
+// readmit a full quota.
+func (s *slidingCounterState) roll(p *params, now int64) (int64, bool) {
 	idx := windowIndex(p, now)
 	switch {
 	case idx < s.win:
-		return s.win * p.w
+		return s.win * p.w, false
 	case idx == s.win:
 	case idx == s.win+1:
 		s.prev, s.cur = s.cur, 0
@@ -23,7 +25,7 @@ func (s *slidingCounterState) roll(p *params, now int64) int64 {
 		s.prev, s.cur = 0, 0
 	}
 	s.win = idx
-	return now
+	return now, s.prev == 0 && s.cur == 0
 }
 
 // take: est = prev×(W - e)/W + cur where e is how far now is into its
@@ -33,7 +35,8 @@ func (s *slidingCounterState) roll(p *params, now int64) int64 {
 // With want above cost it takes the most units that fit, up to want, when
 // cost fits: a lease. The most g with prev×(W - e) + (cur + g)×W <= L×W.
 func (s *slidingCounterState) take(p *params, now, cost, want int64, by taker) (a Admission) {
-	now = s.roll(p, now)
+	now, empty := s.roll(p, now)
+	epoch := by.stateEpoch(empty)
 	e := now - s.win*p.w
 	if s.prev*(p.w-e)+(s.cur+cost)*p.w > p.l*p.w {
 		s.status(p, now, &a.Decision)
@@ -47,7 +50,7 @@ func (s *slidingCounterState) take(p *params, now, cost, want int64, by taker) (
 	s.status(p, now, &a.Decision)
 	a.Time = now
 	a.Receipt.At, a.Receipt.Granted = now, granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
 	return a
 }
 
@@ -78,8 +81,9 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 // every product the script forms within 4×L×W). Requests are refused
 // until est has decayed: through this window's end, and in the next as
 // the charged window's weight falls.
-func (s *slidingCounterState) charge(p *params, now, cost int64) (a Admission) {
-	now = s.roll(p, now)
+func (s *slidingCounterState) charge(p *params, now, cost int64, by taker) (a Admission) {
+	now, empty := s.roll(p, now)
+	a.Receipt.Epoch = by.stateEpoch(empty)
 	before := s.cur
 	s.cur = max(s.cur, min(s.cur+cost, 2*p.l))
 	s.status(p, now, &a.Decision)
@@ -89,7 +93,7 @@ func (s *slidingCounterState) charge(p *params, now, cost int64) (a Admission) {
 }
 
 func (s *slidingCounterState) refund(p *params, now, cost, name int64) (d Decision) {
-	now = s.roll(p, now)
+	now, _ = s.roll(p, now)
 	switch windowIndex(p, name) {
 	case s.win:
 		s.cur = max(0, s.cur-cost)
@@ -104,7 +108,7 @@ func (s *slidingCounterState) refund(p *params, now, cost, name int64) (d Decisi
 // holds units, else end of this one while prev does. It writes them into
 // d, one by one (see taker).
 func (s *slidingCounterState) status(p *params, now int64, d *Decision) {
-	now = s.roll(p, now)
+	now, _ = s.roll(p, now)
 	e := now - s.win*p.w
 	est := s.prev*(p.w-e) + s.cur*p.w
 	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, (p.l*p.w-est)/p.w), 0
@@ -116,24 +120,12 @@ func (s *slidingCounterState) status(p *params, now int64, d *Decision) {
 	}
 }
 
-func (s *slidingCounterState) empty(p *params, now int64) bool {
-	switch idx := windowIndex(p, now); {
-	case idx < s.win:
-		return false
-	case idx == s.win:
-		return s.prev == 0 && s.cur == 0
-	case idx == s.win+1:
-		return s.cur == 0
-	}
-	return true
-}
-
 // idle keeps the state while the clock is behind its window (see
 // fixedWindowState.idle).
 func (s *slidingCounterState) idle(p *params, now int64) bool {
 	if windowIndex(p, now) < s.win {
 		return false
 	}
-	s.roll(p, now)
-	return s.prev == 0 && s.cur == 0
+	_, empty := s.roll(p, now)
+	return empty
 }

@@ -56,6 +56,7 @@ func (s *slidingLogState) push(at, units int64) {
 func (s *slidingLogState) take(p *params, now, cost, want int64, by taker) (a Admission) {
 	now = max(now, 0)
 	s.expire(p, now)
+	epoch := by.stateEpoch(len(s.ents) == s.head)
 	if s.total+cost > p.l {
 		s.status(p, now, &a.Decision)
 		a.Allowed = false
@@ -69,7 +70,7 @@ func (s *slidingLogState) take(p *params, now, cost, want int64, by taker) (a Ad
 		at += LeaseLifetime.Microseconds()
 	}
 	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(at, granted), granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
 	s.status(p, now, &a.Decision)
 	a.Time = now
 	return a
@@ -93,9 +94,10 @@ func (s *slidingLogState) record(at, units int64) int64 {
 // refused until enough of the oldest entries have left the window. Like
 // an admission, the entry is stamped max(now, newest entry), so the log
 // stays ordered (after a lease logged ahead, or a clock stepped back).
-func (s *slidingLogState) charge(p *params, now, cost int64) (a Admission) {
+func (s *slidingLogState) charge(p *params, now, cost int64, by taker) (a Admission) {
 	now = max(now, 0)
 	s.expire(p, now)
+	a.Receipt.Epoch = by.stateEpoch(len(s.ents) == s.head)
 	units := max(0, min(cost, 2*p.l-s.total))
 	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(now, units), units
 	s.status(p, now, &a.Decision)
@@ -145,12 +147,6 @@ func (s *slidingLogState) status(p *params, now int64, d *Decision) {
 	if n := len(s.ents); n > s.head {
 		d.ResetAfter = microseconds(max(0, logAt(s.ents[n-1])+p.w-now))
 	}
-}
-
-// empty: every entry has left the window (they are in time order).
-func (s *slidingLogState) empty(p *params, now int64) bool {
-	n := len(s.ents)
-	return n == s.head || logAt(s.ents[n-1]) <= max(now, 0)-p.w
 }
 
 // idle also gives memory back: a log whose live entries fill less than a

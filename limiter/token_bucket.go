@@ -14,6 +14,7 @@ type tokenBucketState struct{ bucketState }
 // want, when it holds at least cost: a lease.
 func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a Admission) {
 	debt := s.debt(p, now)
+	epoch := by.stateEpoch(debt == 0)
 	full := p.b * p.w
 	need := debt + cost*p.w
 	a.Time, a.Receipt.At = now, now
@@ -35,7 +36,7 @@ func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a A
 	a.Remaining = (full - need) / p.w
 	a.ResetAfter = microseconds(ceilDiv(need, p.l))
 	a.Receipt.Granted = granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, by.epoch
+	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
 	return a
 }
 
@@ -46,8 +47,9 @@ func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a A
 // cost. debt⁺ = max(debt, min(debt + c×W, 2×B×W)); granted is the tokens
 // charged, ⌈(debt⁺ − debt)/W⌉. The max keeps a debt a clock stepped back
 // has already put beyond the cap (debt bounds it by maxAhead).
-func (s *tokenBucketState) charge(p *params, now, cost int64) (a Admission) {
+func (s *tokenBucketState) charge(p *params, now, cost int64, by taker) (a Admission) {
 	debt := s.debt(p, now)
+	a.Receipt.Epoch = by.stateEpoch(debt == 0)
 	full := p.b * p.w
 	next := max(debt, min(debt+cost*p.w, 2*full))
 	s.setDebt(p, now, next)
