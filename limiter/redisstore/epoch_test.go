@@ -53,10 +53,7 @@ func TestRedisMatchesMemoryAcrossResets(t *testing.T) {
 				leasing := p.Algorithm.Traits().Leases
 				var log []string
 				for step := range 200 {
-					if rng.IntN(2) == 0 {
-						now += rng.Int64N(span)
-					}
-					clock.SetMicro(now)
+					now = stepDiffClock(rng, clock, now, span)
 					var dm, dr limiter.Decision
 					var errm, errr error
 					switch r := rng.IntN(10); {

@@ -761,6 +761,17 @@ func newStoreDiff(t *testing.T, client redis.UniversalClient, p limiter.Policy, 
 	return mem, red, clock, now, span, maxCost
 }
 
+// stepDiffClock sets clock for the next step of a comparison and returns
+// the time it set: now again on half the steps, now advanced by up to span
+// on the others (see newStoreDiff).
+func stepDiffClock(rng *rand.Rand, clock *testutil.Clock, now, span int64) int64 {
+	if rng.IntN(2) == 0 {
+		now += rng.Int64N(span)
+	}
+	clock.SetMicro(now)
+	return now
+}
+
 // TestRedisMatchesMemory steps the memory store and the Redis store through
 // the same random requests and refunds (alone, several in one call, and in
 // a lease's renewal) under policies chosen to stress the
@@ -800,10 +811,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			var gmem, gred []groupGrant
 			grng := rand.New(rand.NewPCG(uint64(i), 43))
 			for step := range 400 {
-				if rng.IntN(2) == 0 {
-					now += rng.Int64N(span)
-				}
-				clock.SetMicro(now)
+				now = stepDiffClock(rng, clock, now, span)
 				var dm, dr limiter.Admission
 				var errm, errr error
 				// forget removes admission j from those that may be given back.
