@@ -79,23 +79,20 @@ func TestRefillAheadWaitedFor(t *testing.T) {
 			t.Fatalf("source %v, want the lease", d.Source)
 		}
 	}
-	done := make(chan limiter.Admission, 1)
-	go func() {
-		d, err := cache.Take(ctx, "k", 1)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- d
-	}()
+	done := takeAsync(ctx, cache, "k", 1)
 	select {
 	case <-waiting:
-	case d := <-done:
-		t.Fatalf("the request did not wait for the refill ahead: %+v", d)
+	case r := <-done:
+		t.Fatalf("the request did not wait for the refill ahead: %+v, %v", r.d, r.err)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the request neither waited nor was answered")
 	}
 	held.runAll()
-	d := <-done
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	d := r.d
 	_, next, _ := cache.lease("k")
 	if !d.Allowed || d.Source != limiter.SourceLease || d.Receipt.Lease != next {
 		t.Fatalf("%+v: want paid from the lease refilled ahead (%d)", d, next)

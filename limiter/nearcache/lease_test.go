@@ -41,6 +41,18 @@ func edgeBackends(t *testing.T) map[string]func(t *testing.T, p limiter.Policy, 
 	return backends
 }
 
+// onEdgeBackends runs f as a subtest on each of edgeBackends: shared is
+// a store of p on a clock of its own, which stands still until the test
+// moves it.
+func onEdgeBackends(t *testing.T, p limiter.Policy, f func(t *testing.T, shared limiter.Leaser, clock *testutil.Clock)) {
+	for name, backend := range edgeBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+			f(t, backend(t, p, clock), clock)
+		})
+	}
+}
+
 // edgeCaches puts n NearCaches (n instances) in front of store, sweeping
 // only when the test says.
 func edgeCaches(t *testing.T, store limiter.Leaser, p limiter.Policy, clock limiter.Clock, n int, fraction float64) []*Cache {
