@@ -733,6 +733,17 @@ func BenchmarkRedisTake(b *testing.B) {
 	}
 }
 
+// stepDiffClock sets clock for the next step of a comparison and returns
+// the time it set: now again on half the steps, now advanced by up to span
+// on the others (see newStoreDiff).
+func stepDiffClock(rng *rand.Rand, clock *testutil.Clock, now, span int64) int64 {
+	if rng.IntN(2) == 0 {
+		now += rng.Int64N(span)
+	}
+	clock.SetMicro(now)
+	return now
+}
+
 // newStoreDiff is a memory store and a Redis store (zone) of p on one
 // test clock, for a comparison decision for decision, with the time it
 // starts at, the span a step may advance it by and the largest cost to
@@ -759,17 +770,6 @@ func newStoreDiff(t *testing.T, client redis.UniversalClient, p limiter.Policy, 
 	}
 	maxCost = min(p.MaxCost(), max(3, p.MaxCost()/20))
 	return mem, red, clock, now, span, maxCost
-}
-
-// stepDiffClock sets clock for the next step of a comparison and returns
-// the time it set: now again on half the steps, now advanced by up to span
-// on the others (see newStoreDiff).
-func stepDiffClock(rng *rand.Rand, clock *testutil.Clock, now, span int64) int64 {
-	if rng.IntN(2) == 0 {
-		now += rng.Int64N(span)
-	}
-	clock.SetMicro(now)
-	return now
 }
 
 // TestRedisMatchesMemory steps the memory store and the Redis store through
