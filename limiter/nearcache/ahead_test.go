@@ -61,6 +61,20 @@ func aheadUnderWay(t *testing.T, key string, inline bool) (*Cache, *countingLeas
 	return cache, store, held
 }
 
+// checkAheadReturned fails t unless, once key's leases were returned
+// after aheadUnderWay and its held refills ran, the cache holds nothing
+// and the store has every unit back but the 9 spent: none is spent under
+// the old limit or stranded until it lapses.
+func checkAheadReturned(t *testing.T, cache *Cache, store *countingLeaser, key string) {
+	t.Helper()
+	if h := cache.held(); h != 0 {
+		t.Errorf("the cache holds %d units of %s after its leases were returned", h, key)
+	}
+	if st, _ := store.Memory.Peek(context.Background(), key); st.Remaining != 1000-9 {
+		t.Errorf("the store has %d left, want %d: every unit but the 9 spent back", st.Remaining, 1000-9)
+	}
+}
+
 // TestRefillAheadWaitedFor: a request that finds its key's lease spent
 // while a refill ahead is under way waits for it, rather than asking the
 // store again, and is then paid from the lease it brought.
@@ -79,23 +93,20 @@ func TestRefillAheadWaitedFor(t *testing.T) {
 			t.Fatalf("source %v, want the lease", d.Source)
 		}
 	}
-	done := make(chan limiter.Admission, 1)
-	go func() {
-		d, err := cache.Take(ctx, "k", 1)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- d
-	}()
+	done := takeAsync(ctx, cache, "k", 1)
 	select {
 	case <-waiting:
-	case d := <-done:
-		t.Fatalf("the request did not wait for the refill ahead: %+v", d)
+	case r := <-done:
+		t.Fatalf("the request did not wait for the refill ahead: %+v, %v", r.d, r.err)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the request neither waited nor was answered")
 	}
 	held.runAll()
-	d := <-done
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	d := r.d
 	_, next, _ := cache.lease("k")
 	if !d.Allowed || d.Source != limiter.SourceLease || d.Receipt.Lease != next {
 		t.Fatalf("%+v: want paid from the lease refilled ahead (%d)", d, next)
@@ -177,12 +188,7 @@ func TestRefillAheadAfterReturnLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	held.runAll()
-	if h := cache.held(); h != 0 {
-		t.Fatalf("the cache holds %d units after its leases were returned", h)
-	}
-	if st, _ := store.Memory.Peek(ctx, "k"); st.Remaining != 1000-9 {
-		t.Fatalf("the store has %d left, want %d: every unit but the 9 spent back", st.Remaining, 1000-9)
-	}
+	checkAheadReturned(t, cache, store, "k")
 }
 
 // TestRefillAheadAfterClose: Close waits for a refill ahead under way,

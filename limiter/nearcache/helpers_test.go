@@ -63,6 +63,22 @@ func withUnspentLeases(t *testing.T, keys ...string) (*limiter.Memory, *Cache) {
 	return store, cache
 }
 
+// takeResult is the answer of a take made by takeAsync.
+type takeResult struct {
+	d   limiter.Admission
+	err error
+}
+
+// takeAsync takes cost units of key through cache in a goroutine.
+func takeAsync(ctx context.Context, cache *Cache, key string, cost int64) chan takeResult {
+	done := make(chan takeResult, 1)
+	go func() {
+		d, err := cache.Take(ctx, key, cost)
+		done <- takeResult{d, err}
+	}()
+	return done
+}
+
 // ceilDiv is ⌈a/b⌉ for a >= 0 and b > 0.
 func ceilDiv(a, b int64) int64 {
 	if a <= 0 {

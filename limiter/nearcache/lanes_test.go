@@ -81,21 +81,6 @@ func (q queueWatch) wait(t *testing.T, n int) {
 	}
 }
 
-type takeResult struct {
-	d   limiter.Admission
-	err error
-}
-
-// takeAsync takes cost units of key through cache in a goroutine.
-func takeAsync(ctx context.Context, cache *Cache, key string, cost int64) chan takeResult {
-	done := make(chan takeResult, 1)
-	go func() {
-		d, err := cache.Take(ctx, key, cost)
-		done <- takeResult{d, err}
-	}()
-	return done
-}
-
 // TestNearCacheGroupsLeases: while one lease request is under way, the
 // requests of other keys queue, and when it returns they go to the store
 // in one call (a renewal's give-back riding along), each answered with
@@ -105,68 +90,65 @@ func takeAsync(ctx context.Context, cache *Cache, key string, cost int64) chan t
 func TestNearCacheGroupsLeases(t *testing.T) {
 	ctx := context.Background()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	for name, backend := range edgeBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-			cache, store, queued := gatedCache(t, backend(t, p, clock).(limiter.LeaseBatcher), p, clock, 16)
+	onEdgeBackends(t, p, func(t *testing.T, shared limiter.Leaser, clock *testutil.Clock) {
+		cache, store, queued := gatedCache(t, shared.(limiter.LeaseBatcher), p, clock, 16)
 
-			// A lone request, then another of the same key: a lease of 1,
-			// then of 2, of which 1 is left for the renewal below.
-			for range 2 {
-				if d, err := cache.Take(ctx, "renewed", 1); err != nil || d.Source != limiter.SourceStore {
-					t.Fatalf("take: %+v, %v; want the store's", d, err)
-				}
+		// A lone request, then another of the same key: a lease of 1,
+		// then of 2, of which 1 is left for the renewal below.
+		for range 2 {
+			if d, err := cache.Take(ctx, "renewed", 1); err != nil || d.Source != limiter.SourceStore {
+				t.Fatalf("take: %+v, %v; want the store's", d, err)
 			}
-			if alone, groups := store.calls(); alone != 2 || len(groups) != 0 {
-				t.Fatalf("two lone requests: %d lone calls and %d groups, want 2 and none", alone, len(groups))
-			}
+		}
+		if alone, groups := store.calls(); alone != 2 || len(groups) != 0 {
+			t.Fatalf("two lone requests: %d lone calls and %d groups, want 2 and none", alone, len(groups))
+		}
 
-			store.arm()
-			first := takeAsync(ctx, cache, "first", 1)
-			store.waitCalled(t, "the first request never reached the store")
-			keys := []string{"a", "b", "c", "d", "renewed"}
-			results := make([]chan takeResult, len(keys))
-			for i, key := range keys {
-				cost := int64(1 + i%3)
-				if key == "renewed" {
-					cost = 3 // more than the unit its lease holds
-				}
-				results[i] = takeAsync(ctx, cache, key, cost)
+		store.arm()
+		first := takeAsync(ctx, cache, "first", 1)
+		store.waitCalled(t, "the first request never reached the store")
+		keys := []string{"a", "b", "c", "d", "renewed"}
+		results := make([]chan takeResult, len(keys))
+		for i, key := range keys {
+			cost := int64(1 + i%3)
+			if key == "renewed" {
+				cost = 3 // more than the unit its lease holds
 			}
-			queued.wait(t, len(keys))
-			close(store.release)
-			if r := <-first; r.err != nil || !r.d.Allowed || r.d.Remaining != 99 {
-				t.Fatalf("first: %+v, %v; want admitted with 99 left", r.d, r.err)
+			results[i] = takeAsync(ctx, cache, key, cost)
+		}
+		queued.wait(t, len(keys))
+		close(store.release)
+		if r := <-first; r.err != nil || !r.d.Allowed || r.d.Remaining != 99 {
+			t.Fatalf("first: %+v, %v; want admitted with 99 left", r.d, r.err)
+		}
+		for i, key := range keys {
+			r := <-results[i]
+			// A new key's lease is its cost; the renewal gives back
+			// the unit left of a lease of 2 (3 taken so far) and
+			// doubles it: 4, of which 1 is left once 3 are spent.
+			cost := int64(1 + i%3)
+			stored, held := 100-cost, int64(0)
+			if key == "renewed" {
+				cost, stored, held = 3, 100-3+1-4, 1
 			}
-			for i, key := range keys {
-				r := <-results[i]
-				// A new key's lease is its cost; the renewal gives back
-				// the unit left of a lease of 2 (3 taken so far) and
-				// doubles it: 4, of which 1 is left once 3 are spent.
-				cost := int64(1 + i%3)
-				stored, held := 100-cost, int64(0)
-				if key == "renewed" {
-					cost, stored, held = 3, 100-3+1-4, 1
-				}
-				if r.err != nil || !r.d.Allowed || r.d.Source != limiter.SourceStore || r.d.Remaining != stored+held {
-					t.Errorf("%s, cost %d: %+v, %v; want admitted by the store with %d left", key, cost, r.d, r.err, stored+held)
-				}
-				d, err := store.Peek(ctx, key)
-				if err != nil || d.Remaining != stored {
-					t.Errorf("%s in the store: %+v, %v; want %d left", key, d, err, stored)
-				}
+			if r.err != nil || !r.d.Allowed || r.d.Source != limiter.SourceStore || r.d.Remaining != stored+held {
+				t.Errorf("%s, cost %d: %+v, %v; want admitted by the store with %d left", key, cost, r.d, r.err, stored+held)
 			}
-			alone, groups := store.calls()
-			if alone != 3 || len(groups) != 1 || len(groups[0]) != len(keys) {
-				t.Fatalf("%d lone calls and groups %v; want 3 lone calls, then the %d queued requests in one group", alone, groups, len(keys))
+			d, err := store.Peek(ctx, key)
+			if err != nil || d.Remaining != stored {
+				t.Errorf("%s in the store: %+v, %v; want %d left", key, d, err, stored)
 			}
-			for _, a := range groups[0] {
-				if (a.Back.Units > 0) != (a.Key == "renewed") {
-					t.Errorf("ask %+v: only the renewal gives units back", a)
-				}
+		}
+		alone, groups := store.calls()
+		if alone != 3 || len(groups) != 1 || len(groups[0]) != len(keys) {
+			t.Fatalf("%d lone calls and groups %v; want 3 lone calls, then the %d queued requests in one group", alone, groups, len(keys))
+		}
+		for _, a := range groups[0] {
+			if (a.Back.Units > 0) != (a.Key == "renewed") {
+				t.Errorf("ask %+v: only the renewal gives units back", a)
 			}
-		})
-	}
+		}
+	})
 }
 
 // gatedCache is a cache leasing half of p's quota from store behind a

@@ -115,15 +115,7 @@ func resetDuringReply(t *testing.T, cache *Cache, h *heldReply, key string) limi
 	t.Helper()
 	ctx := context.Background()
 	h.arm()
-	type result struct {
-		d   limiter.Admission
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		d, err := cache.Take(ctx, key, 1)
-		done <- result{d, err}
-	}()
+	done := takeAsync(ctx, cache, key, 1)
 	h.waitCalled(t, "the take never reached the store")
 	resetDone := resetAsync(ctx, cache, key)
 	select {
@@ -257,51 +249,48 @@ func (h *heldGiveBack) ReturnMany(ctx context.Context, returns []limiter.Return)
 func TestNearCacheResetOrdersGiveBacks(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
 	ctx := context.Background()
-	for name, backend := range edgeBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-			h := &heldGiveBack{Leaser: backend(t, p, clock)}
-			cache := edgeCaches(t, h, p, clock, 1, 1)[0]
-			for range 2 { // leases of 1 and 2: a unit left
-				storetest.MustAdmit(t, cache, "k")
+	onEdgeBackends(t, p, func(t *testing.T, shared limiter.Leaser, clock *testutil.Clock) {
+		h := &heldGiveBack{Leaser: shared}
+		cache := edgeCaches(t, h, p, clock, 1, 1)[0]
+		for range 2 { // leases of 1 and 2: a unit left
+			storetest.MustAdmit(t, cache, "k")
+		}
+		clock.Advance(limiter.LeaseLifetime)
+		h.arm()
+		cache.sweep(false) // gives the lapsed lease's unit back
+		h.waitCalled(t, "the sweep gave nothing back")
+		resetDone := resetAsync(ctx, cache, "k")
+		var after int64 // admitted once the reset has returned
+		reset := false
+		select {
+		case err := <-resetDone:
+			if err != nil {
+				t.Fatal(err)
 			}
-			clock.Advance(limiter.LeaseLifetime)
-			h.arm()
-			cache.sweep(false) // gives the lapsed lease's unit back
-			h.waitCalled(t, "the sweep gave nothing back")
-			resetDone := resetAsync(ctx, cache, "k")
-			var after int64 // admitted once the reset has returned
-			reset := false
-			select {
-			case err := <-resetDone:
-				if err != nil {
-					t.Fatal(err)
-				}
-				reset = true
-			case <-time.After(200 * time.Millisecond): // waiting for the give-back
+			reset = true
+		case <-time.After(200 * time.Millisecond): // waiting for the give-back
+		}
+		for range 5 { // another instance, without a near cache
+			d, err := h.Leaser.Take(ctx, "k", 1)
+			if err != nil || !d.Allowed {
+				t.Fatalf("the other instance: %+v %v", d, err)
 			}
-			for range 5 { // another instance, without a near cache
-				d, err := h.Leaser.Take(ctx, "k", 1)
-				if err != nil || !d.Allowed {
-					t.Fatalf("the other instance: %+v %v", d, err)
-				}
-				if reset {
-					after++
-				}
+			if reset {
+				after++
 			}
-			close(h.release)
-			if !reset {
-				if err := <-resetDone; err != nil {
-					t.Fatal(err)
-				}
+		}
+		close(h.release)
+		if !reset {
+			if err := <-resetDone; err != nil {
+				t.Fatal(err)
 			}
-			cache.givingBack.Wait()
-			after += admitAll(t, cache, "k", p.Events)
-			if after > p.Events {
-				t.Errorf("admitted %d after the reset, limit %d", after, p.Events)
-			}
-		})
-	}
+		}
+		cache.givingBack.Wait()
+		after += admitAll(t, cache, "k", p.Events)
+		if after > p.Events {
+			t.Errorf("admitted %d after the reset, limit %d", after, p.Events)
+		}
+	})
 }
 
 // TestResetForgetsOneKey: Reset starts one key afresh in both stores and in
@@ -375,34 +364,137 @@ func TestResetForgetsOneKey(t *testing.T) {
 func TestResetsStartedTogether(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
 	ctx := context.Background()
-	for name, backend := range edgeBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-			caches := edgeCaches(t, backend(t, p, clock), p, clock, 2, 0.5)
-			a, b := caches[0], caches[1]
-			for range 3 { // state and leases on both before the reset
-				storetest.MustAdmit(t, a, "k")
-				storetest.MustAdmit(t, b, "k")
-			}
-			ra, rb := a.StartReset("k"), b.StartReset("k")
-			if existed, err := ra.ResetStore(ctx); err != nil || !existed {
-				t.Fatalf("first store's reset: existed %v, %v", existed, err)
-			}
-			for range 4 {
-				storetest.MustAdmit(t, a, "k")
-			}
-			if _, err := rb.ResetStore(ctx); err != nil {
-				t.Fatal(err)
-			}
-			ra.End()
-			rb.End()
-			rb.End() // a second End does nothing
-			if held := a.held() + b.held(); held != 0 {
-				t.Errorf("the caches hold %d units after the reset, want none", held)
-			}
-			if admitted := admitAll(t, a, "k", p.Events) + admitAll(t, b, "k", p.Events); admitted != p.Events {
-				t.Errorf("admitted %d after the reset, want the fresh %d", admitted, p.Events)
-			}
+	onEdgeBackends(t, p, func(t *testing.T, shared limiter.Leaser, clock *testutil.Clock) {
+		caches := edgeCaches(t, shared, p, clock, 2, 0.5)
+		a, b := caches[0], caches[1]
+		for range 3 { // state and leases on both before the reset
+			storetest.MustAdmit(t, a, "k")
+			storetest.MustAdmit(t, b, "k")
+		}
+		ra, rb := a.StartReset("k"), b.StartReset("k")
+		if existed, err := ra.ResetStore(ctx); err != nil || !existed {
+			t.Fatalf("first store's reset: existed %v, %v", existed, err)
+		}
+		for range 4 {
+			storetest.MustAdmit(t, a, "k")
+		}
+		if _, err := rb.ResetStore(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ra.End()
+		rb.End()
+		rb.End() // a second End does nothing
+		if held := a.held() + b.held(); held != 0 {
+			t.Errorf("the caches hold %d units after the reset, want none", held)
+		}
+		if admitted := admitAll(t, a, "k", p.Events) + admitAll(t, b, "k", p.Events); admitted != p.Events {
+			t.Errorf("admitted %d after the reset, want the fresh %d", admitted, p.Events)
+		}
+	})
+}
+
+// TestResetGiveBackOfForgottenRefill: a take whose lease was decided on
+// the state an admin reset then erased is admitted, and holds its cost of
+// the store (refill, case forgotten). When another zone refuses the
+// request, the admission gives that cost back, naming the erased state
+// (Receipt.Epoch): the store drops it, since the fresh state never
+// counted it, and the key admits its limit after the reset, not a unit
+// more.
+func TestResetGiveBackOfForgottenRefill(t *testing.T) {
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
+	onEdgeBackends(t, p, func(t *testing.T, shared limiter.Leaser, clock *testutil.Clock) {
+		h := newHeldReply(shared)
+		cache := edgeCaches(t, h, p, clock, 1, 1)[0]
+		for range 3 {
+			storetest.MustAdmit(t, cache, "k")
+		}
+		ctx := context.Background()
+		h.arm()
+		done := takeAsync(ctx, cache, "k", 1)
+		<-h.decided
+		if _, err := cache.Reset(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		close(h.release)
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		a := r.d
+		if !a.Allowed {
+			t.Fatalf("the take decided before the reset: %+v", a.Decision)
+		}
+		// Five of the fresh window's units are spent; then another
+		// zone refuses the request: its units come back.
+		for range 5 {
+			storetest.MustAdmit(t, cache, "k")
+		}
+		if _, err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := 5 + admitAll(t, cache, "k", p.Events); got != p.Events {
+			t.Errorf("admitted %d after the reset, want the fresh window's %d: the unit in flight at the reset never reached it", got, p.Events)
+		}
+	})
+}
+
+// TestResetGiveBackInFlight: the same without a near cache: an admission
+// taken before an admin reset and given back after it (another zone
+// refused the request, or its response reported less) names the state
+// that took it (Receipt.Epoch), and the fresh state, which never counted
+// it, is not credited.
+func TestResetGiveBackInFlight(t *testing.T) {
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 10, Window: time.Hour}
+	onEdgeBackends(t, p, func(t *testing.T, shared limiter.Leaser, clock *testutil.Clock) {
+		s := shared
+		ctx := context.Background()
+		a := storetest.MustAdmit(t, s, "k")
+		if _, err := s.Reset(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			storetest.MustAdmit(t, s, "k")
+		}
+		if _, err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		n := 5 + storetest.AdmitAll(t, s, "k", 20)
+		if n != p.Events {
+			t.Errorf("admitted %d in the fresh window, want %d: the unit in flight at the reset never reached it", n, p.Events)
+		}
+	})
+}
+
+// TestResetGiveBackThroughCache: a give-back through the cache of units
+// taken before a reset, which the cache's lease cannot take back (the
+// reset forgot the lease), goes to the store naming the state that took
+// them, and the store drops it: the key admits its limit after the
+// reset, on a clock that stands still, for every algorithm that leases.
+func TestResetGiveBackThroughCache(t *testing.T) {
+	for _, alg := range limiter.Algorithms {
+		if !alg.Traits().Leases {
+			continue
+		}
+		p := limiter.Policy{Algorithm: alg, Events: 5, Window: time.Hour}
+		t.Run(string(alg), func(t *testing.T) {
+			onEdgeBackends(t, p, func(t *testing.T, shared limiter.Leaser, clock *testutil.Clock) {
+				cache := edgeCaches(t, shared, p, clock, 1, 0.5)[0]
+				ctx := context.Background()
+				before := storetest.MustAdmit(t, cache, "k")
+				if _, err := cache.Reset(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+				n := admitAll(t, cache, "k", p.Events)
+				if n != p.Events {
+					t.Fatalf("admitted %d after the reset, want %d", n, p.Events)
+				}
+				if _, err := cache.GiveBack(ctx, "k", 1, before.Receipt); err != nil {
+					t.Fatal(err)
+				}
+				if more := admitAll(t, cache, "k", p.Events); more != 0 {
+					t.Errorf("admitted %d more after a give-back of a unit taken before the reset, want none", more)
+				}
+			})
 		})
 	}
 }

@@ -14,43 +14,12 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter/internal/storetest"
 )
 
-// TestChargeGiveBackAcrossResetRedis is the Redis half of
-// limiter's TestChargeReceiptNamesItsState: here a charge's receipt
-// names its state, so a give-back by it after an admin reset is dropped.
-// It passes; the memory half fails, so the stores decide differently.
+// TestChargeGiveBackAcrossResetRedis is the Redis half of limiter's
+// TestChargeReceiptNamesItsState (storetest.RunChargeReceiptCases): a
+// charge's receipt names its state, so a give-back by it after an admin
+// reset is dropped.
 func TestChargeGiveBackAcrossResetRedis(t *testing.T) {
-	open := redisCaseStore(redistest.Start(t).Client(t))
-	for _, alg := range limiter.Algorithms {
-		if !alg.Traits().Charges {
-			continue
-		}
-		t.Run(string(alg), func(t *testing.T) {
-			p := limiter.Policy{Algorithm: alg, Events: 5, Window: time.Hour}
-			s, setNow := open(t, p)
-			setNow(storetest.AlignedBase(p))
-			ctx := context.Background()
-			take := storetest.MustAdmit(t, s, "k")
-			ch, err := s.(limiter.Charger).Charge(ctx, "k", 2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ch.Receipt.Epoch != take.Receipt.Epoch {
-				t.Errorf("charge's receipt epoch %d, the take's on the same state %d", ch.Receipt.Epoch, take.Receipt.Epoch)
-			}
-			if _, err := s.Reset(ctx, "k"); err != nil {
-				t.Fatal(err)
-			}
-			if n := storetest.AdmitAll(t, s, "k", 8); n != 5 {
-				t.Fatalf("admitted %d after the reset, want 5", n)
-			}
-			if _, err := s.GiveBack(ctx, "k", ch.Receipt.Granted, ch.Receipt); err != nil {
-				t.Fatal(err)
-			}
-			if n := storetest.AdmitAll(t, s, "k", 8); n != 0 {
-				t.Errorf("a give-back of %d units charged before the reset let %d more in; want none", ch.Receipt.Granted, n)
-			}
-		})
-	}
+	storetest.RunChargeReceiptCases(t, redisCaseStore(redistest.Start(t).Client(t)))
 }
 
 // TestRedisMatchesMemoryAcrossResets is TestRedisMatchesMemory's
@@ -84,10 +53,7 @@ func TestRedisMatchesMemoryAcrossResets(t *testing.T) {
 				leasing := p.Algorithm.Traits().Leases
 				var log []string
 				for step := range 200 {
-					if rng.IntN(2) == 0 {
-						now += rng.Int64N(span)
-					}
-					clock.SetMicro(now)
+					now = stepDiffClock(rng, clock, now, span)
 					var dm, dr limiter.Decision
 					var errm, errr error
 					switch r := rng.IntN(10); {

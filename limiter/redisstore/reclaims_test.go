@@ -3,7 +3,6 @@ package redisstore
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,24 +10,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter/internal/storetest"
 )
-
-// heardNames collects the names a Listen heard.
-type heardNames struct {
-	mu    sync.Mutex
-	names []string
-}
-
-func (h *heardNames) on(name string) {
-	h.mu.Lock()
-	h.names = append(h.names, name)
-	h.mu.Unlock()
-}
-
-func (h *heardNames) got() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.names...)
-}
 
 // TestReclaimsReachOtherInstances: a request for a key's leases reaches
 // every other instance listening to its zone, on a standalone server, a
@@ -46,8 +27,8 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 		t.Run(srv.name, func(t *testing.T) {
 			cfg := srv.cfg(t)
 			var recs [3]*Reclaims
-			var heard [3]heardNames
-			var other heardNames
+			var names [3]heard[string]
+			var other heard[string]
 			var listeners [3]*ReclaimListener
 			for i := range recs {
 				r, err := NewReclaims(redisClient(t, cfg), ReclaimsOptions{OnError: func(err error) { t.Logf("instance %d: %v", i, err) }})
@@ -56,9 +37,9 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = r.Close() })
 				recs[i] = r
-				listeners[i] = r.Listen("api", heard[i].on)
+				listeners[i] = r.Listen("api", names[i].add)
 			}
-			defer recs[2].Listen("web", other.on).Stop()
+			defer recs[2].Listen("web", other.add).Stop()
 			for i, r := range recs {
 				testutil.Eventually(t, fmt.Sprintf("instance %d to listen", i), func() error {
 					if !r.Listening("api") || (i == 2 && !r.Listening("web")) {
@@ -70,7 +51,7 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 			listeners[0].Ask("fg:api:{k1}")
 			testutil.Eventually(t, "the others to hear it", func() error {
 				for i := 1; i < 3; i++ {
-					if got := heard[i].got(); len(got) != 1 || got[0] != "fg:api:{k1}" {
+					if got := names[i].got(); len(got) != 1 || got[0] != "fg:api:{k1}" {
 						return fmt.Errorf("instance %d heard %q", i, got)
 					}
 				}
@@ -79,17 +60,17 @@ func TestReclaimsReachOtherInstances(t *testing.T) {
 			listeners[2].Stop()
 			listeners[1].Ask("fg:api:{k2}")
 			testutil.Eventually(t, "instance 0 to hear it", func() error {
-				if got := heard[0].got(); len(got) != 1 || got[0] != "fg:api:{k2}" {
+				if got := names[0].got(); len(got) != 1 || got[0] != "fg:api:{k2}" {
 					return fmt.Errorf("instance 0 heard %q", got)
 				}
 				return nil
 			})
 			// Time for anything wrongly delivered to arrive.
 			time.Sleep(50 * time.Millisecond)
-			if got := heard[1].got(); len(got) != 1 {
+			if got := names[1].got(); len(got) != 1 {
 				t.Errorf("instance 1 heard %q: its own request included", got)
 			}
-			if got := heard[2].got(); len(got) != 1 {
+			if got := names[2].got(); len(got) != 1 {
 				t.Errorf("instance 2 heard %q after it stopped listening", got)
 			}
 			if got := other.got(); len(got) != 0 {
@@ -114,11 +95,11 @@ func TestReclaimsReachOtherListenersOfTheProcess(t *testing.T) {
 		t.Cleanup(func() { _ = r.Close() })
 		recs[i] = r
 	}
-	var asker, sibling, elsewhere heardNames
-	a := recs[0].Listen("api", asker.on)
+	var asker, sibling, elsewhere heard[string]
+	a := recs[0].Listen("api", asker.add)
 	defer a.Stop()
-	defer recs[0].Listen("api", sibling.on).Stop()
-	defer recs[1].Listen("api", elsewhere.on).Stop()
+	defer recs[0].Listen("api", sibling.add).Stop()
+	defer recs[1].Listen("api", elsewhere.add).Stop()
 	for i, r := range recs {
 		testutil.Eventually(t, fmt.Sprintf("process %d to listen", i), func() error {
 			if !r.Listening("api") {

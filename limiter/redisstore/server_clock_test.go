@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -10,24 +9,6 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 	"github.com/floodgatehq/caddy-ratelimit/limiter/internal/storetest"
 )
-
-// clockSwitches records what a ServerClock's onChange heard.
-type clockSwitches struct {
-	mu    sync.Mutex
-	heard []bool
-}
-
-func (s *clockSwitches) hear(instance bool) {
-	s.mu.Lock()
-	s.heard = append(s.heard, instance)
-	s.mu.Unlock()
-}
-
-func (s *clockSwitches) get() []bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]bool(nil), s.heard...)
-}
 
 // TestPreloadFindsServerWithoutTime: on a server that refuses TIME in
 // scripts, loading the scripts switches the stores of the client to the
@@ -38,8 +19,8 @@ func TestPreloadFindsServerWithoutTime(t *testing.T) {
 	s := redistest.StartArgs(t, redistest.WithoutTime...)
 	client := s.Client(t)
 	ctx := context.Background()
-	var switches clockSwitches
-	clock := NewServerClock(client, switches.hear)
+	var switches heard[bool]
+	clock := NewServerClock(client, switches.add)
 	storetest.AwayFromHourEnd()
 	for alg, p := range redisPolicies(3, time.Hour) {
 		r := newTestRedis(t, client, p, Options{Zone: "notime-" + string(alg), Timeout: time.Second, ServerClock: clock})
@@ -72,7 +53,7 @@ func TestPreloadFindsServerWithoutTime(t *testing.T) {
 			t.Fatalf("%s: reset: %v %v", alg, had, err)
 		}
 	}
-	if got := switches.get(); len(got) != 1 || !got[0] {
+	if got := switches.got(); len(got) != 1 || !got[0] {
 		t.Fatalf("the clock switched %v, want once, to the instance's", got)
 	}
 }
@@ -88,8 +69,8 @@ func TestServerClockFollowsTheServer(t *testing.T) {
 	s := redistest.Start(t)
 	client := s.Client(t)
 	ctx := context.Background()
-	var switches clockSwitches
-	clock := NewServerClock(client, switches.hear)
+	var switches heard[bool]
+	clock := NewServerClock(client, switches.add)
 	p := limiter.Policy{Algorithm: limiter.TokenBucket, Events: 10, Window: time.Hour}
 	r := newTestRedis(t, client, p, Options{Zone: "follow", Timeout: time.Second, ServerClock: clock})
 	take := func(when string, wantRemaining int64) limiter.Decision {
@@ -153,7 +134,7 @@ func TestServerClockFollowsTheServer(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	take("back on Redis's clock", 6)
-	if got := switches.get(); len(got) != 2 || !got[0] || got[1] {
+	if got := switches.got(); len(got) != 2 || !got[0] || got[1] {
 		t.Fatalf("the clock switched %v, want to the instance's and back", got)
 	}
 }

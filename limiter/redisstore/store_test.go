@@ -733,6 +733,17 @@ func BenchmarkRedisTake(b *testing.B) {
 	}
 }
 
+// stepDiffClock sets clock for the next step of a comparison and returns
+// the time it set: now again on half the steps, now advanced by up to span
+// on the others (see newStoreDiff).
+func stepDiffClock(rng *rand.Rand, clock *testutil.Clock, now, span int64) int64 {
+	if rng.IntN(2) == 0 {
+		now += rng.Int64N(span)
+	}
+	clock.SetMicro(now)
+	return now
+}
+
 // newStoreDiff is a memory store and a Redis store (zone) of p on one
 // test clock, for a comparison decision for decision, with the time it
 // starts at, the span a step may advance it by and the largest cost to
@@ -800,10 +811,7 @@ func TestRedisMatchesMemory(t *testing.T) {
 			var gmem, gred []groupGrant
 			grng := rand.New(rand.NewPCG(uint64(i), 43))
 			for step := range 400 {
-				if rng.IntN(2) == 0 {
-					now += rng.Int64N(span)
-				}
-				clock.SetMicro(now)
+				now = stepDiffClock(rng, clock, now, span)
 				var dm, dr limiter.Admission
 				var errm, errr error
 				// forget removes admission j from those that may be given back.

@@ -159,28 +159,7 @@ func figureLatency(t *testing.T, h *regionsHarness, out *strings.Builder, alg li
 	if err != nil {
 		t.Fatal(err)
 	}
-	calls0, err := storetest.ScriptCalls(ctx, h.globalClient)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pooled, refills []time.Duration
-	for range n {
-		t0 := time.Now()
-		if a, err := s.Take(ctx, "k", 1); err != nil || !a.Allowed {
-			t.Fatalf("%s: take: %+v %v", alg, a, err)
-		}
-		// A refill waits for global's round trip (2 × globalDelay); a
-		// decision from the pool, for the region's alone.
-		if d := time.Since(t0); d >= 2*globalDelay {
-			refills = append(refills, d)
-		} else {
-			pooled = append(pooled, d)
-		}
-	}
-	calls1, err := storetest.ScriptCalls(ctx, h.globalClient)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pooled, refills, calls := h.timeTakes(t, string(alg), s, n)
 	var direct []time.Duration
 	for range n {
 		t0 := time.Now()
@@ -191,7 +170,7 @@ func figureLatency(t *testing.T, h *regionsHarness, out *strings.Builder, alg li
 	}
 	fmt.Fprintf(out, "  %-22s from the pool: median %v p99 %v (%d decisions); regional Redis alone: median %v p99 %v; %d refills (median %v); %d global script calls, %.4f per decision\n",
 		alg, quantile(pooled, 0.5), quantile(pooled, 0.99), len(pooled), quantile(direct, 0.5), quantile(direct, 0.99),
-		len(refills), quantile(refills, 0.5), calls1-calls0, float64(calls1-calls0)/n)
+		len(refills), quantile(refills, 0.5), calls, float64(calls)/n)
 }
 
 // quantile is the q-quantile of ds (nearest rank), rounded to µs.

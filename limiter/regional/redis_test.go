@@ -77,6 +77,35 @@ func (h *regionsHarness) instance(t *testing.T, r int, zone string, p limiter.Po
 	return s
 }
 
+// timeTakes takes n units of key "k" from s (what, in a failure) one at a
+// time and sorts their latencies: refills, which waited for global's round
+// trip (2 × globalDelay), and the rest, decided from the region's pool;
+// calls is the number of scripts global ran meanwhile.
+func (h *regionsHarness) timeTakes(t *testing.T, what string, s *regional.Store, n int) (pooled, refills []time.Duration, calls int64) {
+	t.Helper()
+	ctx := context.Background()
+	calls0, err := storetest.ScriptCalls(ctx, h.globalClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		t0 := time.Now()
+		if a, err := s.Take(ctx, "k", 1); err != nil || !a.Allowed {
+			t.Fatalf("%s: take %d: %+v %v", what, i+1, a, err)
+		}
+		if d := time.Since(t0); d >= 2*globalDelay {
+			refills = append(refills, d)
+		} else {
+			pooled = append(pooled, d)
+		}
+	}
+	calls1, err := storetest.ScriptCalls(ctx, h.globalClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pooled, refills, calls1 - calls0
+}
+
 // burst sends n requests of cost 1 for key, spread over the stores from
 // eight goroutines each, and counts those admitted.
 func burst(t *testing.T, stores []*regional.Store, key string, n int) int64 {
@@ -204,35 +233,14 @@ func TestRegionsRefillAcrossTheDelay(t *testing.T) {
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 1000, Window: time.Hour}
 	s := h.instance(t, 0, "latency", p, 0.5)
 	defer func() { _ = s.Close(context.Background()) }()
-	ctx := context.Background()
-	var slow, fast []time.Duration
-	calls0, err := storetest.ScriptCalls(ctx, h.globalClient)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 200 {
-		t0 := time.Now()
-		a, err := s.Take(ctx, "k", 1)
-		if err != nil || !a.Allowed {
-			t.Fatalf("take: %+v %v", a, err)
-		}
-		if d := time.Since(t0); d >= 2*globalDelay {
-			slow = append(slow, d)
-		} else {
-			fast = append(fast, d)
-		}
-	}
-	calls1, err := storetest.ScriptCalls(ctx, h.globalClient)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(slow) == 0 || int64(len(slow)) > calls1-calls0 {
-		t.Fatalf("%d decisions waited for global, which ran %d scripts", len(slow), calls1-calls0)
+	fast, slow, calls := h.timeTakes(t, "latency", s, 200)
+	if len(slow) == 0 || int64(len(slow)) > calls {
+		t.Fatalf("%d decisions waited for global, which ran %d scripts", len(slow), calls)
 	}
 	if len(slow) > 12 {
 		t.Fatalf("%d of 200 decisions waited for global: batches should double up to 500", len(slow))
 	}
-	t.Logf("%d decisions from the pool, %d refills across the delay; %d global script calls for 200 decisions", len(fast), len(slow), calls1-calls0)
+	t.Logf("%d decisions from the pool, %d refills across the delay; %d global script calls for 200 decisions", len(fast), len(slow), calls)
 }
 
 // TestRegionsSpendWhatTheyHoldWhenGlobalIsDown: with global stopped, a

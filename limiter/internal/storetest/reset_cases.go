@@ -145,3 +145,43 @@ func RunResetCases(t *testing.T, open CaseStore) {
 		}
 	}
 }
+
+// RunChargeReceiptCases checks, for every algorithm that charges, that a
+// charge's receipt carries the epoch of the state it charged
+// (Receipt.Epoch), as a take's does, so a give-back by that receipt after
+// an admin reset is dropped. With Epoch 0 ("names no state") it would be
+// credited to the fresh state: over-admission, and a decision the memory
+// and the Redis store would make differently.
+func RunChargeReceiptCases(t *testing.T, open CaseStore) {
+	for _, alg := range limiter.Algorithms {
+		if !alg.Traits().Charges {
+			continue
+		}
+		t.Run(string(alg), func(t *testing.T) {
+			p := limiter.Policy{Algorithm: alg, Events: resetLimit, Window: time.Hour}
+			s, setNow := open(t, p)
+			setNow(AlignedBase(p))
+			ctx := context.Background()
+			take := MustAdmit(t, s, "k")
+			ch, err := s.(limiter.Charger).Charge(ctx, "k", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.Receipt.Epoch != take.Receipt.Epoch {
+				t.Errorf("charge's receipt epoch %d, the take's on the same state %d", ch.Receipt.Epoch, take.Receipt.Epoch)
+			}
+			if _, err := s.Reset(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			if n := AdmitAll(t, s, "k", resetLimit+3); n != resetLimit {
+				t.Fatalf("admitted %d after the reset, want %d", n, resetLimit)
+			}
+			if _, err := s.GiveBack(ctx, "k", ch.Receipt.Granted, ch.Receipt); err != nil {
+				t.Fatal(err)
+			}
+			if n := AdmitAll(t, s, "k", resetLimit+3); n != 0 {
+				t.Errorf("a give-back of %d units charged before the reset let %d more in; want none", ch.Receipt.Granted, n)
+			}
+		})
+	}
+}
