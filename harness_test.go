@@ -85,6 +85,16 @@ func adaptRedisBlock(t *testing.T, body string) ([]byte, *Handler) {
 	return out, h
 }
 
+// wantAdapted fails t for each string of want the adapted JSON out lacks.
+func wantAdapted(t *testing.T, out []byte, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("adapted JSON lacks %s:\n%s", w, out)
+		}
+	}
+}
+
 // rateLimitConfig is a rate_limit directive of the given blocks, one after
 // another: zones (zoneConfig), a redis block (redisConfig), or any other
 // block or line of the directive.
