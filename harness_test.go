@@ -259,9 +259,14 @@ func newKeyRequest(clientIP string, headers map[string]string) (*http.Request, *
 
 // serveIP sends one request of client ip through h and returns its status.
 func serveIP(h *Handler, ip string) int {
-	r, _ := newKeyRequest(ip, nil)
-	_, code := serve(h, r, okHandler)
+	_, code := serveFrom(h, ip, okHandler)
 	return code
+}
+
+// serveFrom sends one request of client ip through h to next, as serve.
+func serveFrom(h *Handler, ip string, next caddyhttp.Handler) (*httptest.ResponseRecorder, int) {
+	r, _ := newKeyRequest(ip, nil)
+	return serve(h, r, next)
 }
 
 // serveKey sends one request from ip with header X-Plan: plan (if not
