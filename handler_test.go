@@ -125,8 +125,7 @@ func TestHandlerMissingKey(t *testing.T) {
 func TestHandlerDryRun(t *testing.T) {
 	h := provisionHandler(t, "rate_limit {\n zone dry {\n  rate 1/1h\n  dry_run\n }\n}")
 	for i := range 3 {
-		r, _ := newKeyRequest("198.51.100.5", nil)
-		w, code := serve(h, r, okHandler)
+		w, code := serveFrom(h, "198.51.100.5", okHandler)
 		if code != 200 {
 			t.Fatalf("dry run refused request %d", i)
 		}
@@ -149,8 +148,7 @@ func TestHandlerConcurrencyReleases(t *testing.T) {
 	serveInParallel(&wg, h, "198.51.100.6", 2, slow)
 	<-started
 	<-started
-	r, _ := newKeyRequest("198.51.100.6", nil)
-	w, code := serve(h, r, okHandler)
+	w, code := serveFrom(h, "198.51.100.6", okHandler)
 	if code != 429 {
 		t.Fatalf("third concurrent request: %d", code)
 	}
@@ -160,8 +158,7 @@ func TestHandlerConcurrencyReleases(t *testing.T) {
 	close(release)
 	wg.Wait()
 	for range 3 {
-		r, _ := newKeyRequest("198.51.100.6", nil)
-		if _, code := serve(h, r, okHandler); code != 200 {
+		if _, code := serveFrom(h, "198.51.100.6", okHandler); code != 200 {
 			t.Fatalf("after release: %d", code)
 		}
 	}
@@ -179,8 +176,7 @@ func TestHandlerLeakyBucketHolds(t *testing.T) {
 	results := make(chan result, 4)
 	for range 4 {
 		go func() {
-			r, _ := newKeyRequest("198.51.100.7", nil)
-			_, code := serve(h, r, okHandler)
+			_, code := serveFrom(h, "198.51.100.7", okHandler)
 			results <- result{code, time.Since(start)}
 		}()
 	}
@@ -208,9 +204,8 @@ func TestHandlerLeakyBucketHolds(t *testing.T) {
 
 func TestHandlerLeakyHoldCancelled(t *testing.T) {
 	h := provisionHandler(t, "rate_limit {\n zone leaky_cancel {\n  algorithm leaky_bucket\n  rate 1/1m\n  max_delay 1h\n }\n}")
+	serveFrom(h, "198.51.100.8", okHandler)
 	r, _ := newKeyRequest("198.51.100.8", nil)
-	serve(h, r, okHandler)
-	r, _ = newKeyRequest("198.51.100.8", nil)
 	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -299,8 +294,7 @@ func TestConcurrencySlotFreedOnPanic(t *testing.T) {
 				t.Fatal("the panic did not reach the caller")
 			}
 		}()
-		r, _ := newKeyRequest("198.51.100.61", nil)
-		serve(h, r, boom)
+		serveFrom(h, "198.51.100.61", boom)
 	}()
 	serveAll(t, h, "198.51.100.61", []int{200}, nil)
 }
@@ -374,8 +368,7 @@ func TestFailModesWhenRedisIsUnreachable(t *testing.T) {
 				}
 			}`)
 			for i, want := range tc.codes {
-				r, _ := newKeyRequest("198.51.100.21", nil)
-				w, code := serve(h, r, okHandler)
+				w, code := serveFrom(h, "198.51.100.21", okHandler)
 				if code != want {
 					t.Fatalf("request %d: %d, want %d", i, code, want)
 				}

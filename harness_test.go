@@ -85,6 +85,16 @@ func adaptRedisBlock(t *testing.T, body string) ([]byte, *Handler) {
 	return out, h
 }
 
+// wantAdapted fails t for each string of want the adapted JSON out lacks.
+func wantAdapted(t *testing.T, out []byte, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("adapted JSON lacks %s:\n%s", w, out)
+		}
+	}
+}
+
 // rateLimitConfig is a rate_limit directive of the given blocks, one after
 // another: zones (zoneConfig), a redis block (redisConfig), or any other
 // block or line of the directive.
@@ -249,9 +259,14 @@ func newKeyRequest(clientIP string, headers map[string]string) (*http.Request, *
 
 // serveIP sends one request of client ip through h and returns its status.
 func serveIP(h *Handler, ip string) int {
-	r, _ := newKeyRequest(ip, nil)
-	_, code := serve(h, r, okHandler)
+	_, code := serveFrom(h, ip, okHandler)
 	return code
+}
+
+// serveFrom sends one request of client ip through h to next, as serve.
+func serveFrom(h *Handler, ip string, next caddyhttp.Handler) (*httptest.ResponseRecorder, int) {
+	r, _ := newKeyRequest(ip, nil)
+	return serve(h, r, next)
 }
 
 // serveKey sends one request from ip with header X-Plan: plan (if not

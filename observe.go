@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,6 +29,20 @@ func (h *Handler) logStoreFailure(z *zone, err error) {
 	}
 	h.logger.Warn("rate limit store failed; applying fail mode",
 		zap.String("zone", z.name), zap.String("fail", z.fail), zap.Error(err))
+}
+
+// warnAtMost returns an OnError hook for a Redis part's background work
+// (override refreshes, reclaims, a region's give-backs): it logs msg with
+// the error at most once per failLogInterval on clock, since that work
+// retries on its own and an outage would otherwise log a line per try.
+func warnAtMost(logger *zap.Logger, clock limiter.Clock, msg string) func(error) {
+	var logged atomic.Int64
+	return func(err error) {
+		now := nowOn(clock).UnixNano()
+		if last := logged.Load(); now-last >= int64(failLogInterval) && logged.CompareAndSwap(last, now) {
+			logger.Warn(msg, zap.Error(err))
+		}
+	}
 }
 
 // logDenial logs a request over a zone's limit at debug level: under a

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -185,7 +184,6 @@ func loadRedisOverrides(h *Handler) (*redisstore.Overrides, string, error) {
 	logger, keys, clock := h.logger, h.keys, h.clock
 	client := h.redis.UniversalClient
 	v, _, err := redisOverrideSources.LoadOrNew(key, func() (caddy.Destructor, error) {
-		var errorLogged atomic.Int64
 		ro, err := redisstore.NewOverrides(client, redisstore.OverridesOptions{
 			Prefix:  cfg.KeyPrefix,
 			Refresh: time.Duration(cfg.OverridesRefresh),
@@ -196,12 +194,7 @@ func loadRedisOverrides(h *Handler) (*redisstore.Overrides, string, error) {
 				logger.Warn("a runtime override stored in Redis cannot be read; skipped",
 					zap.String("zone", zone), zap.String("key_hash", keys.Hex(key)), zap.Error(err))
 			},
-			OnError: func(err error) {
-				now := nowOn(clock).UnixNano()
-				if last := errorLogged.Load(); now-last >= int64(failLogInterval) && errorLogged.CompareAndSwap(last, now) {
-					logger.Warn("runtime overrides could not be read from Redis; changes apply once it answers", zap.Error(err))
-				}
-			},
+			OnError: warnAtMost(logger, clock, "runtime overrides could not be read from Redis; changes apply once it answers"),
 		})
 		if err != nil {
 			return nil, err

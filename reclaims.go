@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter/redisstore"
 )
@@ -46,15 +44,9 @@ func (h *Handler) loadReclaims() error {
 	logger, clock, prefix := h.logger, h.clock, h.Redis.KeyPrefix
 	client := h.redis.UniversalClient
 	v, _, err := redisReclaimSources.LoadOrNew(key, func() (caddy.Destructor, error) {
-		var errorLogged atomic.Int64
 		r, err := redisstore.NewReclaims(client, redisstore.ReclaimsOptions{
-			Prefix: prefix,
-			OnError: func(err error) {
-				now := nowOn(clock).UnixNano()
-				if last := errorLogged.Load(); now-last >= int64(failLogInterval) && errorLogged.CompareAndSwap(last, now) {
-					logger.Warn("instances could not ask each other for lease units through Redis; unspent units return when their leases lapse", zap.Error(err))
-				}
-			},
+			Prefix:  prefix,
+			OnError: warnAtMost(logger, clock, "instances could not ask each other for lease units through Redis; unspent units return when their leases lapse"),
 		})
 		if err != nil {
 			return nil, err

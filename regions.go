@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,7 +40,6 @@ func (h *Handler) newRegion(name, tier string, override bool, p limiter.Policy) 
 	}
 	logger := h.logger.With(zap.String("zone", name))
 	counters := h.metrics.forRegion(name)
-	var errorLogged atomic.Int64
 	store, err := regional.New(global, pool, p, regional.Options{
 		RegionQuota: g.regionQuota(),
 		// A refill holds its key's lock for the global call and the
@@ -50,12 +48,7 @@ func (h *Handler) newRegion(name, tier string, override bool, p limiter.Policy) 
 		Clock:    h.clock,
 		OnRefill: counters.refilled,
 		OnReturn: counters.returned,
-		OnError: func(err error) {
-			now := nowOn(h.clock).UnixNano()
-			if last := errorLogged.Load(); now-last >= int64(failLogInterval) && errorLogged.CompareAndSwap(last, now) {
-				logger.Warn("units a region took from global may not have gone back; they return when the key's state in global lapses", zap.Error(err))
-			}
-		},
+		OnError:  warnAtMost(logger, h.clock, "units a region took from global may not have gone back; they return when the key's state in global lapses"),
 	})
 	if err != nil {
 		return nil, err

@@ -107,8 +107,7 @@ func TestRequestUnitsPanicCountResponseAndConcurrency(t *testing.T) {
 	for range 2 {
 		serveAborted(h, ip, aborts)
 	}
-	r, _ := newKeyRequest(ip, nil)
-	w, code := serve(h, r, okHandler)
+	w, code := serveFrom(h, ip, okHandler)
 	if code != 200 {
 		t.Fatalf("after two panics: %d", code)
 	}
@@ -268,8 +267,7 @@ func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 	h, srv := leasedZone(t, name, "10/1h")
 	var codes []int
 	for range 7 {
-		r, _ := newKeyRequest(ip, nil)
-		_, code := serve(h, r, answer(200, "X-Tokens", "1"))
+		_, code := serveFrom(h, ip, answer(200, "X-Tokens", "1"))
 		codes = append(codes, code)
 	}
 	want := []int{200, 200, 200, 200, 200, 200, 429}
@@ -287,12 +285,10 @@ func TestRequestUnitsLeaseResponseCostBelow(t *testing.T) {
 func TestRequestUnitsLeaseResponseCostAbove(t *testing.T) {
 	const name, ip = "units_lease_above", "198.51.100.161"
 	h, srv := leasedZone(t, name, "10/1h")
-	r, _ := newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "7")); code != 200 {
+	if _, code := serveFrom(h, ip, answer(200, "X-Tokens", "7")); code != 200 {
 		t.Fatalf("first: %d", code)
 	}
-	r, _ = newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != http.StatusTooManyRequests {
+	if _, code := serveFrom(h, ip, answer(200, "X-Tokens", "1")); code != http.StatusTooManyRequests {
 		t.Fatalf("second after 7 of 10 consumed, cost 5: %d, want 429", code)
 	}
 	_ = h.Cleanup()
@@ -322,13 +318,12 @@ func TestRequestUnitsLeakyHoldLeftGivesBackCountResponse(t *testing.T) {
 		}
 	}`)
 	const ip = "198.51.100.170"
-	r, _ := newKeyRequest(ip, nil)
-	w, code := serve(h, r, okHandler)
+	w, code := serveFrom(h, ip, okHandler)
 	if code != 200 || remainingIn(t, w.Header(), "b_ru_leaky_cr") != "4" {
 		t.Fatalf("first: %d %q", code, w.Header().Get("RateLimit"))
 	}
 	// The second is held ~10s; its client leaves.
-	r, _ = newKeyRequest(ip, nil)
+	r, _ := newKeyRequest(ip, nil)
 	ctx, cancel := context.WithCancel(r.Context())
 	r = r.WithContext(ctx)
 	go func() { time.Sleep(100 * time.Millisecond); cancel() }()
@@ -367,13 +362,11 @@ func TestRequestUnitsRefusedHeadersAfterGiveBack(t *testing.T) {
 				}
 			}`)
 			const ip = "198.51.100.171"
-			r, _ := newKeyRequest(ip, nil)
-			if _, code := serve(h, r, okHandler); code != 200 {
+			if _, code := serveFrom(h, ip, okHandler); code != 200 {
 				t.Fatalf("first: %d", code)
 			}
 			for i := range 2 {
-				r, _ = newKeyRequest(ip, nil)
-				w, code := serve(h, r, okHandler)
+				w, code := serveFrom(h, ip, okHandler)
 				if code != http.StatusTooManyRequests {
 					t.Fatalf("refused #%d: %d", i, code)
 				}
@@ -450,14 +443,12 @@ func TestRequestUnitsAskedAheadWithdrawn(t *testing.T) {
 func TestRequestUnitsLeaseRenewedThenGiveBack(t *testing.T) {
 	const name, ip = "units_lease_renewed", "198.51.100.181"
 	h, srv := leasedZone(t, name, "20/1h")
-	r, _ := newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != 200 {
+	if _, code := serveFrom(h, ip, answer(200, "X-Tokens", "1")); code != 200 {
 		t.Fatalf("first: %d", code)
 	}
 	release, done := serveHeld(h, ip, "1")
 	time.Sleep(1300 * time.Millisecond) // the lease lapses; the janitor returns it
-	r, _ = newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "2")); code != 200 {
+	if _, code := serveFrom(h, ip, answer(200, "X-Tokens", "2")); code != 200 {
 		t.Fatalf("renewing: %d", code)
 	}
 	close(release)

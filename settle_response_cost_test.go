@@ -15,10 +15,8 @@ import (
 func TestResponseCostHugeValueCountsAsQuota(t *testing.T) {
 	h := provisionHandler(t, rateLimitConfig(zoneConfig("cost_huge", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens")))
 	ip := "198.51.100.201"
-	r, _ := newKeyRequest(ip, nil)
-	serve(h, r, answer(200, "X-Tokens", "99999999999999999999"))
-	r, _ = newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != http.StatusTooManyRequests {
+	serveFrom(h, ip, answer(200, "X-Tokens", "99999999999999999999"))
+	if _, code := serveFrom(h, ip, answer(200, "X-Tokens", "1")); code != http.StatusTooManyRequests {
 		t.Fatalf("after a response reporting 99999999999999999999 (above the quota of 100): status %d, want 429 (charged the quota)", code)
 	}
 }
@@ -29,8 +27,7 @@ func TestResponseCostHugeValueCountsAsQuota(t *testing.T) {
 func TestResponseCostHeaderStrippedWhenStoreFailsOpen(t *testing.T) {
 	addr := testutil.ClosedAddr(t)
 	h := provisionHandler(t, rateLimitConfig(zoneConfig("cost_open_tokens", "algorithm fixed_window", "rate 100/1h", "store redis", "fail open", "response_cost X-Tokens"), configBlock("redis", "addresses "+addr, "timeout 200ms")))
-	r, _ := newKeyRequest("198.51.100.203", nil)
-	w, code := serve(h, r, answer(200, "X-Tokens", "42"))
+	w, code := serveFrom(h, "198.51.100.203", answer(200, "X-Tokens", "42"))
 	if code != http.StatusOK {
 		t.Fatalf("status %d, want 200 (fail open)", code)
 	}
@@ -67,15 +64,13 @@ func TestResponseCostSettles(t *testing.T) {
 			h := provisionHandler(t, rateLimitConfig(zoneConfig("tokens", "algorithm "+alg, "rate 100/1h", "cost 10", "response_cost X-Tokens")))
 			ip := "198.51.100.46"
 			peek := func() string {
-				r, _ := newKeyRequest(ip, nil)
-				w, code := serve(h, r, answer(200, "X-Tokens", "10"))
+				w, code := serveFrom(h, ip, answer(200, "X-Tokens", "10"))
 				if code != 200 {
 					t.Fatalf("peek: status %d", code)
 				}
 				return remainingIn(t, w.Header(), "tokens") // after taking 10
 			}
-			r, _ := newKeyRequest(ip, nil)
-			w, _ := serve(h, r, answer(200, "X-Tokens", "25"))
+			w, _ := serveFrom(h, ip, answer(200, "X-Tokens", "25"))
 			if w.Header().Get("X-Tokens") != "" {
 				t.Fatalf("X-Tokens reached the client")
 			}
@@ -83,14 +78,12 @@ func TestResponseCostSettles(t *testing.T) {
 			if got := peek(); got != "65" {
 				t.Fatalf("remaining %s after a response of 25, want 65", got)
 			}
-			r, _ = newKeyRequest(ip, nil)
-			serve(h, r, answer(200, "X-Tokens", "4")) // takes 10, gives 6 back
+			serveFrom(h, ip, answer(200, "X-Tokens", "4")) // takes 10, gives 6 back
 			if got := peek(); got != "51" {
 				t.Fatalf("remaining %s after a response of 4, want 51 (75-4-10-10)", got)
 			}
 			for _, v := range []string{"", "many", "-3"} {
-				r, _ = newKeyRequest(ip, nil)
-				serve(h, r, answer(200, "X-Tokens", v)) // the up-front 10 stands
+				serveFrom(h, ip, answer(200, "X-Tokens", v)) // the up-front 10 stands
 			}
 			if got := peek(); got != "11" {
 				t.Fatalf("remaining %s after three unread costs, want 11 (61-30-10-10)", got)
@@ -104,15 +97,12 @@ func TestResponseCostSettles(t *testing.T) {
 func TestResponseCostDebt(t *testing.T) {
 	h := provisionHandler(t, rateLimitConfig(zoneConfig("tokens", "algorithm fixed_window", "rate 100/1h", "response_cost X-Tokens keep")))
 	ip := "198.51.100.47"
-	r, _ := newKeyRequest(ip, nil)
-	w, _ := serve(h, r, answer(200, "X-Tokens", "90"))
+	w, _ := serveFrom(h, ip, answer(200, "X-Tokens", "90"))
 	if w.Header().Get("X-Tokens") != "90" {
 		t.Fatalf("keep: X-Tokens %q", w.Header().Get("X-Tokens"))
 	}
-	r, _ = newKeyRequest(ip, nil)
-	serve(h, r, answer(200, "X-Tokens", "100")) // 10 left, takes 100: owes 90
-	r, _ = newKeyRequest(ip, nil)
-	if _, code := serve(h, r, answer(200, "X-Tokens", "1")); code != 429 {
+	serveFrom(h, ip, answer(200, "X-Tokens", "100")) // 10 left, takes 100: owes 90
+	if _, code := serveFrom(h, ip, answer(200, "X-Tokens", "1")); code != 429 {
 		t.Fatalf("a key that owes: status %d, want 429", code)
 	}
 }
@@ -140,16 +130,14 @@ func TestResponseCostTrailer(t *testing.T) {
 	}
 	ip := "198.51.100.48"
 	for i, announce := range []bool{true, false} {
-		r, _ := newKeyRequest(ip, nil)
-		w, _ := serve(h, r, streams(announce))
+		w, _ := serveFrom(h, ip, streams(announce))
 		if got := w.Header().Get("Trailer"); announce && got != "X-Other" {
 			t.Errorf("Trailer %q, want X-Other alone", got)
 		}
 		if w.Header().Get("X-Tokens") != "" || w.Header().Get(http.TrailerPrefix+"X-Tokens") != "" {
 			t.Errorf("the X-Tokens trailer reached the client: %v", w.Header())
 		}
-		r, _ = newKeyRequest(ip, nil)
-		w, _ = serve(h, r, answer(200, "X-Tokens", "0"))
+		w, _ = serveFrom(h, ip, answer(200, "X-Tokens", "0"))
 		if got, want := remainingIn(t, w.Header(), "tokens"), fmt.Sprint(100-30*(i+1)-1); got != want {
 			t.Fatalf("remaining %s after a trailer of 30, want %s", got, want)
 		}
@@ -231,13 +219,11 @@ func TestResponseCostSharedTrailerUndecidedZoneFirst(t *testing.T) {
 			}
 			return nil
 		})
-		r, _ := newKeyRequest(ip, nil)
-		if _, code := serve(h, r, next); code != 200 {
+		if _, code := serveFrom(h, ip, next); code != 200 {
 			t.Fatalf("trailer %v: %d", trailer, code)
 		}
 	}
-	r, _ := newKeyRequest(ip, nil)
-	w, _ := serve(h, r, answer(200, "X-Tokens", "10"))
+	w, _ := serveFrom(h, ip, answer(200, "X-Tokens", "10"))
 	if got := remainingIn(t, w.Header(), "b_ru_shared_ip"); got != "86" {
 		t.Fatalf("b remaining %s after responses of 2 (header), 2 (trailer) and 10 up front, want 86 (the trailer's 2 was not read: 78)", got)
 	}
@@ -270,12 +256,10 @@ func TestResponseCostSharedTrailerDecidedZones(t *testing.T) {
 		w.Header().Set("X-Tokens", "2")
 		return nil
 	})
-	r, _ := newKeyRequest(ip, nil)
-	if _, code := serve(h, r, next); code != 200 {
+	if _, code := serveFrom(h, ip, next); code != 200 {
 		t.Fatalf("first: %d", code)
 	}
-	r, _ = newKeyRequest(ip, nil)
-	w, _ := serve(h, r, answer(200, "X-Tokens", "10"))
+	w, _ := serveFrom(h, ip, answer(200, "X-Tokens", "10"))
 	a, b := remainingIn(t, w.Header(), "a_ru_shared2_user"), remainingIn(t, w.Header(), "b_ru_shared2_ip")
 	if a != "88" || b != "88" {
 		t.Fatalf("remaining a %s b %s after a trailer of 2 and 10 up front, want 88 88", a, b)
@@ -337,8 +321,7 @@ func TestResponseCostUndecidedZonesStripped(t *testing.T) {
 				return nil
 			})
 			for i := range 2 {
-				r, _ := newKeyRequest(ip, nil)
-				w, code := serve(h, r, next)
+				w, code := serveFrom(h, ip, next)
 				if code != 200 {
 					t.Fatalf("#%d: %d", i, code)
 				}

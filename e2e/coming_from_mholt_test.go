@@ -67,12 +67,8 @@ var fenceBlock = regexp.MustCompile("(?ms)^```([a-z]*)\n(.*?)^```")
 
 func readMigrationPage(t *testing.T) migrationPage {
 	t.Helper()
-	raw, err := os.ReadFile(mholtPage)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var p migrationPage
-	for _, m := range fenceBlock.FindAllStringSubmatch(string(raw), -1) {
+	for _, m := range fenceBlock.FindAllStringSubmatch(string(readFile(t, mholtPage)), -1) {
 		lang, body := m[1], m[2]
 		switch lang {
 		case "promql":

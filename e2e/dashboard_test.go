@@ -6,7 +6,6 @@ package e2e
 import (
 	"encoding/json"
 	"maps"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -51,12 +50,8 @@ type dataSource struct {
 
 func readDashboard(t *testing.T) dashboard {
 	t.Helper()
-	data, err := os.ReadFile(dashboardFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var d dashboard
-	if err := json.Unmarshal(data, &d); err != nil {
+	if err := json.Unmarshal(readFile(t, dashboardFile), &d); err != nil {
 		t.Fatalf("%s: %v", dashboardFile, err)
 	}
 	return d

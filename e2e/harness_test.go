@@ -85,6 +85,16 @@ http://{{http}} {
 `
 }
 
+// readFile is the content of the file at path (from e2e/), or fails t.
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // startExample runs one of the docs' example Caddyfiles (under
 // examples/) as written, but on the harness's ports: its admin endpoint
 // (localhost:2019) and site (:8080, beyond loopback) may be taken, and its
@@ -94,11 +104,7 @@ http://{{http}} {
 // second upstream (localhost:9001).
 func startExample(t *testing.T, name, upstream string, more ...[2]string) *caddyproc.Instance {
 	t.Helper()
-	raw, err := os.ReadFile("../examples/" + name)
-	if err != nil {
-		t.Fatalf("the docs' example: %v", err)
-	}
-	cfg := string(raw)
+	cfg := string(readFile(t, "../examples/"+name))
 	subs := [][2]string{
 		{"admin localhost:2019", "admin {{admin}}\n\tdefault_bind 127.0.0.1"},
 		{"\n:8080 {", "\nhttp://{{http}} {"},

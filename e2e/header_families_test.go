@@ -406,10 +406,7 @@ func headerParser(t *testing.T) string {
 	sum := sha256.New()
 	contents := map[string][]byte{}
 	for _, f := range files {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := readFile(t, filepath.Join(src, f))
 		contents[f] = b
 		fmt.Fprintf(sum, "%s %d\n", f, len(b))
 		sum.Write(b)
