@@ -135,12 +135,14 @@ type Cache struct {
 	stopped  chan struct{} // closed when the janitor has returned
 	// givingBack counts the give-backs under way, so Close returns only
 	// when nothing is left to refund; aheads the refills ahead under way,
-	// whose answers Close waits for as well (they give back what they
-	// bring once the cache is closed). Both are added to under a shard's
-	// lock with the cache open, so before Close's sweep has passed that
-	// shard, and so before Close waits.
+	// and refills the refills requests asked for, whose answers Close
+	// waits for as well (they give back what they bring once the cache
+	// is closed, a refill whose requester left included). All three are
+	// added to under a shard's lock with the cache open, so before Close's
+	// sweep has passed that shard, and so before Close waits.
 	givingBack sync.WaitGroup
 	aheads     sync.WaitGroup
+	refills    sync.WaitGroup
 	// rtt is the round trip of lease requests (µs), a moving average over
 	// every key: how early a refill ahead must start (aheadDue).
 	rtt atomic.Int64
@@ -502,6 +504,13 @@ func (c *Cache) takeFromStore(ctx context.Context, sh *nearShard, key string, co
 // lane's queue (lanes.go) until ctx ends; it then fails, and the refill
 // goes on for the key without it.
 func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, key string, cost, now int64) (d limiter.Admission, again bool, err error) {
+	if c.closed.Load() {
+		// Close ran since Take looked: the store decides alone.
+		sh.mu.Unlock()
+		d, err = c.store.Take(ctx, key, cost)
+		return d, false, err
+	}
+	c.refills.Add(1) // with the cache open and the shard locked: see refills
 	want := c.nextSize(k, cost, now, false)
 	leftover, grant := k.units, k.grant
 	k.units, k.expires = 0, 0
@@ -528,6 +537,7 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 		if gone {
 			sh.backs.RUnlock()
 			close(r.done)
+			c.refills.Done()
 			return limiter.Admission{}, true, nil
 		}
 		a.Back = limiter.Return{Key: key, Units: leftover, Taken: grant.Receipt}
@@ -560,6 +570,7 @@ type refillAnswer struct {
 // the whole lease for the key's next requests.
 func (f refillAnswer) take(asked bool) (limiter.Admission, error) {
 	c, sh, k, a, key, cost := f.c, f.sh, f.k, f.a, f.a.Key, f.a.Cost
+	defer c.refills.Done() // last: after the give-back of a closed cache
 	d, err := a.d, a.err
 	if a.Back.Units > 0 {
 		sh.backs.RUnlock()
@@ -615,7 +626,9 @@ func (f refillAnswer) take(asked bool) (limiter.Admission, error) {
 	}
 	if c.closed.Load() && k.units > 0 {
 		// Close ran while the store answered: give back now, on this
-		// request, as Close may have stopped waiting for give-backs.
+		// request (or the goroutine that answered its requester, gone),
+		// before the refill counts as done: Close waits for refills, and
+		// its sweep found this key's lease still being asked for.
 		back := nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, f.si}
 		k.units, k.expires = 0, 0
 		k.pendingBacks++
@@ -930,6 +943,7 @@ func (c *Cache) closeLeases() {
 func (c *Cache) waitClosed(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
+		c.refills.Wait()
 		c.aheads.Wait()
 		c.givingBack.Wait()
 		close(done)
