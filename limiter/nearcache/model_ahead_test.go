@@ -386,9 +386,19 @@ func (m *modelRun) aheadAnswered(a *modelAhead, before [2]modelLease) {
 // refills ahead under way answer (and give back what they bring), then
 // Close returns. Afterwards it decides by the store alone.
 func (m *modelRun) closeInstance(gi, inst int) {
+	if m.beginClose(gi, inst) {
+		m.endClose(gi, inst)
+	}
+}
+
+// beginClose is Close up to its wait, reporting whether the instance was
+// open: leases given back, refills ahead answered. A burst whose group
+// is still with the store answers it (and resumes its requests) between
+// beginClose and endClose, since Close waits for requests' refills too.
+func (m *modelRun) beginClose(gi, inst int) bool {
 	g := m.gens[gi]
 	if g.caches == nil || g.caches[inst].closed.Load() {
-		return
+		return false
 	}
 	cache := g.caches[inst]
 	held := cache.held()
@@ -397,9 +407,15 @@ func (m *modelRun) closeInstance(gi, inst int) {
 	m.drainReturns(g)
 	m.logf("gen %d inst %d closed: gave back %d units; %d refills ahead under way", gi, inst, held, len(m.aheadsOf(gi, inst)))
 	m.completeAheads(gi, inst, aheadQueued)
+	return true
+}
+
+// endClose is the rest of Close: it waits for what is under way.
+func (m *modelRun) endClose(gi, inst int) {
+	g := m.gens[gi]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := cache.waitClosed(ctx); err != nil {
+	if err := g.caches[inst].waitClosed(ctx); err != nil {
 		m.fail("gen %d inst %d: close: %v", gi, inst, err)
 	}
 	m.drainReturns(g)

@@ -417,9 +417,7 @@ func (m *modelRun) burst(gi, inst int) {
 		if m.rng.IntN(3) == 0 {
 			m.advance(time.Duration(1+m.rng.Int64N(g.w/3)) * time.Microsecond) // a slow reply
 		}
-		if m.rng.IntN(20) == 0 && !modelSkips("close") {
-			m.closeInstance(gi, inst) // the group answers a closed cache
-		}
+		closing := m.rng.IntN(20) == 0 && !modelSkips("close") && m.beginClose(gi, inst) // the group answers a closed cache
 		if slices.Contains(m.groups, grp) {
 			m.deliverGroup(grp)
 		}
@@ -432,6 +430,9 @@ func (m *modelRun) burst(gi, inst int) {
 			t.resume = nil
 			r := <-results
 			takes[r.i].res, takes[r.i].answered = &r.res, m.clock.Now().UnixMicro()
+		}
+		if closing {
+			m.endClose(gi, inst)
 		}
 	}
 	m.bookBurst(gi, inst, takes)
