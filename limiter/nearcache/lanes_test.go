@@ -104,9 +104,7 @@ func TestNearCacheGroupsLeases(t *testing.T) {
 			t.Fatalf("two lone requests: %d lone calls and %d groups, want 2 and none", alone, len(groups))
 		}
 
-		store.arm()
-		first := takeAsync(ctx, cache, "first", 1)
-		store.waitCalled(t, "the first request never reached the store")
+		first := busyLane(ctx, t, cache, &store.replyGate)
 		keys := []string{"a", "b", "c", "d", "renewed"}
 		results := make([]chan takeResult, len(keys))
 		for i, key := range keys {
@@ -151,6 +149,28 @@ func TestNearCacheGroupsLeases(t *testing.T) {
 	})
 }
 
+// gatedWindow is gatedCache over a memory store of a fixed window of 100
+// an hour on a clock of its own, which it returns with them.
+func gatedWindow(t *testing.T, queue int) (*Cache, *gatedBatcher, queueWatch, *limiter.Memory) {
+	t.Helper()
+	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
+	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	mem := newTestMemory(t, p, clock)
+	cache, store, queued := gatedCache(t, mem, p, clock, queue)
+	return cache, store, queued, mem
+}
+
+// busyLane holds the lane of cache's leases busy: a request for "first"
+// (cost 1) is held at gate until the test closes gate.release, so the
+// requests that follow queue. Its answer comes on the channel.
+func busyLane(ctx context.Context, t *testing.T, cache *Cache, gate *replyGate) chan takeResult {
+	t.Helper()
+	gate.arm()
+	first := takeAsync(ctx, cache, "first", 1)
+	gate.waitCalled(t, "the first request never reached the store")
+	return first
+}
+
 // gatedCache is a cache leasing half of p's quota from store behind a
 // gate (gatedBatcher: arm holds its next call), on clock, with no janitor,
 // and the watch its queued requests report to (room for queue of them).
@@ -166,13 +186,9 @@ func gatedCache(t *testing.T, store limiter.LeaseBatcher, p limiter.Policy, cloc
 // time.
 func TestNearCacheGroupFails(t *testing.T) {
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	cache, store, queued := gatedCache(t, newTestMemory(t, p, clock), p, clock, 16)
+	cache, store, queued, _ := gatedWindow(t, 16)
 	store.failGroups = true
-	store.arm()
-	first := takeAsync(ctx, cache, "first", 1)
-	store.waitCalled(t, "the first request never reached the store")
+	first := busyLane(ctx, t, cache, &store.replyGate)
 	var results []chan takeResult
 	for i := range 3 {
 		results = append(results, takeAsync(ctx, cache, fmt.Sprint("k", i), 1))
@@ -203,14 +219,9 @@ func TestNearCacheGroupFails(t *testing.T) {
 // spends it without asking the store, and Close gives back the rest, so
 // no unit is left taken and unclaimed.
 func TestNearCacheQueuedRequestLeaves(t *testing.T) {
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	mem := newTestMemory(t, p, clock)
-	cache, store, queued := gatedCache(t, mem, p, clock, 16)
+	cache, store, queued, mem := gatedWindow(t, 16)
 	ctx := context.Background()
-	store.arm()
-	first := takeAsync(ctx, cache, "first", 1)
-	store.waitCalled(t, "the first request never reached the store")
+	first := busyLane(ctx, t, cache, &store.replyGate)
 	leaving, leave := context.WithCancel(ctx)
 	left := takeAsync(leaving, cache, "k", 2)
 	queued.wait(t, 1)
@@ -256,12 +267,8 @@ func TestNearCacheQueuedRequestLeaves(t *testing.T) {
 // another group's call.
 func TestNearCacheGroupsSplit(t *testing.T) {
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	cache, store, queued := gatedCache(t, newTestMemory(t, p, clock), p, clock, 128)
-	store.arm()
-	first := takeAsync(ctx, cache, "first", 1)
-	store.waitCalled(t, "the first request never reached the store")
+	cache, store, queued, _ := gatedWindow(t, 128)
+	first := busyLane(ctx, t, cache, &store.replyGate)
 	const n = 100
 	var results []chan takeResult
 	for i := range n {

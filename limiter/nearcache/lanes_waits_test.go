@@ -50,9 +50,7 @@ func waitWriterPending(t *testing.T, sh *nearShard) {
 // returned.
 func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	cache, store, queued := gatedCache(t, newTestMemory(t, p, clock), p, clock, 16)
+	cache, store, queued, _ := gatedWindow(t, 16)
 
 	// "renewed" holds a lease of 2 with 1 unit left: its next request of 3
 	// is a renewal, which holds its shard's backs lock while it waits.
@@ -63,9 +61,7 @@ func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 	}
 	leaver := sameShardKey(t, cache, "renewed")
 
-	store.arm()
-	first := takeAsync(ctx, cache, "first", 1)
-	store.waitCalled(t, "the first request never reached the store")
+	first := busyLane(ctx, t, cache, &store.replyGate)
 	leaving, leave := context.WithCancel(ctx)
 	left := takeAsync(leaving, cache, leaver, 1)
 	queued.wait(t, 1)
@@ -147,9 +143,7 @@ func TestNearCacheGroupsKeepAsksOfOneBound(t *testing.T) {
 	if len(held.runs) != 1 {
 		t.Fatalf("%d refills ahead started, want 1", len(held.runs))
 	}
-	store.arm()
-	first := takeAsync(ctx, cache, "first", 1)
-	store.waitCalled(t, "the first request never reached the store")
+	first := busyLane(ctx, t, cache, &store.replyGate)
 	go held.runAll()
 	queued.wait(t, 1)
 	request := takeAsync(ctx, cache, "r", 1)
@@ -173,10 +167,7 @@ func TestNearCacheGroupsKeepAsksOfOneBound(t *testing.T) {
 // after Close returned.
 func TestNearCacheGroupLeaveAsDelivered(t *testing.T) {
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	mem := newTestMemory(t, p, clock)
-	cache, store, queued := gatedCache(t, mem, p, clock, 16)
+	cache, store, queued, mem := gatedWindow(t, 16)
 	const n = 200
 	admitted := make([]bool, n)
 	for i := range n {
@@ -218,13 +209,8 @@ func TestNearCacheGroupLeaveAsDelivered(t *testing.T) {
 // an old handler's Cleanup had long returned.
 func TestNearCacheCloseWaitsForLeftRefills(t *testing.T) {
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	mem := newTestMemory(t, p, clock)
-	cache, store, queued := gatedCache(t, mem, p, clock, 16)
-	store.arm()
-	first := takeAsync(ctx, cache, "first", 1)
-	store.waitCalled(t, "the first request never reached the store")
+	cache, store, queued, mem := gatedWindow(t, 16)
+	first := busyLane(ctx, t, cache, &store.replyGate)
 	leaving, leave := context.WithCancel(ctx)
 	res := takeAsync(leaving, cache, "k", 2)
 	queued.wait(t, 1)
