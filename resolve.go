@@ -83,11 +83,9 @@ type resolution struct {
 // before the zone (see overrideOf for which override). A zero at is now
 // on the zone's handler's clock, read only when the key has an override,
 // so a request without one reads no clock. It allocates nothing but an
-// override limit's state name. The result is named and written field by
-// field, and so are overrideOf's: a resolution is over 200 bytes, and
-// building one to return it copies it again, on every request.
-func (z *zone) resolve(key string, found bool, tier string, r *http.Request, at time.Time) (res resolution) {
-	res.limit = z.tierLimit(tier)
+// override limit's state name.
+func (z *zone) resolve(key string, found bool, tier string, r *http.Request, at time.Time) resolution {
+	res := resolution{limit: z.tierLimit(tier)}
 	if !found {
 		switch z.missing {
 		case missingSkip:
@@ -100,24 +98,24 @@ func (z *zone) resolve(key string, found bool, tier string, r *http.Request, at 
 		key = missingKeyNamespace + z.key.clientIP(r)
 	}
 	res.key, res.state = key, key
-	if !z.overrideOf(key, &at, &res.override, &res.prefix) {
-		res.at = at
+	o, prefix, ok := z.overrideOf(key, &at)
+	res.at = at
+	if !ok {
 		return res
 	}
-	res.at, res.inForce = at, true
-	o := &res.override
+	res.override, res.inForce, res.prefix = o, true, prefix
 	switch o.Action {
 	case limiter.OverrideExempt:
 		res.verdict = verdictExempt
 	case limiter.OverrideBlock:
-		res.verdict, res.limit, res.wait = verdictBlock, &z.ov.block, max(time.Millisecond, blockFor(*o, at))
+		res.verdict, res.limit, res.wait = verdictBlock, &z.ov.block, max(time.Millisecond, blockFor(o, at))
 	default:
-		l, err := z.overrideLimit(*o)
+		l, err := z.overrideLimit(o)
 		if err != nil {
 			res.failed = err
 			return res
 		}
-		res.limit, res.state, res.until = l, z.overrideStateKey(key, o), o.Expires
+		res.limit, res.state, res.until = l, z.overrideStateKey(key, &o), o.Expires
 	}
 	return res
 }
@@ -137,38 +135,32 @@ func (res *resolution) overrideName() string {
 // passed over for the next: the key's own for its longest prefix's, a
 // prefix's for a shorter one's. *at is read (a zero one set to now on
 // the zone's handler's clock) only once an override is found, lapsed or
-// not: a key without one reads no clock, and on a zone without overrides
-// pays one atomic load. It reports whether there is one, and writes it
-// and its prefix into *o and *prefix (see resolve on why), which it
-// leaves as they were when there is none.
-func (z *zone) overrideOf(key string, at *time.Time, o *limiter.Override, prefix *string) bool {
+// not: a key without one reads no clock, and on a zone without prefix
+// overrides pays one atomic load for them.
+func (z *zone) overrideOf(key string, at *time.Time) (limiter.Override, string, bool) {
 	if z.ov == nil {
-		return false
+		return limiter.Override{}, "", false
 	}
 	t := z.ov.set.table()
-	if t.Len() == 0 {
-		return false
-	}
-	found, ok := t.Lookup(key)
-	p, most := "", len(key)
+	o, ok := t.Lookup(key)
+	prefix, most := "", len(key)
 	if !ok {
-		if p, found, ok = t.LongestPrefix(key, most); !ok {
-			return false
+		if prefix, o, ok = t.LongestPrefix(key, most); !ok {
+			return limiter.Override{}, "", false
 		}
 	}
 	if at.IsZero() {
 		*at = z.now()
 	}
-	for !found.Active(*at) {
-		if p != "" {
-			most = len(p) - 1
+	for !o.Active(*at) {
+		if prefix != "" {
+			most = len(prefix) - 1
 		}
-		if p, found, ok = t.LongestPrefix(key, most); !ok {
-			return false
+		if prefix, o, ok = t.LongestPrefix(key, most); !ok {
+			return limiter.Override{}, "", false
 		}
 	}
-	*o, *prefix = found, p
-	return true
+	return o, prefix, true
 }
 
 // tierValue is the value of z's tier placeholder for r, or "" when the

@@ -37,15 +37,15 @@ type fixedWindowState struct {
 // roll starts a new count when now has left the stored window, and returns
 // the time to decide at, when its window ends, and whether the state held
 // nothing at now (taker.stateEpoch): a later window, or this one's count
-// at zero; never while the clock is behind the stored window (see idle). A now before the stored
-// window is taken as that window's start. Both stores read the clock
-// inside the key's critical section (the shard's lock, the script), so
-// this happens only when the clock steps back: an injected clock, or
-// Redis's TIME after a failover to a master whose clock is behind. Going
-// back to the older window would restart its count, and the next request
-// would restart the newer one's: each flip admitted up to L more. The
-// sliding log treats a clock stepped back the same way; the memory store's
-// default clock never steps back.
+// at zero; never while the clock is behind the stored window (see idle). A
+// now before the stored window is taken as that window's start. Both
+// stores read the clock inside the key's critical section (the shard's
+// lock, the script), so this happens only when the clock steps back: an
+// injected clock, or Redis's TIME after a failover to a master whose clock
+// is behind. Going back to the older window would restart its count, and
+// the next request would restart the newer one's: each flip admitted up to
+// L more. The sliding log treats a clock stepped back the same way; the
+// memory store's default clock never steps back.
 func (s *fixedWindowState) roll(p *params, now int64) (at, end int64, empty bool) {
 	win, end := windowOf(p, now)
 	switch {
