@@ -543,7 +543,7 @@ func (c *Cache) refill(ctx context.Context, sh *nearShard, si int, k *nearKey, k
 		a.Back = limiter.Return{Key: key, Units: leftover, Taken: grant.Receipt}
 	}
 	f := refillAnswer{c: c, sh: sh, si: si, k: k, r: r, a: a, sent: now}
-	a.left = func() { f.take(false) }
+	a.unhold, a.left = f.unhold, func() { f.take(false) }
 	if !c.ask(ctx, a) {
 		return limiter.Admission{}, false, fmt.Errorf("near cache: waiting to ask for a lease: %w", ctx.Err())
 	}
@@ -564,20 +564,31 @@ type refillAnswer struct {
 	sent int64
 }
 
+// unhold ends the give-back the ask carried (a renewal's, ordered against
+// resets by its shard's backs lock, held until the store answered).
+func (f refillAnswer) unhold() {
+	a := f.a
+	if a.Back.Units == 0 {
+		return
+	}
+	f.sh.backs.RUnlock()
+	if a.err != nil && f.c.onGiveBackError != nil {
+		f.c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", a.Back.Units, a.err))
+	}
+}
+
 // take makes the answer the key's lease or cached refusal, and, for the
 // requester (asked), spends the request's cost from the lease and
 // returns the request's admission; a refill whose requester left keeps
-// the whole lease for the key's next requests.
+// the whole lease for the key's next requests. The requester unholds
+// the give-back first; for one that left, settle has done so already.
 func (f refillAnswer) take(asked bool) (limiter.Admission, error) {
 	c, sh, k, a, key, cost := f.c, f.sh, f.k, f.a, f.a.Key, f.a.Cost
 	defer c.refills.Done() // last: after the give-back of a closed cache
-	d, err := a.d, a.err
-	if a.Back.Units > 0 {
-		sh.backs.RUnlock()
-		if err != nil && c.onGiveBackError != nil {
-			c.onGiveBackError(fmt.Errorf("%d unspent units of a lease may not have been given back: %w", a.Back.Units, err))
-		}
+	if asked {
+		f.unhold()
 	}
+	d, err := a.d, a.err
 	sent := f.sent
 	now := c.clock.now()
 	c.noteRoundTrip(now - sent)

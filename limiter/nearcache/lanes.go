@@ -85,8 +85,11 @@ type nearAsk struct {
 	done  chan struct{}
 	state atomic.Int32
 	// left, when the requester leaves, does with the answer what the
-	// requester would have, on the goroutine that delivers it.
-	left func()
+	// requester would have, on the goroutine that delivers it. unhold,
+	// if set, first releases what the ask holds until it is answered (a
+	// renewal's give-back lock); settle runs it for every left ask before
+	// any left, which may wait for such a lock.
+	left, unhold func()
 }
 
 // ops is how many operations of the store the ask is.
@@ -253,13 +256,15 @@ func (c *Cache) callGroup(group []*nearAsk) {
 
 // settle hands each ask of groups its answer: to its requester, or, if
 // the requester left, to a.left, run here once every requester has been
-// answered. It runs after the lane has moved on, so what a.left starts (a
-// refill ahead) may queue behind the next group without waiting for
-// itself. a.left may wait for a shard's give-back lock (a closed cache
-// gives its lease straight back) behind an admin reset that waits in turn
-// for a renewal of these groups to be answered: answering every requester
-// first is what keeps that from deadlocking
-// (TestNearCacheGroupAnsweredBeforeLeftDuringReset).
+// answered and every left ask unheld. It runs after the lane has moved
+// on, so what a.left starts (a refill ahead) may queue behind the next
+// group without waiting for itself. a.left may wait for a shard's
+// give-back lock (a closed cache gives its lease straight back) behind an
+// admin reset that waits in turn for a renewal of these groups to be
+// answered, its requester's or a left one's: answering every requester
+// and releasing every left renewal's lock first is what keeps that from
+// deadlocking (TestNearCacheGroupAnsweredBeforeLeftDuringReset,
+// TestNearCacheLeftRenewalReleasedBeforeLeftGiveBack).
 func (c *Cache) settle(groups [][]*nearAsk) {
 	var left []*nearAsk
 	for _, group := range groups {
@@ -268,6 +273,11 @@ func (c *Cache) settle(groups [][]*nearAsk) {
 				left = append(left, a)
 			}
 			close(a.done)
+		}
+	}
+	for _, a := range left {
+		if a.unhold != nil {
+			a.unhold()
 		}
 	}
 	for _, a := range left {

@@ -98,6 +98,61 @@ func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 	}
 }
 
+// TestNearCacheLeftRenewalReleasedBeforeLeftGiveBack: settle releases the
+// give-back lock of every left renewal before it runs any left callback.
+// Two requests queued in one group both leave: the first a fresh refill,
+// whose answer, after Close, goes straight back (giveBackNow, which takes
+// its shard's backs lock for reading), the second a renewal of a key of
+// the same shard, which holds that lock until its answer is settled.
+// With an admin reset waiting for the lock, the first callback waited
+// behind the reset, the reset behind the renewal, and the renewal's
+// callback behind the first: settle and the reset never returned.
+func TestNearCacheLeftRenewalReleasedBeforeLeftGiveBack(t *testing.T) {
+	ctx := context.Background()
+	cache, store, queued, _ := gatedWindow(t, 16)
+	for range 2 {
+		if d, err := cache.Take(ctx, "renewed", 1); err != nil || !d.Allowed {
+			t.Fatalf("take: %+v, %v", d, err)
+		}
+	}
+	fresh := sameShardKey(t, cache, "renewed")
+
+	first := busyLane(ctx, t, cache, &store.replyGate)
+	leaving, leave := context.WithCancel(ctx)
+	left := takeAsync(leaving, cache, fresh, 1)
+	queued.wait(t, 1)
+	renewal := takeAsync(leaving, cache, "renewed", 3)
+	queued.wait(t, 1)
+	leave()
+	for _, ch := range []chan takeResult{left, renewal} {
+		if r := <-ch; r.err == nil {
+			t.Fatalf("a request that left: %+v; want its context's error", r.d)
+		}
+	}
+
+	closing, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_ = cache.Close(closing)
+	reset := resetAsync(ctx, cache, "renewed")
+	waitWriterPending(t, cache.shard("renewed"))
+
+	close(store.release)
+	select {
+	case err := <-reset:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("deadlock: the reset never ran (settle's first left callback waited for the give-back lock a later left renewal held)")
+	}
+	<-first
+	done, cancel2 := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel2()
+	if err := cache.Close(done); err != nil {
+		t.Fatalf("Close after the groups settled: %v", err)
+	}
+}
+
 // slowGroups is a memory store whose lone lease calls can be held
 // (replyGate) and whose groups take 400 ms, or fail when their context
 // ends first, as a Redis call past its deadline does.
