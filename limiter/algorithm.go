@@ -87,6 +87,10 @@ type algorithm struct {
 	// calendar is set when the algorithm takes a Calendar (Policy.Calendar)
 	// instead of a Window.
 	calendar bool
+	// timeless is set when the state does not change with time (slots in
+	// use), so a give-back reads no clock: a concurrency zone gives back
+	// on every request, and the clock is a fifth of that call's cost.
+	timeless bool
 }
 
 // algorithmTable describes every algorithm; the order is Algorithms'.
@@ -121,6 +125,7 @@ var algorithmTable = []*algorithm{
 		name:      Concurrency,
 		Traits:    Traits{ReleasesOnFinish: true, DefaultWindow: time.Minute, QuotaUnit: "concurrent-requests"},
 		newTables: func() memoryTables { return newShardSet[concurrencyState]() },
+		timeless:  true,
 	},
 }
 

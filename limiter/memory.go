@@ -316,7 +316,10 @@ func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, co
 // swept, evicted) gives nothing, and reports the key's state as it is.
 func (set *shardSet[S, PS]) refund(key uint64, p *params, clock *memoryClock, cost, name int64, epoch uint64) Decision {
 	sh := set.lock(key)
-	now := clock.now()
+	var now int64
+	if !p.alg.timeless {
+		now = clock.now()
+	}
 	var d Decision
 	if i, ok := sh.index[key]; ok {
 		c := &sh.cells[i]
