@@ -2,10 +2,13 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
@@ -166,8 +169,24 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 		z.metrics.observe(rec.took)
 	}
 	if err := rec.err; err != nil {
-		z.metrics.failure()
-		h.logStoreFailure(z, err)
+		left := r.Context().Err()
+		if left == nil || !errors.Is(err, left) {
+			// The store failed, whether or not the client has left
+			// since. A client's leaving alone (its request queued
+			// behind a lease call) says nothing of the store, as the
+			// Redis breaker holds too.
+			z.metrics.failure()
+			h.logStoreFailure(z, err)
+		}
+		if left != nil {
+			// Nobody waits for an answer: no fail mode applies (no 503
+			// to nobody, no request passed on unlimited, no fallback
+			// unit taken). The request ends as a held one whose client
+			// leaves does: 499, and what other zones took goes back.
+			rec.phase = failed
+			req.failure = caddyhttp.Error(statusClientClosedRequest, left)
+			return true
+		}
 		switch {
 		case z.fail == failClosed && z.dryRun:
 			// dry_run never refuses: the 503 the zone would have

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/floodgatehq/caddy-ratelimit/internal/redistest"
 	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 )
 
@@ -377,6 +378,70 @@ func TestFailModesWhenRedisIsUnreachable(t *testing.T) {
 				}
 				if has := w.Header().Get("RateLimit") != ""; has != tc.rlHeaders {
 					t.Fatalf("request %d: rate-limit headers present=%v, want %v", i, has, tc.rlHeaders)
+				}
+			}
+		})
+	}
+}
+
+// TestClientLeftWhileQueuedForLeaseIsNoStoreFailure: a client that
+// leaves while its request waits in a leased Redis zone's queue (behind
+// another key's lease call to a Redis that is slow to answer) is not a
+// store failure: store_failures_total does not count it, and no fail mode
+// applies (no 503 to nobody, no unit taken from fail local's fallback, no
+// request passed on unlimited by fail open). The request ends as a held
+// one whose client left does, with 499 and what the other zones took
+// given back. (The Redis breaker ignores such calls as well.)
+func TestClientLeftWhileQueuedForLeaseIsNoStoreFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	for i, fail := range []string{"open", "closed", "local"} {
+		t.Run(fail, func(t *testing.T) {
+			mem, remote := "left_mem_"+fail, "left_redis_"+fail
+			h := provisionHandler(t, "rate_limit {\n"+
+				zoneConfig(mem, "key ip", "rate 5/1h")+"\n"+
+				zoneConfig(remote, "key ip", "rate 50/1h", "store redis", "local_quota 0.5", "fail "+fail)+"\n"+
+				redisConfig(srv.Addr(), "timeout 10s")+"\n}")
+			busy, ip := fmt.Sprintf("198.51.100.%d", 170+i), fmt.Sprintf("198.51.100.%d", 160+i)
+			fails := counterValue(t, handlerZone(t, h, remote).metrics.storeFailures)
+			reached := false
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				reached = true
+				return okHandler(w, r)
+			})
+
+			// One key's lease call waits for a paused Redis; the next
+			// request, another key's, queues behind it and leaves.
+			srv.Pause()
+			first := make(chan int, 1)
+			go func() { _, code := serveFrom(h, busy, okHandler); first <- code }()
+			time.Sleep(200 * time.Millisecond)
+			r, _ := newKeyRequest(ip, nil)
+			ctx, cancel := context.WithCancel(r.Context())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			w, code := serve(h, r.WithContext(ctx), next)
+			srv.Resume()
+			if c := <-first; c != 200 {
+				t.Errorf("the request whose lease call was under way: %d, want 200", c)
+			}
+
+			if code != statusClientClosedRequest {
+				t.Errorf("status %d, want %d (the client left)", code, statusClientClosedRequest)
+			}
+			if reached {
+				t.Error("the request went on to the next handler after its client left")
+			}
+			if got := w.Header().Get("Retry-After"); got != "" {
+				t.Errorf("Retry-After %q for a client that left", got)
+			}
+			if got := counterValue(t, handlerZone(t, h, remote).metrics.storeFailures) - fails; got != 0 {
+				t.Errorf("store_failures_total counted %v for a client that left", got)
+			}
+			if got := storeRemaining(t, h, mem, ip); got != 5 {
+				t.Errorf("%s: %d left, want 5: the unit the request took was not given back", mem, got)
+			}
+			if fb := handlerZone(t, h, remote).limit.fallback; fb != nil {
+				if d, err := fb.Peek(context.Background(), ip); err != nil || d.Remaining != 50 {
+					t.Errorf("fail local's fallback: %+v, %v; want 50 left: it decided for a client that left", d, err)
 				}
 			}
 		})

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -15,13 +16,18 @@ import (
 )
 
 // statusClientClosedRequest is the status logged when a client leaves
-// while its request is held by a leaky bucket.
+// while its request is held by a leaky bucket, or while a store decides.
 const statusClientClosedRequest = 499
 
 // refuse answers a request that a zone refused, or whose `fail closed`
-// zone's store failed (503, Retry-After: 1).
+// zone's store failed (503, Retry-After: 1), or whose client left while a
+// store decided (499, to nobody: decideRecord).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, req *request) error {
 	if failure := req.failure; failure != nil {
+		var left caddyhttp.HandlerError
+		if errors.As(failure, &left) {
+			return failure
+		}
 		w.Header().Set(hdrRetryAfter, "1")
 		return caddyhttp.Error(http.StatusServiceUnavailable, failure)
 	}
