@@ -504,3 +504,14 @@ func (s *modelSlowLeaser) ReturnMany(ctx context.Context, returns []limiter.Retu
 	s.mu.Unlock()
 	return err
 }
+
+// decidedAhead is a refill ahead of generation gi whose store decided
+// and whose answer has not come, or nil.
+func (m *modelRun) decidedAhead(gi int) *modelAhead {
+	for _, a := range m.aheads {
+		if a.gi == gi && a.state == aheadDecided {
+			return a
+		}
+	}
+	return nil
+}

@@ -2,6 +2,7 @@ package nearcache
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -34,6 +35,11 @@ type modelGroup struct {
 	sent                       bool
 	decidedAt                  int64
 	decided, deliver, finished chan struct{}
+	// answers are the store's answers to the asks, by key, once it
+	// decided; backs the keys whose ask carried a give-back (a renewal),
+	// which holds its shard's backs lock until its answer is taken.
+	answers map[string]limiter.LeaseAnswer
+	backs   []string
 }
 
 // driveQueued moves the lane of the request q on until the group it is
@@ -167,7 +173,7 @@ func (s *modelSlowLeaser) Renew(ctx context.Context, back limiter.Return, cost, 
 		s.group = nil
 		d, err := s.Leaser.Renew(ctx, back, cost, want)
 		answers := []limiter.LeaseAnswer{{Admission: d, Err: err}}
-		s.holdGroup(g, []limiter.LeaseAsk{{Key: back.Key}}, answers)
+		s.holdGroup(g, []limiter.LeaseAsk{{Key: back.Key, Back: back}}, answers)
 		return answers[0].Admission, answers[0].Err
 	}
 	var d limiter.Admission
@@ -205,7 +211,12 @@ func (s *modelSlowLeaser) LeaseMany(ctx context.Context, asks []limiter.LeaseAsk
 func (s *modelSlowLeaser) holdGroup(g *modelGroup, asks []limiter.LeaseAsk, answers []limiter.LeaseAnswer) {
 	now := s.m.clock.Now().UnixMicro()
 	g.decidedAt, s.decided = now, now
+	g.answers = map[string]limiter.LeaseAnswer{}
 	for i, ask := range asks {
+		g.answers[ask.Key] = answers[i]
+		if ask.Back.Units > 0 {
+			g.backs = append(g.backs, ask.Key)
+		}
 		for _, a := range g.aheads {
 			if a.key == ask.Key {
 				a.d, a.err, a.decidedAt = answers[i].Admission, answers[i].Err, now
@@ -253,6 +264,11 @@ type modelBurstTake struct {
 	answered, decided int64
 	// resume lets it go on once it queued (modelQueued).
 	resume chan struct{}
+	// cancel ends its context, so that, queued, it leaves; left is set
+	// once it did, renewal when its ask carried a give-back, reset when
+	// its key was reset on its instance before the answer came.
+	cancel               context.CancelFunc
+	left, renewal, reset bool
 }
 
 // burst sends a request of every key on instance inst of generation gi
@@ -264,6 +280,16 @@ type modelBurstTake struct {
 // send and its answer the instance may close. Then each request that
 // queued takes its answer, one at a time, and the model notes every
 // answer as a take's.
+//
+// Some requests that queued may leave first (their contexts end), as
+// clients that give up do: before the call ahead of them returns, or
+// once the store decided their group. Their Take returns the context's
+// error and the model books no admission for them; what their refill
+// brings becomes the key's lease, whole, for later requests (or goes
+// back, the cache closed meanwhile), and the model notes its grant as a
+// refill ahead's (leftAnswered). With no give-back in the group (none
+// holds its shard's backs lock), the key of one that left may be reset
+// on its instance before the answer comes: the answer is then dropped.
 //
 // The instance's refills ahead handed over and not sent may queue behind
 // the first request's call instead of the requests after it: their group
@@ -322,6 +348,7 @@ func (m *modelRun) burst(gi, inst int) {
 			if t.resume != nil {
 				close(t.resume)
 			}
+			t.cancel()
 		}
 	}()
 	results := make(chan struct {
@@ -333,10 +360,11 @@ func (m *modelRun) burst(gi, inst int) {
 		if held >= 0 && aheadsBehind {
 			break
 		}
-		t := &modelBurstTake{key: key, cost: 1 + m.rng.Int64N(min(3, g.quota)), epoch: g.keys[key].epoch}
+		ctx, cancel := context.WithCancel(m.ctx)
+		t := &modelBurstTake{key: key, cost: 1 + m.rng.Int64N(min(3, g.quota)), epoch: g.keys[key].epoch, cancel: cancel}
 		takes = append(takes, t)
 		go func() {
-			d, err := cache.Take(m.ctx, t.key, t.cost)
+			d, err := cache.Take(ctx, t.key, t.cost)
 			results <- struct {
 				i   int
 				res takeResult
@@ -396,6 +424,54 @@ func (m *modelRun) burst(gi, inst int) {
 	if len(queued) > 0 && m.rng.IntN(2) == 0 {
 		m.advance(time.Duration(1+m.rng.Int64N(g.w/3)) * time.Microsecond) // the queue waits
 	}
+	var leavers []*modelBurstTake
+	early := false
+	if len(queued) > 0 && !modelSkips("leave") && m.rng.IntN(3) == 0 {
+		var waiting []*modelBurstTake
+		for _, t := range takes {
+			if t.resume != nil {
+				waiting = append(waiting, t)
+			}
+		}
+		for _, t := range waiting {
+			if m.rng.IntN(2) == 0 {
+				leavers = append(leavers, t)
+			}
+		}
+		if len(leavers) == 0 {
+			leavers = append(leavers, waiting[m.rng.IntN(len(waiting))])
+		}
+		early = m.rng.IntN(2) == 0
+	}
+	// leave ends the leavers' contexts while their asks wait (their
+	// answers not come): each Take returns at once, with the error.
+	leave := func(when string) {
+		var keys []string
+		for _, t := range leavers {
+			t.cancel()
+			close(t.resume)
+			t.resume = nil
+			r := <-results
+			takes[r.i].res, takes[r.i].answered = &r.res, m.clock.Now().UnixMicro()
+			if takes[r.i] != t {
+				m.fail("gen %d inst %d: the request of %s left, and the request of %s answered", gi, inst, t.key, takes[r.i].key)
+				return
+			}
+			if !errors.Is(r.res.err, context.Canceled) {
+				m.fail("gen %d inst %d: the request of %s left its lane's queue, and its take returned %+v, %v; want its context's error", gi, inst, t.key, r.res.d.Decision, r.res.err)
+				return
+			}
+			t.left = true
+			keys = append(keys, t.key)
+		}
+		m.logf("gen %d inst %d: the requests of %v leave the queue, %s", gi, inst, keys, when)
+	}
+	if early {
+		leave("before the call ahead of them returns")
+		if m.failure != "" {
+			return
+		}
+	}
 	takes[held].decided = hold.at
 	close(hold.deliver)
 	released = true
@@ -414,12 +490,39 @@ func (m *modelRun) burst(gi, inst int) {
 			return
 		}
 		m.sendGroup(grp)
+		if len(leavers) > 0 && !early {
+			leave("once the store decided their group")
+		}
+		if m.failure != "" {
+			return
+		}
+		for _, t := range leavers {
+			t.renewal = slices.Contains(grp.backs, t.key)
+		}
 		if m.rng.IntN(3) == 0 {
 			m.advance(time.Duration(1+m.rng.Int64N(g.w/3)) * time.Microsecond) // a slow reply
 		}
-		closing := m.rng.IntN(20) == 0 && !modelSkips("close") && m.beginClose(gi, inst) // the group answers a closed cache
+		if len(leavers) > 0 && len(grp.backs) == 0 && !modelSkips("reset") && m.rng.IntN(4) == 0 {
+			// No give-back in the group holds a backs lock the reset would
+			// wait for (nearShard.backs): it runs before the answer comes.
+			t := leavers[m.rng.IntN(len(leavers))]
+			m.reset(gi, inst, t.key)
+			t.reset = true
+		}
+		befores := make([][2]modelLease, len(leavers))
+		for i, t := range leavers {
+			befores[i] = cache.leases(t.key)
+		}
+		chance := 20
+		if len(leavers) > 0 {
+			chance = 6
+		}
+		closing := m.rng.IntN(chance) == 0 && !modelSkips("close") && m.beginClose(gi, inst) // the group answers a closed cache
 		if slices.Contains(m.groups, grp) {
 			m.deliverGroup(grp)
+		}
+		for i, t := range leavers {
+			m.leftAnswered(gi, inst, grp, t, befores[i])
 		}
 		for _, t := range takes {
 			if t.resume == nil || m.failure != "" {
@@ -445,6 +548,9 @@ func (m *modelRun) bookBurst(gi, inst int, takes []*modelBurstTake) {
 	for _, t := range takes {
 		if m.failure != "" {
 			return
+		}
+		if t.left {
+			continue // no admission: the requester left
 		}
 		if t.res == nil {
 			m.fail("gen %d inst %d: a burst's request of %s never answered", gi, inst, t.key)

@@ -65,6 +65,11 @@ func TestModel(t *testing.T) {
 		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.groupsShared.Load() == 0 || totals.queuedRequests.Load() == 0 || totals.aheadsGroupedLate.Load() == 0) {
 			t.Error("the schedules should send groups of several asks, queue requests behind a call under way, and answer a group's refill ahead after an expiry, a reset elsewhere or a close")
 		}
+		t.Logf("model leavers: %d queued requests left before their answer came; %d of them renewals, %d reset and %d closed before it came",
+			totals.left.Load(), totals.leftRenewals.Load(), totals.leftReset.Load(), totals.leftClosed.Load())
+		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.left.Load() == 0 || totals.leftRenewals.Load() == 0 || totals.leftReset.Load() == 0 || totals.leftClosed.Load() == 0) {
+			t.Error("the schedules should have queued requests leave before their answer came: one whose ask is a renewal, one whose key is reset and one whose cache is closed meanwhile")
+		}
 		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.reclaimed.Load() == 0 || totals.aheadSpends.Load() == 0 || totals.waited.Load() == 0 || totals.aheadsLate.Load() == 0 || totals.aheadsReset.Load() == 0 || totals.aheadsClosed.Load() == 0) {
 			t.Error("the schedules should reclaim leases, spend leases refilled ahead, wait for one, and have one answer after the current lease expired, after a reset elsewhere and to a closed cache")
 		}
@@ -121,7 +126,7 @@ var modelTraceFlag = flag.Bool("model.trace", false, "TestModel: log the steps o
 var modelBackFlag = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
 
 // modelStepKinds are the steps -model.skip can leave out.
-var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor", "ahead", "close", "reclaim", "burst"}
+var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor", "ahead", "close", "reclaim", "burst", "leave"}
 
 // modelSkips reports whether -model.skip leaves out kind.
 func modelSkips(kind string) bool { return modelFlags.Skips(kind) }
@@ -199,6 +204,11 @@ type modelTotals struct {
 	// after the current lease expired, after a reset elsewhere or to a
 	// closed cache.
 	groups, groupsShared, aheadsQueued, queuedRequests, aheadsGrouped, aheadsGroupedLate atomic.Int64
+	// left counts the requests that left their lane's queue before their
+	// answer came (burst); leftRenewals those whose ask was a renewal,
+	// leftReset those whose key was reset on their instance before the
+	// answer came, leftClosed those whose cache closed meanwhile.
+	left, leftRenewals, leftReset, leftClosed atomic.Int64
 }
 
 // modelCase is one algorithm with leases of fraction (0: none).
@@ -793,7 +803,13 @@ func (m *modelRun) doStep() {
 		}
 	case r < 960:
 		if !modelSkips("reset") {
-			m.reset(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))])
+			inst, key := m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))]
+			if a := m.decidedAhead(gi); a != nil && m.rng.IntN(2) == 0 {
+				// Rather the key of a refill ahead whose store decided, on
+				// another instance: its answer comes after the reset.
+				inst, key = (a.inst+1+m.rng.IntN(modelInstances-1))%modelInstances, a.key
+			}
+			m.reset(gi, inst, key)
 		}
 	case r < 975:
 		if len(m.gens) == 1 && !modelSkips("limit") {
