@@ -488,7 +488,7 @@ func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want i
 	}
 	var d limiter.Admission
 	var err error
-	if s.holdLone(key, func() { d, err = s.Leaser.TakeUpTo(ctx, key, cost, want) }) {
+	if s.holdLone(key, false, func() { d, err = s.Leaser.TakeUpTo(ctx, key, cost, want) }) {
 		return d, err
 	}
 	return s.replyHook.TakeUpTo(ctx, key, cost, want)

@@ -178,7 +178,7 @@ func (s *modelSlowLeaser) Renew(ctx context.Context, back limiter.Return, cost, 
 	}
 	var d limiter.Admission
 	var err error
-	if s.holdLone(back.Key, func() { d, err = s.Leaser.Renew(ctx, back, cost, want) }) {
+	if s.holdLone(back.Key, true, func() { d, err = s.Leaser.Renew(ctx, back, cost, want) }) {
 		return d, err
 	}
 	return s.replyHook.Renew(ctx, back, cost, want)
@@ -235,18 +235,21 @@ type modelHold struct {
 	key              string
 	at               int64
 	decided, deliver chan struct{}
+	// renew is set when the call is a renewal, which holds its shard's
+	// backs lock until its answer is taken.
+	renew bool
 }
 
 // holdLone holds a lone call of key, which call makes, if the model
 // armed a hold; it reports whether it did.
-func (s *modelSlowLeaser) holdLone(key string, call func()) bool {
+func (s *modelSlowLeaser) holdLone(key string, renew bool, call func()) bool {
 	h := s.hold
 	if h == nil {
 		return false
 	}
 	s.hold = nil
 	call()
-	h.key, h.at = key, s.m.clock.Now().UnixMicro()
+	h.key, h.at, h.renew = key, s.m.clock.Now().UnixMicro(), renew
 	close(h.decided)
 	<-h.deliver
 	return true
@@ -269,6 +272,10 @@ type modelBurstTake struct {
 	// its key was reset on its instance before the answer came.
 	cancel               context.CancelFunc
 	left, renewal, reset bool
+	// resetQueued is set when its key was reset on its instance while
+	// its ask was still in the lane's queue: the store decided it after
+	// the reset.
+	resetQueued bool
 }
 
 // burst sends a request of every key on instance inst of generation gi
@@ -466,10 +473,24 @@ func (m *modelRun) burst(gi, inst int) {
 		}
 		m.logf("gen %d inst %d: the requests of %v leave the queue, %s", gi, inst, keys, when)
 	}
+	closing := false
 	if early {
 		leave("before the call ahead of them returns")
 		if m.failure != "" {
 			return
+		}
+		if !hold.renew && cache.queuedBacks() == 0 && !modelSkips("reset") && m.rng.IntN(4) == 0 {
+			// No give-back under way on the lane holds a backs lock the
+			// reset would wait for: it runs while the ask is queued, and
+			// the store decides the ask after it.
+			t := leavers[m.rng.IntN(len(leavers))]
+			m.reset(gi, inst, t.key)
+			t.resetQueued = true
+		}
+		if len(m.aheadsOf(gi, inst)) == 0 && !modelSkips("close") && m.rng.IntN(12) == 0 {
+			// No refill ahead for Close to move on while the lane's call
+			// is held: the cache closes with the asks queued.
+			closing = m.beginClose(gi, inst)
 		}
 	}
 	takes[held].decided = hold.at
@@ -502,7 +523,8 @@ func (m *modelRun) burst(gi, inst int) {
 		if m.rng.IntN(3) == 0 {
 			m.advance(time.Duration(1+m.rng.Int64N(g.w/3)) * time.Microsecond) // a slow reply
 		}
-		if len(leavers) > 0 && len(grp.backs) == 0 && !modelSkips("reset") && m.rng.IntN(4) == 0 {
+		resetQueued := slices.ContainsFunc(leavers, func(t *modelBurstTake) bool { return t.resetQueued })
+		if len(leavers) > 0 && !resetQueued && len(grp.backs) == 0 && !modelSkips("reset") && m.rng.IntN(4) == 0 {
 			// No give-back in the group holds a backs lock the reset would
 			// wait for (nearShard.backs): it runs before the answer comes.
 			t := leavers[m.rng.IntN(len(leavers))]
@@ -515,9 +537,11 @@ func (m *modelRun) burst(gi, inst int) {
 		}
 		chance := 20
 		if len(leavers) > 0 {
-			chance = 6
+			chance = 8
 		}
-		closing := m.rng.IntN(chance) == 0 && !modelSkips("close") && m.beginClose(gi, inst) // the group answers a closed cache
+		if !closing {
+			closing = m.rng.IntN(chance) == 0 && !modelSkips("close") && m.beginClose(gi, inst) // the group answers a closed cache
+		}
 		if slices.Contains(m.groups, grp) {
 			m.deliverGroup(grp)
 		}

@@ -10,6 +10,23 @@ import (
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
+// queuedBacks is how many asks queued in c's lanes carry a give-back
+// (a renewal's), each holding its shard's backs lock.
+func (c *Cache) queuedBacks() int {
+	n := 0
+	for i := range c.lanes {
+		l := &c.lanes[i]
+		l.mu.Lock()
+		for _, a := range l.queue {
+			if a.Back.Units > 0 {
+				n++
+			}
+		}
+		l.mu.Unlock()
+	}
+	return n
+}
+
 // Requests that leave their lane's queue (lanes.go: a request whose
 // context ends while its lease request waits) in TestModel: a burst's
 // queued requests may leave (modelRun.burst), and leftAnswered notes
@@ -51,6 +68,23 @@ func (m *modelRun) leftAnswered(gi, inst int, grp *modelGroup, t *modelBurstTake
 	}
 	var what string
 	switch {
+	case t.resetQueued:
+		m.totals.leftResetQueued.Add(1)
+		prev := ks.hwm
+		ks.hwm = max(ks.hwm, grp.decidedAt)
+		if kept {
+			m.fail("gen %d inst %d: the refill of %s, whose request left, was sent before the key's reset ended, and the cache kept its lease %d (%d units)", gi, inst, t.key, after[0].gen, after[0].units)
+			return
+		}
+		what = "dropped, the key was reset while it was queued"
+		if ans.Allowed {
+			// Decided on the fresh state: the units stay taken there.
+			a := &modelAdmission{id: m.nextID, gen: gi, inst: inst, key: t.key, cost: ans.Receipt.Granted, d: ans.Admission, epoch: ks.epoch, stranded: true}
+			m.nextID++
+			a.decidedByStore(ans.Time, grp.decidedAt, prev, g.p.Algorithm)
+			m.adm = append(m.adm, a)
+			what += fmt.Sprintf("; its %d units stay taken in the store (#%d, at %s)", a.cost, a.id, m.rel(a.spend))
+		}
 	case t.reset:
 		m.totals.leftReset.Add(1)
 		if kept {
