@@ -418,6 +418,11 @@ func (m *modelRun) endClose(gi, inst int) {
 	if err := g.caches[inst].waitClosed(ctx); err != nil {
 		m.fail("gen %d inst %d: close: %v", gi, inst, err)
 	}
+	// Close returns once every unit leased is back in the store, those
+	// of refills that answered after it began included.
+	if h := g.caches[inst].held(); h != 0 {
+		m.fail("gen %d inst %d: Close returned, and the cache still holds %d units in leases", gi, inst, h)
+	}
 	m.drainReturns(g)
 }
 
