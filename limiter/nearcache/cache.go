@@ -580,7 +580,8 @@ func (f refillAnswer) unhold() {
 // take makes the answer the key's lease or cached refusal, and, for the
 // requester (asked), spends the request's cost from the lease and
 // returns the request's admission; a refill whose requester left keeps
-// the whole lease for the key's next requests. The requester unholds
+// the whole lease for the key's next requests, if they may spend it
+// (spendsAhead), else gives it back. The requester unholds
 // the give-back first; for one that left, settle has done so already.
 func (f refillAnswer) take(asked bool) (limiter.Admission, error) {
 	c, sh, k, a, key, cost := f.c, f.sh, f.k, f.a, f.a.Key, f.a.Cost
@@ -635,11 +636,14 @@ func (f refillAnswer) take(asked bool) (limiter.Admission, error) {
 		}
 		ahead = c.aheadDue(k, key, f.si, cost, now)
 	}
-	if c.closed.Load() && k.units > 0 {
+	if k.units > 0 && (c.closed.Load() || !asked && !c.spendsAhead(k.grant.Receipt)) {
 		// Close ran while the store answered: give back now, on this
 		// request (or the goroutine that answered its requester, gone),
 		// before the refill counts as done: Close waits for refills, and
-		// its sweep found this key's lease still being asked for.
+		// its sweep found this key's lease still being asked for. So does
+		// a lease whose requester left that later requests may not spend,
+		// as a refill ahead's would (a sliding log's grant the store did
+		// not log ahead: TestNearCacheLeftRefillNotLoggedAheadGoesBack).
 		back := nearBack{limiter.Return{Key: key, Units: k.units, Taken: k.grant.Receipt}, k, f.si}
 		k.units, k.expires = 0, 0
 		k.pendingBacks++

@@ -33,8 +33,9 @@ import (
 //   - A request whose context ends while it is queued leaves; its refill
 //     stays under way for its key, and what it brings becomes the key's
 //     lease, whole, as for a refill ahead: spent by the key's next
-//     requests or given back when it lapses, never taken and left
-//     unclaimed (nearAsk.left).
+//     requests or given back when it lapses (at once if they may not
+//     spend it: a sliding log's grant not logged ahead), never taken and
+//     left unclaimed (nearAsk.left).
 //
 // Why here and not in the Redis store: the store answers for each call
 // alone and would have to give back a grant whose caller had gone, a call

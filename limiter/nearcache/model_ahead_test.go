@@ -418,6 +418,11 @@ func (m *modelRun) endClose(gi, inst int) {
 	if err := g.caches[inst].waitClosed(ctx); err != nil {
 		m.fail("gen %d inst %d: close: %v", gi, inst, err)
 	}
+	// Close returns once every unit leased is back in the store, those
+	// of refills that answered after it began included.
+	if h := g.caches[inst].held(); h != 0 {
+		m.fail("gen %d inst %d: Close returned, and the cache still holds %d units in leases", gi, inst, h)
+	}
 	m.drainReturns(g)
 }
 
@@ -488,7 +493,7 @@ func (s *modelSlowLeaser) TakeUpTo(ctx context.Context, key string, cost, want i
 	}
 	var d limiter.Admission
 	var err error
-	if s.holdLone(key, func() { d, err = s.Leaser.TakeUpTo(ctx, key, cost, want) }) {
+	if s.holdLone(key, false, func() { d, err = s.Leaser.TakeUpTo(ctx, key, cost, want) }) {
 		return d, err
 	}
 	return s.replyHook.TakeUpTo(ctx, key, cost, want)
@@ -503,4 +508,15 @@ func (s *modelSlowLeaser) ReturnMany(ctx context.Context, returns []limiter.Retu
 	}
 	s.mu.Unlock()
 	return err
+}
+
+// decidedAhead is a refill ahead of generation gi whose store decided
+// and whose answer has not come, or nil.
+func (m *modelRun) decidedAhead(gi int) *modelAhead {
+	for _, a := range m.aheads {
+		if a.gi == gi && a.state == aheadDecided {
+			return a
+		}
+	}
+	return nil
 }

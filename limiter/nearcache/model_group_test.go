@@ -2,6 +2,7 @@ package nearcache
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -34,6 +35,11 @@ type modelGroup struct {
 	sent                       bool
 	decidedAt                  int64
 	decided, deliver, finished chan struct{}
+	// answers are the store's answers to the asks, by key, once it
+	// decided; backs the keys whose ask carried a give-back (a renewal),
+	// which holds its shard's backs lock until its answer is taken.
+	answers map[string]limiter.LeaseAnswer
+	backs   []string
 }
 
 // driveQueued moves the lane of the request q on until the group it is
@@ -167,12 +173,12 @@ func (s *modelSlowLeaser) Renew(ctx context.Context, back limiter.Return, cost, 
 		s.group = nil
 		d, err := s.Leaser.Renew(ctx, back, cost, want)
 		answers := []limiter.LeaseAnswer{{Admission: d, Err: err}}
-		s.holdGroup(g, []limiter.LeaseAsk{{Key: back.Key}}, answers)
+		s.holdGroup(g, []limiter.LeaseAsk{{Key: back.Key, Back: back}}, answers)
 		return answers[0].Admission, answers[0].Err
 	}
 	var d limiter.Admission
 	var err error
-	if s.holdLone(back.Key, func() { d, err = s.Leaser.Renew(ctx, back, cost, want) }) {
+	if s.holdLone(back.Key, true, func() { d, err = s.Leaser.Renew(ctx, back, cost, want) }) {
 		return d, err
 	}
 	return s.replyHook.Renew(ctx, back, cost, want)
@@ -205,7 +211,12 @@ func (s *modelSlowLeaser) LeaseMany(ctx context.Context, asks []limiter.LeaseAsk
 func (s *modelSlowLeaser) holdGroup(g *modelGroup, asks []limiter.LeaseAsk, answers []limiter.LeaseAnswer) {
 	now := s.m.clock.Now().UnixMicro()
 	g.decidedAt, s.decided = now, now
+	g.answers = map[string]limiter.LeaseAnswer{}
 	for i, ask := range asks {
+		g.answers[ask.Key] = answers[i]
+		if ask.Back.Units > 0 {
+			g.backs = append(g.backs, ask.Key)
+		}
 		for _, a := range g.aheads {
 			if a.key == ask.Key {
 				a.d, a.err, a.decidedAt = answers[i].Admission, answers[i].Err, now
@@ -224,18 +235,21 @@ type modelHold struct {
 	key              string
 	at               int64
 	decided, deliver chan struct{}
+	// renew is set when the call is a renewal, which holds its shard's
+	// backs lock until its answer is taken.
+	renew bool
 }
 
 // holdLone holds a lone call of key, which call makes, if the model
 // armed a hold; it reports whether it did.
-func (s *modelSlowLeaser) holdLone(key string, call func()) bool {
+func (s *modelSlowLeaser) holdLone(key string, renew bool, call func()) bool {
 	h := s.hold
 	if h == nil {
 		return false
 	}
 	s.hold = nil
 	call()
-	h.key, h.at = key, s.m.clock.Now().UnixMicro()
+	h.key, h.at, h.renew = key, s.m.clock.Now().UnixMicro(), renew
 	close(h.decided)
 	<-h.deliver
 	return true
@@ -253,6 +267,15 @@ type modelBurstTake struct {
 	answered, decided int64
 	// resume lets it go on once it queued (modelQueued).
 	resume chan struct{}
+	// cancel ends its context, so that, queued, it leaves; left is set
+	// once it did, renewal when its ask carried a give-back, reset when
+	// its key was reset on its instance before the answer came.
+	cancel               context.CancelFunc
+	left, renewal, reset bool
+	// resetQueued is set when its key was reset on its instance while
+	// its ask was still in the lane's queue: the store decided it after
+	// the reset.
+	resetQueued bool
 }
 
 // burst sends a request of every key on instance inst of generation gi
@@ -264,6 +287,16 @@ type modelBurstTake struct {
 // send and its answer the instance may close. Then each request that
 // queued takes its answer, one at a time, and the model notes every
 // answer as a take's.
+//
+// Some requests that queued may leave first (their contexts end), as
+// clients that give up do: before the call ahead of them returns, or
+// once the store decided their group. Their Take returns the context's
+// error and the model books no admission for them; what their refill
+// brings becomes the key's lease, whole, for later requests (or goes
+// back, the cache closed meanwhile), and the model notes its grant as a
+// refill ahead's (leftAnswered). With no give-back in the group (none
+// holds its shard's backs lock), the key of one that left may be reset
+// on its instance before the answer comes: the answer is then dropped.
 //
 // The instance's refills ahead handed over and not sent may queue behind
 // the first request's call instead of the requests after it: their group
@@ -322,6 +355,7 @@ func (m *modelRun) burst(gi, inst int) {
 			if t.resume != nil {
 				close(t.resume)
 			}
+			t.cancel()
 		}
 	}()
 	results := make(chan struct {
@@ -333,10 +367,11 @@ func (m *modelRun) burst(gi, inst int) {
 		if held >= 0 && aheadsBehind {
 			break
 		}
-		t := &modelBurstTake{key: key, cost: 1 + m.rng.Int64N(min(3, g.quota)), epoch: g.keys[key].epoch}
+		ctx, cancel := context.WithCancel(m.ctx)
+		t := &modelBurstTake{key: key, cost: 1 + m.rng.Int64N(min(3, g.quota)), epoch: g.keys[key].epoch, cancel: cancel}
 		takes = append(takes, t)
 		go func() {
-			d, err := cache.Take(m.ctx, t.key, t.cost)
+			d, err := cache.Take(ctx, t.key, t.cost)
 			results <- struct {
 				i   int
 				res takeResult
@@ -396,6 +431,68 @@ func (m *modelRun) burst(gi, inst int) {
 	if len(queued) > 0 && m.rng.IntN(2) == 0 {
 		m.advance(time.Duration(1+m.rng.Int64N(g.w/3)) * time.Microsecond) // the queue waits
 	}
+	var leavers []*modelBurstTake
+	early := false
+	if len(queued) > 0 && !modelSkips("leave") && m.rng.IntN(3) == 0 {
+		var waiting []*modelBurstTake
+		for _, t := range takes {
+			if t.resume != nil {
+				waiting = append(waiting, t)
+			}
+		}
+		for _, t := range waiting {
+			if m.rng.IntN(2) == 0 {
+				leavers = append(leavers, t)
+			}
+		}
+		if len(leavers) == 0 {
+			leavers = append(leavers, waiting[m.rng.IntN(len(waiting))])
+		}
+		early = m.rng.IntN(2) == 0
+	}
+	// leave ends the leavers' contexts while their asks wait (their
+	// answers not come): each Take returns at once, with the error.
+	leave := func(when string) {
+		var keys []string
+		for _, t := range leavers {
+			t.cancel()
+			close(t.resume)
+			t.resume = nil
+			r := <-results
+			takes[r.i].res, takes[r.i].answered = &r.res, m.clock.Now().UnixMicro()
+			if takes[r.i] != t {
+				m.fail("gen %d inst %d: the request of %s left, and the request of %s answered", gi, inst, t.key, takes[r.i].key)
+				return
+			}
+			if !errors.Is(r.res.err, context.Canceled) {
+				m.fail("gen %d inst %d: the request of %s left its lane's queue, and its take returned %+v, %v; want its context's error", gi, inst, t.key, r.res.d.Decision, r.res.err)
+				return
+			}
+			t.left = true
+			keys = append(keys, t.key)
+		}
+		m.logf("gen %d inst %d: the requests of %v leave the queue, %s", gi, inst, keys, when)
+	}
+	closing := false
+	if early {
+		leave("before the call ahead of them returns")
+		if m.failure != "" {
+			return
+		}
+		if !hold.renew && cache.queuedBacks() == 0 && !modelSkips("reset") && m.rng.IntN(4) == 0 {
+			// No give-back under way on the lane holds a backs lock the
+			// reset would wait for: it runs while the ask is queued, and
+			// the store decides the ask after it.
+			t := leavers[m.rng.IntN(len(leavers))]
+			m.reset(gi, inst, t.key)
+			t.resetQueued = true
+		}
+		if len(m.aheadsOf(gi, inst)) == 0 && !modelSkips("close") && m.rng.IntN(12) == 0 {
+			// No refill ahead for Close to move on while the lane's call
+			// is held: the cache closes with the asks queued.
+			closing = m.beginClose(gi, inst)
+		}
+	}
 	takes[held].decided = hold.at
 	close(hold.deliver)
 	released = true
@@ -414,12 +511,42 @@ func (m *modelRun) burst(gi, inst int) {
 			return
 		}
 		m.sendGroup(grp)
+		if len(leavers) > 0 && !early {
+			leave("once the store decided their group")
+		}
+		if m.failure != "" {
+			return
+		}
+		for _, t := range leavers {
+			t.renewal = slices.Contains(grp.backs, t.key)
+		}
 		if m.rng.IntN(3) == 0 {
 			m.advance(time.Duration(1+m.rng.Int64N(g.w/3)) * time.Microsecond) // a slow reply
 		}
-		closing := m.rng.IntN(20) == 0 && !modelSkips("close") && m.beginClose(gi, inst) // the group answers a closed cache
+		resetQueued := slices.ContainsFunc(leavers, func(t *modelBurstTake) bool { return t.resetQueued })
+		if len(leavers) > 0 && !resetQueued && len(grp.backs) == 0 && !modelSkips("reset") && m.rng.IntN(4) == 0 {
+			// No give-back in the group holds a backs lock the reset would
+			// wait for (nearShard.backs): it runs before the answer comes.
+			t := leavers[m.rng.IntN(len(leavers))]
+			m.reset(gi, inst, t.key)
+			t.reset = true
+		}
+		befores := make([][2]modelLease, len(leavers))
+		for i, t := range leavers {
+			befores[i] = cache.leases(t.key)
+		}
+		chance := 20
+		if len(leavers) > 0 {
+			chance = 8
+		}
+		if !closing {
+			closing = m.rng.IntN(chance) == 0 && !modelSkips("close") && m.beginClose(gi, inst) // the group answers a closed cache
+		}
 		if slices.Contains(m.groups, grp) {
 			m.deliverGroup(grp)
+		}
+		for i, t := range leavers {
+			m.leftAnswered(gi, inst, grp, t, befores[i])
 		}
 		for _, t := range takes {
 			if t.resume == nil || m.failure != "" {
@@ -445,6 +572,9 @@ func (m *modelRun) bookBurst(gi, inst int, takes []*modelBurstTake) {
 	for _, t := range takes {
 		if m.failure != "" {
 			return
+		}
+		if t.left {
+			continue // no admission: the requester left
 		}
 		if t.res == nil {
 			m.fail("gen %d inst %d: a burst's request of %s never answered", gi, inst, t.key)

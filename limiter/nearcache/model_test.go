@@ -65,6 +65,11 @@ func TestModel(t *testing.T) {
 		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.groupsShared.Load() == 0 || totals.queuedRequests.Load() == 0 || totals.aheadsGroupedLate.Load() == 0) {
 			t.Error("the schedules should send groups of several asks, queue requests behind a call under way, and answer a group's refill ahead after an expiry, a reset elsewhere or a close")
 		}
+		t.Logf("model leavers: %d queued requests left before their answer came; %d of them renewals; %d whose key was reset while queued and %d once decided; %d whose cache closed before it came",
+			totals.left.Load(), totals.leftRenewals.Load(), totals.leftResetQueued.Load(), totals.leftReset.Load(), totals.leftClosed.Load())
+		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.left.Load() == 0 || totals.leftRenewals.Load() == 0 || totals.leftResetQueued.Load() == 0 || totals.leftReset.Load() == 0 || totals.leftClosed.Load() == 0) {
+			t.Error("the schedules should have queued requests leave before their answer came: one whose ask is a renewal, one whose key is reset while it is queued and once it is decided, and one whose cache is closed meanwhile")
+		}
 		if !replay && !modelFlags.Skipping() && !testing.Short() && (totals.reclaimed.Load() == 0 || totals.aheadSpends.Load() == 0 || totals.waited.Load() == 0 || totals.aheadsLate.Load() == 0 || totals.aheadsReset.Load() == 0 || totals.aheadsClosed.Load() == 0) {
 			t.Error("the schedules should reclaim leases, spend leases refilled ahead, wait for one, and have one answer after the current lease expired, after a reset elsewhere and to a closed cache")
 		}
@@ -121,7 +126,7 @@ var modelTraceFlag = flag.Bool("model.trace", false, "TestModel: log the steps o
 var modelBackFlag = flag.Duration("model.back", -1, "TestModel: the largest step back of the clock (default: see modelBackFor)")
 
 // modelStepKinds are the steps -model.skip can leave out.
-var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor", "ahead", "close", "reclaim", "burst"}
+var modelStepKinds = []string{"refund", "partial", "charge", "sweep", "back", "slow", "reset", "midreset", "limit", "quiet", "edge", "janitor", "ahead", "close", "reclaim", "burst", "leave"}
 
 // modelSkips reports whether -model.skip leaves out kind.
 func modelSkips(kind string) bool { return modelFlags.Skips(kind) }
@@ -199,6 +204,13 @@ type modelTotals struct {
 	// after the current lease expired, after a reset elsewhere or to a
 	// closed cache.
 	groups, groupsShared, aheadsQueued, queuedRequests, aheadsGrouped, aheadsGroupedLate atomic.Int64
+	// left counts the requests that left their lane's queue before their
+	// answer came (burst); leftRenewals those whose ask was a renewal,
+	// leftReset those whose key was reset on their instance once the
+	// store decided and before the answer came, leftResetQueued those
+	// whose key was reset while the ask was still queued, leftClosed
+	// those whose cache closed meanwhile.
+	left, leftRenewals, leftReset, leftResetQueued, leftClosed atomic.Int64
 }
 
 // modelCase is one algorithm with leases of fraction (0: none).
@@ -332,6 +344,12 @@ type modelAdmission struct {
 	// take's) or, overdrawn, taken from the store past the limit, which
 	// the checks allow on top of it (see modelRun.charge).
 	charged, overdrawn bool
+	// stranded marks units the store counted for a refill whose
+	// requester left and that no request will spend: decided after an
+	// admin reset of the key on the instance while it was queued, the
+	// cache drops the lease (refillAnswer.take), and they stay taken in
+	// the fresh state, an under-admission, until it ends. Never refunded.
+	stranded bool
 }
 
 // decidedByStore times a, an admission of the store that reported the
@@ -793,7 +811,13 @@ func (m *modelRun) doStep() {
 		}
 	case r < 960:
 		if !modelSkips("reset") {
-			m.reset(gi, m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))])
+			inst, key := m.rng.IntN(modelInstances), m.keys[m.rng.IntN(len(m.keys))]
+			if a := m.decidedAhead(gi); a != nil && m.rng.IntN(2) == 0 {
+				// Rather the key of a refill ahead whose store decided, on
+				// another instance: its answer comes after the reset.
+				inst, key = (a.inst+1+m.rng.IntN(modelInstances-1))%modelInstances, a.key
+			}
+			m.reset(gi, inst, key)
 		}
 	case r < 975:
 		if len(m.gens) == 1 && !modelSkips("limit") {
@@ -1216,7 +1240,7 @@ func (m *modelRun) refund() {
 	var open []int
 	now := m.clock.Now().UnixMicro()
 	for i, a := range m.adm {
-		if a.refunded || a.credit || a.charged {
+		if a.refunded || a.credit || a.charged || a.stranded {
 			continue
 		}
 		// A bucket's refund credits tokens when it is made, so one long
@@ -1855,6 +1879,9 @@ func ids(as []*modelAdmission) string {
 		}
 		if a.charged {
 			src += " (a charge)"
+		}
+		if a.stranded {
+			src += " (stranded)"
 		}
 		fmt.Fprintf(&b, "#%d inst %d cost %d by %s", a.id, a.inst, a.cost, src)
 	}
