@@ -17,7 +17,7 @@ func concurrencyConfig(t *testing.T, name, store string) func(events int) string
 	t.Helper()
 	redisBlock := ""
 	if store == storeRedis {
-		redisBlock = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n}"
+		redisBlock = "redis {\n url redis://" + redistest.Start(t).Addr() + "\n timeout 1s\n}"
 	}
 	return func(events int) string {
 		return `rate_limit {

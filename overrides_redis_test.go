@@ -28,7 +28,7 @@ import (
 func TestOverrideRecordWithoutGenKeepsBareKeyState(t *testing.T) {
 	srv := redistest.Start(t)
 	const name = "ov_gen0"
-	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key {http.request.header.X-Key}", "algorithm fixed_window", "rate 10/1h", "store redis"), redisConfig(srv.Addr())))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key {http.request.header.X-Key}", "algorithm fixed_window", "rate 10/1h", "store redis"), redisConfig(srv.Addr(), "timeout 1s")))
 	var z *zone
 	for _, zz := range h.zones {
 		if zz.name == name {
@@ -83,7 +83,7 @@ func TestOverrideRecordWithoutGenKeepsBareKeyState(t *testing.T) {
 func TestOverrideForeignRecordBelowAPIFloorSkipped(t *testing.T) {
 	srv := redistest.Start(t)
 	const name, key = "ov_foreign", "foreign-key"
-	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key {http.request.header.X-Key}", "algorithm fixed_window", "rate 2/1h", "store redis"), redisConfig(srv.Addr())))
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(name, "key {http.request.header.X-Key}", "algorithm fixed_window", "rate 2/1h", "store redis"), redisConfig(srv.Addr(), "timeout 1s")))
 	z := handlerZone(t, h, name)
 	foreign := limiter.Override{Action: limiter.OverrideLimit, Events: 1, Window: time.Microsecond}
 	if err := z.checkOverride(foreign); err == nil {
@@ -129,7 +129,7 @@ func TestOverrideForeignRecordBelowAPIFloorSkipped(t *testing.T) {
 func TestOverrideConcurrentPutsOfDifferentLimitsRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	const name, key = "ov_puts_at_once", "198.51.100.201"
-	provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 10/1h", "store redis"), redisConfig(srv.Addr())))
+	provisionHandler(t, rateLimitConfig(zoneConfig(name, "key ip", "algorithm fixed_window", "rate 10/1h", "store redis"), redisConfig(srv.Addr(), "timeout 1s")))
 	t.Cleanup(func() { adminOverride(t, http.MethodDelete, name, key, "") })
 	var (
 		mu     sync.Mutex

@@ -15,7 +15,7 @@ import (
 func TestReclaimsReachOtherHandlersOfTheProcess(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := rateLimitConfig(zoneConfig("reclaim_sites", "key ip", "algorithm fixed_window", "rate 30/1h",
-		"store redis", "local_quota 0.3"), redisConfig(srv.Addr()))
+		"store redis", "local_quota 0.3"), redisConfig(srv.Addr(), "timeout 1s"))
 	a, b := provisionHandler(t, cfg), provisionHandler(t, cfg)
 	admitted := 0
 	for range 8 {

@@ -151,12 +151,12 @@ func TestNearCacheGroupsLeases(t *testing.T) {
 
 // gatedWindow is gatedCache over a memory store of a fixed window of 100
 // an hour on a clock of its own, which it returns with them.
-func gatedWindow(t *testing.T, queue int) (*Cache, *gatedBatcher, queueWatch, *limiter.Memory) {
+func gatedWindow(t *testing.T, queue int, more ...func(*Options)) (*Cache, *gatedBatcher, queueWatch, *limiter.Memory) {
 	t.Helper()
 	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
 	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
 	mem := newTestMemory(t, p, clock)
-	cache, store, queued := gatedCache(t, mem, p, clock, queue)
+	cache, store, queued := gatedCache(t, mem, p, clock, queue, more...)
 	return cache, store, queued, mem
 }
 
@@ -173,12 +173,17 @@ func busyLane(ctx context.Context, t *testing.T, cache *Cache, gate *replyGate) 
 
 // gatedCache is a cache leasing half of p's quota from store behind a
 // gate (gatedBatcher: arm holds its next call), on clock, with no janitor,
-// and the watch its queued requests report to (room for queue of them).
-func gatedCache(t *testing.T, store limiter.LeaseBatcher, p limiter.Policy, clock *testutil.Clock, queue int) (*Cache, *gatedBatcher, queueWatch) {
+// and the watch its queued requests report to (room for queue of them);
+// more set further options.
+func gatedCache(t *testing.T, store limiter.LeaseBatcher, p limiter.Policy, clock *testutil.Clock, queue int, more ...func(*Options)) (*Cache, *gatedBatcher, queueWatch) {
 	t.Helper()
 	gated := &gatedBatcher{LeaseBatcher: store}
 	queued := make(queueWatch, queue)
-	return openCache(t, gated, p, Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook}), gated, queued
+	opts := Options{LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook}
+	for _, set := range more {
+		set(&opts)
+	}
+	return openCache(t, gated, p, opts), gated, queued
 }
 
 // TestNearCacheGroupFails: a group the store fails fails each of its

@@ -37,6 +37,84 @@ func waitWriterPending(t *testing.T, sh *nearShard) {
 	}
 }
 
+// leaveQueued queues, behind a busy lane (busyLane), a request of 1 for
+// leaver and then the renewal of 3 for "renewed" (renewable), and ends
+// the leaver's context, and the renewal's too when both. It waits for
+// each request that left to fail with its context's error, and returns
+// the channel of the renewal's answer (answered already when both).
+func leaveQueued(ctx context.Context, t *testing.T, cache *Cache, queued queueWatch, leaver string, both bool) chan takeResult {
+	t.Helper()
+	leaving, leave := context.WithCancel(ctx)
+	left := takeAsync(leaving, cache, leaver, 1)
+	queued.wait(t, 1)
+	renewing := ctx
+	if both {
+		renewing = leaving
+	}
+	renewal := takeAsync(renewing, cache, "renewed", 3)
+	queued.wait(t, 1)
+	leave()
+	gone := []chan takeResult{left}
+	if both {
+		gone = append(gone, renewal)
+	}
+	for _, ch := range gone {
+		if r := <-ch; r.err == nil {
+			t.Fatalf("a request that left: %+v; want its context's error", r.d)
+		}
+	}
+	return renewal
+}
+
+// closeWithResetPending closes cache while its groups are with the store
+// (Close gives up after a second, since they cannot be answered yet) and
+// starts an admin reset of "renewed", which it returns once the reset
+// waits for the shard's give-back lock.
+func closeWithResetPending(ctx context.Context, t *testing.T, cache *Cache) chan error {
+	t.Helper()
+	closing, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_ = cache.Close(closing)
+	reset := resetAsync(ctx, cache, "renewed")
+	waitWriterPending(t, cache.shard("renewed"))
+	return reset
+}
+
+// resetWithin reports whether the reset answering on reset (resetAsync)
+// returned within 5 s, failing the test if it returned an error.
+func resetWithin(t *testing.T, reset chan error) bool {
+	t.Helper()
+	select {
+	case err := <-reset:
+		if err != nil {
+			t.Fatal(err)
+		}
+		return true
+	case <-time.After(5 * time.Second):
+		return false
+	}
+}
+
+// leaveAsDelivered holds the lane with a lone call for busy at store's
+// gate, queues a request of cost for key behind it, and ends that
+// request's context just as the gate opens, so its requester and settle
+// race for the answer. It reports whether the request was admitted.
+func leaveAsDelivered(ctx context.Context, t *testing.T, cache *Cache, store *gatedBatcher, queued queueWatch, busy, key string, cost int64) bool {
+	t.Helper()
+	store.arm()
+	first := takeAsync(ctx, cache, busy, 1)
+	store.waitCalled(t, "the first request never reached the store")
+	leaving, leave := context.WithCancel(ctx)
+	defer leave()
+	res := takeAsync(leaving, cache, key, cost)
+	queued.wait(t, 1)
+	go leave()
+	close(store.release)
+	<-first
+	r := <-res
+	return r.err == nil && r.d.Allowed
+}
+
 // TestNearCacheGroupAnsweredBeforeLeftDuringReset: settle answers every
 // requester of its groups before it runs the left asks' callbacks. It
 // delivered a group's answers in turn on one goroutine, and an ask whose
@@ -51,32 +129,12 @@ func waitWriterPending(t *testing.T, sh *nearShard) {
 func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 	ctx := context.Background()
 	cache, store, queued, _ := gatedWindow(t, 16)
-
-	// "renewed" holds a lease of 2 with 1 unit left: its next request of 3
-	// is a renewal, which holds its shard's backs lock while it waits.
-	for range 2 {
-		if d, err := cache.Take(ctx, "renewed", 1); err != nil || !d.Allowed {
-			t.Fatalf("take: %+v, %v", d, err)
-		}
-	}
-	leaver := sameShardKey(t, cache, "renewed")
-
+	// "renewed"'s next request of 3 is a renewal, which holds its shard's
+	// backs lock while it waits.
+	renewable(t, cache, "renewed")
 	first := busyLane(ctx, t, cache, &store.replyGate)
-	leaving, leave := context.WithCancel(ctx)
-	left := takeAsync(leaving, cache, leaver, 1)
-	queued.wait(t, 1)
-	renewal := takeAsync(ctx, cache, "renewed", 3)
-	queued.wait(t, 1)
-	leave()
-	if r := <-left; r.err == nil {
-		t.Fatalf("the request that left: %+v; want its context's error", r.d)
-	}
-
-	closing, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_ = cache.Close(closing)
-	reset := resetAsync(ctx, cache, "renewed")
-	waitWriterPending(t, cache.shard("renewed"))
+	renewal := leaveQueued(ctx, t, cache, queued, sameShardKey(t, cache, "renewed"), false)
+	reset := closeWithResetPending(ctx, t, cache)
 
 	close(store.release)
 	<-first
@@ -88,12 +146,7 @@ func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("deadlock: the renewal queued behind the request that left never got its answer (settle blocked giving back under a pending reset)")
 	}
-	select {
-	case err := <-reset:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
+	if !resetWithin(t, reset) {
 		t.Fatal("deadlock: the reset never ran")
 	}
 }
@@ -110,39 +163,13 @@ func TestNearCacheGroupAnsweredBeforeLeftDuringReset(t *testing.T) {
 func TestNearCacheLeftRenewalReleasedBeforeLeftGiveBack(t *testing.T) {
 	ctx := context.Background()
 	cache, store, queued, _ := gatedWindow(t, 16)
-	for range 2 {
-		if d, err := cache.Take(ctx, "renewed", 1); err != nil || !d.Allowed {
-			t.Fatalf("take: %+v, %v", d, err)
-		}
-	}
-	fresh := sameShardKey(t, cache, "renewed")
-
+	renewable(t, cache, "renewed")
 	first := busyLane(ctx, t, cache, &store.replyGate)
-	leaving, leave := context.WithCancel(ctx)
-	left := takeAsync(leaving, cache, fresh, 1)
-	queued.wait(t, 1)
-	renewal := takeAsync(leaving, cache, "renewed", 3)
-	queued.wait(t, 1)
-	leave()
-	for _, ch := range []chan takeResult{left, renewal} {
-		if r := <-ch; r.err == nil {
-			t.Fatalf("a request that left: %+v; want its context's error", r.d)
-		}
-	}
-
-	closing, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_ = cache.Close(closing)
-	reset := resetAsync(ctx, cache, "renewed")
-	waitWriterPending(t, cache.shard("renewed"))
+	leaveQueued(ctx, t, cache, queued, sameShardKey(t, cache, "renewed"), true)
+	reset := closeWithResetPending(ctx, t, cache)
 
 	close(store.release)
-	select {
-	case err := <-reset:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
+	if !resetWithin(t, reset) {
 		t.Fatal("deadlock: the reset never ran (settle's first left callback waited for the give-back lock a later left renewal held)")
 	}
 	<-first
@@ -226,18 +253,7 @@ func TestNearCacheGroupLeaveAsDelivered(t *testing.T) {
 	const n = 200
 	admitted := make([]bool, n)
 	for i := range n {
-		store.arm()
-		first := takeAsync(ctx, cache, fmt.Sprint("first", i), 1)
-		store.waitCalled(t, "the first request never reached the store")
-		leaving, leave := context.WithCancel(ctx)
-		res := takeAsync(leaving, cache, fmt.Sprint("k", i), 2)
-		queued.wait(t, 1)
-		go leave()
-		close(store.release)
-		<-first
-		r := <-res
-		admitted[i] = r.err == nil && r.d.Allowed
-		leave()
+		admitted[i] = leaveAsDelivered(ctx, t, cache, store, queued, fmt.Sprint("first", i), fmt.Sprint("k", i), 2)
 	}
 	if err := cache.Close(ctx); err != nil {
 		t.Fatal(err)

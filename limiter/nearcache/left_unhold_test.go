@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/floodgatehq/caddy-ratelimit/internal/testutil"
 	"github.com/floodgatehq/caddy-ratelimit/limiter"
 )
 
@@ -88,23 +87,17 @@ func backsFree(t *testing.T, cache *Cache) {
 // limit) nor give it back into the fresh state.
 func TestNearCacheLeftRenewalResetBetweenUnholdAndLeft(t *testing.T) {
 	ctx := context.Background()
-	p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-	clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-	mem := newTestMemory(t, p, clock)
-	store := &gatedBatcher{LeaseBatcher: mem}
-	queued := make(queueWatch, 16)
 	// The refused key's left callback asks for reclaims: it stops there
 	// until the test has reset the renewed key.
 	inCallback, proceed := make(chan struct{}), make(chan struct{})
 	var giveBackErrors atomic.Int32
-	cache := openCache(t, store, p, Options{
-		LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook,
-		Name: func(key string) string { return key },
-		Reclaim: func(string) {
+	cache, store, queued, mem := gatedWindow(t, 16, func(o *Options) {
+		o.Name = func(key string) string { return key }
+		o.Reclaim = func(string) {
 			close(inCallback)
 			<-proceed
-		},
-		OnGiveBackError: func(error) { giveBackErrors.Add(1) },
+		}
+		o.OnGiveBackError = func(error) { giveBackErrors.Add(1) }
 	})
 
 	renewable(t, cache, "renewed")
@@ -115,17 +108,7 @@ func TestNearCacheLeftRenewalResetBetweenUnholdAndLeft(t *testing.T) {
 	}
 
 	first := busyLane(ctx, t, cache, &store.replyGate)
-	leaving, leave := context.WithCancel(ctx)
-	left := takeAsync(leaving, cache, refused, 1)
-	queued.wait(t, 1)
-	renewal := takeAsync(leaving, cache, "renewed", 3)
-	queued.wait(t, 1)
-	leave()
-	for _, ch := range []chan takeResult{left, renewal} {
-		if r := <-ch; r.err == nil {
-			t.Fatalf("a request that left: %+v; want its context's error", r.d)
-		}
-	}
+	leaveQueued(ctx, t, cache, queued, refused, true)
 	close(store.release)
 	<-first
 	select {
@@ -135,13 +118,7 @@ func TestNearCacheLeftRenewalResetBetweenUnholdAndLeft(t *testing.T) {
 	}
 
 	// settle is in the first left callback; the renewal's lock is free.
-	reset := resetAsync(ctx, cache, "renewed")
-	select {
-	case err := <-reset:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
+	if !resetWithin(t, resetAsync(ctx, cache, "renewed")) {
 		close(proceed)
 		t.Fatal("the reset waited for a left renewal whose answer had come")
 	}
@@ -179,15 +156,9 @@ func TestNearCacheLeftRenewalInFailedGroup(t *testing.T) {
 	for _, requesterLeaves := range []bool{true, false} {
 		t.Run(fmt.Sprintf("left=%v", requesterLeaves), func(t *testing.T) {
 			ctx := context.Background()
-			p := limiter.Policy{Algorithm: limiter.FixedWindow, Events: 100, Window: time.Hour}
-			clock := testutil.NewClock(time.Unix(1_800_000_000, 0))
-			mem := newTestMemory(t, p, clock)
-			store := &gatedBatcher{LeaseBatcher: mem}
-			queued := make(queueWatch, 16)
 			var giveBackErrors atomic.Int32
-			cache := openCache(t, store, p, Options{
-				LeaseFraction: 0.5, Clock: clock, manualSweep: true, queued: queued.hook,
-				OnGiveBackError: func(error) { giveBackErrors.Add(1) },
+			cache, store, queued, _ := gatedWindow(t, 16, func(o *Options) {
+				o.OnGiveBackError = func(error) { giveBackErrors.Add(1) }
 			})
 			renewable(t, cache, "renewed")
 			_, kRenewed := leaseOf(cache, "renewed")
@@ -197,24 +168,7 @@ func TestNearCacheLeftRenewalInFailedGroup(t *testing.T) {
 			store.failGroups = true
 			store.mu.Unlock()
 			first := busyLane(ctx, t, cache, &store.replyGate)
-			leaving, leave := context.WithCancel(ctx)
-			left := takeAsync(leaving, cache, other, 1)
-			queued.wait(t, 1)
-			rctx := ctx
-			if requesterLeaves {
-				rctx = leaving
-			}
-			renewal := takeAsync(rctx, cache, "renewed", 3)
-			queued.wait(t, 1)
-			leave()
-			if r := <-left; r.err == nil {
-				t.Fatalf("the request that left: %+v", r.d)
-			}
-			if requesterLeaves {
-				if r := <-renewal; r.err == nil {
-					t.Fatalf("the renewal that left: %+v", r.d)
-				}
-			}
+			renewal := leaveQueued(ctx, t, cache, queued, other, requesterLeaves)
 			close(store.release)
 			<-first
 			if !requesterLeaves {
@@ -227,13 +181,7 @@ func TestNearCacheLeftRenewalInFailedGroup(t *testing.T) {
 			if n := giveBackErrors.Load(); n != 1 {
 				t.Fatalf("%d give-back errors, want 1 (the renewal's unit)", n)
 			}
-			reset := resetAsync(ctx, cache, "renewed")
-			select {
-			case err := <-reset:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(5 * time.Second):
+			if !resetWithin(t, resetAsync(ctx, cache, "renewed")) {
 				t.Fatal("the reset never ran")
 			}
 			if err := cache.Close(ctx); err != nil {
@@ -258,18 +206,7 @@ func TestNearCacheRenewalLeavesAsDelivered(t *testing.T) {
 	for i := range n {
 		key := fmt.Sprint("r", i)
 		renewable(t, cache, key)
-		store.arm()
-		first := takeAsync(ctx, cache, fmt.Sprint("first", i), 1)
-		store.waitCalled(t, "the first request never reached the store")
-		leaving, leave := context.WithCancel(ctx)
-		res := takeAsync(leaving, cache, key, 3)
-		queued.wait(t, 1)
-		go leave()
-		close(store.release)
-		<-first
-		r := <-res
-		admitted[i] = r.err == nil && r.d.Allowed
-		leave()
+		admitted[i] = leaveAsDelivered(ctx, t, cache, store, queued, fmt.Sprint("first", i), key, 3)
 	}
 	if err := cache.Close(ctx); err != nil {
 		t.Fatal(err)
