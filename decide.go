@@ -210,6 +210,14 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 			return false
 		}
 	}
+	if l.remote && r.Context().Err() != nil {
+		// The client left while the store decided: a Redis call runs to
+		// its answer whoever leaves. The request ends as above, and what
+		// this zone took goes back with the others' (releaseAll).
+		rec.phase = failed
+		req.failure = caddyhttp.Error(statusClientClosedRequest, r.Context().Err())
+		return true
+	}
 	d := rec.decision()
 	if !d.Allowed && !rec.until.IsZero() {
 		// Past the override's expiry the key is decided afresh by its

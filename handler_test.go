@@ -447,3 +447,42 @@ func TestClientLeftWhileQueuedForLeaseIsNoStoreFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestClientLeftWhileRedisDecidedGivesBack: a Redis call runs to its
+// answer even when the request's client leaves meanwhile (the store does
+// not follow the client's cancellation). A request whose client left by
+// the time Redis admitted it ends with 499 instead of going on to the
+// next handler, and what it took, in Redis and in the other zones, goes
+// back, as for a client that leaves while held.
+func TestClientLeftWhileRedisDecidedGivesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	const mem, remote, ip = "gone_mem", "gone_redis", "198.51.100.180"
+	h := provisionHandler(t, "rate_limit {\n"+
+		zoneConfig(mem, "key ip", "rate 5/1h")+"\n"+
+		zoneConfig(remote, "key ip", "rate 5/1h", "store redis")+"\n"+
+		redisConfig(srv.Addr(), "timeout 10s")+"\n}")
+	reached := false
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		reached = true
+		return okHandler(w, r)
+	})
+
+	srv.Pause()
+	r, _ := newKeyRequest(ip, nil)
+	ctx, cancel := context.WithCancel(r.Context())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	time.AfterFunc(400*time.Millisecond, srv.Resume)
+	_, code := serve(h, r.WithContext(ctx), next)
+
+	if code != statusClientClosedRequest {
+		t.Errorf("status %d, want %d (the client left)", code, statusClientClosedRequest)
+	}
+	if reached {
+		t.Error("the request went on to the next handler after its client left")
+	}
+	for _, z := range []string{mem, remote} {
+		if got := storeRemaining(t, h, z, ip); got != 5 {
+			t.Errorf("%s: %d left, want 5: what the request took was not given back", z, got)
+		}
+	}
+}
