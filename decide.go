@@ -181,11 +181,8 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 		if left != nil {
 			// Nobody waits for an answer: no fail mode applies (no 503
 			// to nobody, no request passed on unlimited, no fallback
-			// unit taken). The request ends as a held one whose client
-			// leaves does: 499, and what other zones took goes back.
-			rec.phase = failed
-			req.failure = caddyhttp.Error(statusClientClosedRequest, left)
-			return true
+			// unit taken).
+			return req.clientLeft(rec, left)
 		}
 		switch {
 		case z.fail == failClosed && z.dryRun:
@@ -210,13 +207,12 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 			return false
 		}
 	}
-	if l.remote && r.Context().Err() != nil {
-		// The client left while the store decided: a Redis call runs to
-		// its answer whoever leaves. The request ends as above, and what
-		// this zone took goes back with the others' (releaseAll).
-		rec.phase = failed
-		req.failure = caddyhttp.Error(statusClientClosedRequest, r.Context().Err())
-		return true
+	if l.remote {
+		// A Redis call runs to its answer whoever leaves; a memory
+		// decision does not wait, so it does not check.
+		if left := r.Context().Err(); left != nil {
+			return req.clientLeft(rec, left)
+		}
 	}
 	d := rec.decision()
 	if !d.Allowed && !rec.until.IsZero() {
@@ -262,6 +258,17 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 		req.hold = d.RetryAfter
 	}
 	return false
+}
+
+// clientLeft ends req, whose client left (err, its context's error) while
+// rec's store decided: rec fails, and the request ends as a held one
+// whose client leaves does, with 499 (refuse) and what every zone took,
+// rec's included, given back (releaseAll). It reports true: the
+// decisions stop.
+func (req *request) clientLeft(rec *zoneRecord, err error) bool {
+	rec.phase = failed
+	req.failure = caddyhttp.Error(statusClientClosedRequest, err)
+	return true
 }
 
 // refuseUnasked decides a blocked record: refused without asking its

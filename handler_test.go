@@ -397,17 +397,13 @@ func TestClientLeftWhileQueuedForLeaseIsNoStoreFailure(t *testing.T) {
 	for i, fail := range []string{"open", "closed", "local"} {
 		t.Run(fail, func(t *testing.T) {
 			mem, remote := "left_mem_"+fail, "left_redis_"+fail
-			h := provisionHandler(t, "rate_limit {\n"+
-				zoneConfig(mem, "key ip", "rate 5/1h")+"\n"+
-				zoneConfig(remote, "key ip", "rate 50/1h", "store redis", "local_quota 0.5", "fail "+fail)+"\n"+
-				redisConfig(srv.Addr(), "timeout 10s")+"\n}")
+			h := provisionHandler(t, rateLimitConfig(zoneConfig(mem, "key ip", "rate 5/1h"),
+				zoneConfig(remote, "key ip", "rate 50/1h", "store redis", "local_quota 0.5", "fail "+fail),
+				redisConfig(srv.Addr(), "timeout 10s")))
 			busy, ip := fmt.Sprintf("198.51.100.%d", 170+i), fmt.Sprintf("198.51.100.%d", 160+i)
 			fails := counterValue(t, handlerZone(t, h, remote).metrics.storeFailures)
-			reached := false
-			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-				reached = true
-				return okHandler(w, r)
-			})
+			var reached bool
+			next := noteReached(&reached)
 
 			// One key's lease call waits for a paused Redis; the next
 			// request, another key's, queues behind it and leaves.
@@ -457,15 +453,11 @@ func TestClientLeftWhileQueuedForLeaseIsNoStoreFailure(t *testing.T) {
 func TestClientLeftWhileRedisDecidedGivesBack(t *testing.T) {
 	srv := redistest.Start(t)
 	const mem, remote, ip = "gone_mem", "gone_redis", "198.51.100.180"
-	h := provisionHandler(t, "rate_limit {\n"+
-		zoneConfig(mem, "key ip", "rate 5/1h")+"\n"+
-		zoneConfig(remote, "key ip", "rate 5/1h", "store redis")+"\n"+
-		redisConfig(srv.Addr(), "timeout 10s")+"\n}")
-	reached := false
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		reached = true
-		return okHandler(w, r)
-	})
+	h := provisionHandler(t, rateLimitConfig(zoneConfig(mem, "key ip", "rate 5/1h"),
+		zoneConfig(remote, "key ip", "rate 5/1h", "store redis"),
+		redisConfig(srv.Addr(), "timeout 10s")))
+	var reached bool
+	next := noteReached(&reached)
 
 	srv.Pause()
 	r, _ := newKeyRequest(ip, nil)

@@ -193,6 +193,15 @@ var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Reques
 	return nil
 })
 
+// noteReached is a next handler that answers as okHandler and sets
+// *reached: whether the request got past the handler under test.
+func noteReached(reached *bool) caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		*reached = true
+		return okHandler(w, r)
+	})
+}
+
 // serve runs one request through h and returns the recorder and the
 // status: the handler's error status for refusals, else the written one.
 func serve(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, int) {

@@ -21,11 +21,10 @@ const statusClientClosedRequest = 499
 
 // refuse answers a request that a zone refused, or whose `fail closed`
 // zone's store failed (503, Retry-After: 1), or whose client left while a
-// store decided (499, to nobody: decideRecord).
+// store decided (499, to nobody: request.clientLeft).
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, req *request) error {
 	if failure := req.failure; failure != nil {
-		var left caddyhttp.HandlerError
-		if errors.As(failure, &left) {
+		if left := (caddyhttp.HandlerError{}); errors.As(failure, &left) && left.StatusCode == statusClientClosedRequest {
 			return failure
 		}
 		w.Header().Set(hdrRetryAfter, "1")
