@@ -199,28 +199,6 @@ func TestNearCacheLeftRenewalInFailedGroup(t *testing.T) {
 // to what its admitted requests spent (the renewal's give-back went in
 // once, its grant is spent or given back, never both, never lost).
 func TestNearCacheRenewalLeavesAsDelivered(t *testing.T) {
-	ctx := context.Background()
-	cache, store, queued, mem := gatedWindow(t, 16)
-	const n = 150
-	admitted := make([]bool, n)
-	for i := range n {
-		key := fmt.Sprint("r", i)
-		renewable(t, cache, key)
-		admitted[i] = leaveAsDelivered(ctx, t, cache, store, queued, fmt.Sprint("first", i), key, 3)
-	}
-	if err := cache.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	backsFree(t, cache)
-	both := 0
-	for i := range n {
-		want := int64(100 - 2)
-		if admitted[i] {
-			want, both = want-3, both+1
-		}
-		if d, err := mem.Peek(ctx, fmt.Sprint("r", i)); err != nil || d.Remaining != want {
-			t.Errorf("r%d (admitted %v) right after Close: %+v, %v; want %d left", i, admitted[i], d, err, want)
-		}
-	}
-	t.Logf("%d of %d renewals got their answer, the rest left", both, n)
+	both := leaveEachAsDelivered(t, 150, "r", 3, true)
+	t.Logf("%d of 150 renewals got their answer, the rest left", both)
 }
