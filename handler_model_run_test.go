@@ -626,6 +626,11 @@ type hmRequest struct {
 	// leave cancels the request's context once it is decided: a client
 	// that leaves while a leaky bucket holds it.
 	leave bool
+	// gone cancels the request's context before it is sent: a client
+	// that has left by the time a remote zone's decision comes back (a
+	// Redis call runs to its answer whoever leaves), which ends the
+	// request with 499 and gives back what every zone took.
+	gone bool
 }
 
 func (q hmRequest) String() string {
@@ -649,6 +654,9 @@ func (q hmRequest) String() string {
 	}
 	if q.leave {
 		s += " leaves"
+	}
+	if q.gone {
+		s += " gone"
 	}
 	return s
 }
@@ -720,6 +728,9 @@ func (r *hmRun) start(q hmRequest, hold bool) *hmFlight {
 	ctx := context.WithValue(req.Context(), caddy.ReplacerCtxKey, repl)
 	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "198.51.100.77"})
 	ctx, f.cancel = context.WithCancel(ctx)
+	if q.gone {
+		f.cancel()
+	}
 	req = req.WithContext(ctx)
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		f.exceeded, _ = repl.GetString("http.rate_limit.exceeded.name")

@@ -120,6 +120,9 @@ func (r *hmRun) newRequest(z *hmZone) hmRequest {
 	if z == hmLB && !hmSkips("leave") && r.rng.IntN(3) == 0 {
 		q.leave = true
 	}
+	if !q.leave && !hmSkips("gone") && slices.ContainsFunc(hmRoutes[q.route], func(z *hmZone) bool { return z.redis }) && r.rng.IntN(16) == 0 {
+		q.gone = true
+	}
 	return q
 }
 
@@ -161,6 +164,16 @@ func (r *hmRun) send(q hmRequest) bool {
 		return false
 	}
 	r.logf("%s: %d (called %v, panicked %v)", q, f.status, f.called.Load(), f.panicked)
+	// A zone whose key is exempt decides nothing and waits for no store
+	// (ambiguous: the model cannot tell).
+	asksRemote := false
+	for i, zz := range hmRoutes[q.route] {
+		asksRemote = asksRemote || zz.redis && lims[i].action != "exempt" && lims[i].action != "ambiguous"
+	}
+	if q.gone && asksRemote && (f.called.Load() || !slices.Contains([]int{statusClientClosedRequest, http.StatusTooManyRequests, http.StatusBadRequest}, f.status)) {
+		r.fail("%s: status %d (called %v); a client gone before its remote zone decided wants 499, or the 429 or 400 of a zone before it, never next", q, f.status, f.called.Load())
+		return false
+	}
 	if f.panicked != (f.called.Load() && (q.panicBefore || q.panicAfter)) {
 		r.fail("%s: ServeHTTP panicked %v, want the panic of next re-raised", q, f.panicked)
 		return false
@@ -296,6 +309,9 @@ func (r *hmRun) noteFeatures(q hmRequest, f *hmFlight) {
 		r.features["leave"], r.features["hold"] = true, true
 	case q.route == hmLB.id:
 		r.features["hold"] = true
+	}
+	if q.gone && f.status == statusClientClosedRequest {
+		r.features["gone"] = true
 	}
 	if q.used != "" {
 		r.features["charge"] = true

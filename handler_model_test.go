@@ -104,13 +104,14 @@ var hmFlags = testutil.NewModelFlags(testutil.ModelConfig{
 // be isolated: "mixed" (an instance on its own clock), "race" (an admin
 // reset while lease refills are in flight), "ovconc" (a concurrency
 // key's override changed while its requests are in flight), "cost0"
-// (requests of cost 0) and "leave" (a client that leaves while held);
+// (requests of cost 0), "leave" (a client that leaves while held) and
+// "gone" (a client gone before a remote zone's decision came back);
 // "concexpiry" (a concurrency key's override lapsing while its requests
 // are in flight) is ovconc's change of limit by expiry; "edge" (a fixed
 // window tried by the instance behind just after it ended on the clock
 // ahead) is mixed's; "pass" leaves every zone refusing (see
 // hmRun.passes).
-var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "busy", "reload", "change", "step", "sleep", "mixed", "edge", "pass"}
+var hmStepKinds = []string{"cost0", "badcost", "charge", "trailer", "panic", "hold", "leave", "gone", "conc", "ovconc", "concexpiry", "override", "expiry", "tier", "reset", "race", "busy", "reload", "change", "step", "sleep", "mixed", "edge", "pass"}
 
 // hmSkips reports whether -handler-model.skip leaves out kind.
 func hmSkips(kind string) bool { return hmFlags.Skips(kind) }
@@ -189,6 +190,8 @@ var hmMixes = []struct {
 	{"mixed clocks, instance 0 ahead", []string{"mixed", "ahead"}},
 	{"mixed clocks + edge step", []string{"mixed", "edge"}},
 	{"hold + leave", []string{"hold", "leave"}},
+	{"client gone before a remote decision", []string{"gone"}},
+	{"client gone + reset + refill", []string{"gone", "reset", "refill"}},
 	{"reset + lease refills in flight", []string{"race"}},
 	{"reload while in flight", []string{"reload-inflight"}},
 	{"response_cost charge + count_response", []string{"charge", "uncounted"}},
