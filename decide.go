@@ -121,30 +121,34 @@ func (req *request) withdrawAfter(from int) {
 // decisions are measured (metrics or samples).
 func (rec *zoneRecord) take(ctx context.Context) {
 	if !rec.zone.timed {
-		rec.adm, rec.err = takeCost(ctx, rec.limit.store, rec.state, rec.cost)
+		rec.takeFrom(ctx, rec.limit.store)
 		return
 	}
 	start := sinceStart()
-	rec.adm, rec.err = takeCost(ctx, rec.limit.store, rec.state, rec.cost)
+	rec.takeFrom(ctx, rec.limit.store)
 	rec.took = sinceStart() - start
 }
 
-// takeCost asks s to take cost units of key. A request of cost 0 (a
-// per-request cost may be 0) takes nothing, yet passes only while the key
-// has a unit left, so a key that is spent or owes is refused whatever
-// cost its requests claim: it takes a unit and gives it back at once.
-func takeCost(ctx context.Context, s limiter.Store, key string, cost int64) (limiter.Admission, error) {
-	if cost > 0 {
-		return s.Take(ctx, key, cost)
+// takeFrom asks s to take the record's cost of its state, answering into
+// rec.adm and rec.err (an Admission is 128 bytes: returned through one
+// more function, it is zeroed and copied twice more on every request). A
+// request of cost 0 (a per-request cost may be 0) takes nothing, yet
+// passes only while the key has a unit left, so a key that is spent or
+// owes is refused whatever cost its requests claim: it takes a unit and
+// gives it back at once.
+func (rec *zoneRecord) takeFrom(ctx context.Context, s limiter.Store) {
+	if rec.cost > 0 {
+		rec.adm, rec.err = s.Take(ctx, rec.state, rec.cost)
+		return
 	}
-	a, err := s.Take(ctx, key, 1)
-	if err != nil || !a.Allowed {
-		return a, err
+	rec.adm, rec.err = s.Take(ctx, rec.state, 1)
+	a := &rec.adm
+	if rec.err != nil || !a.Allowed {
+		return
 	}
 	if st, err := a.GiveBack(context.WithoutCancel(ctx), 1); err == nil {
 		a.Remaining, a.ResetAfter = st.Remaining, st.ResetAfter
 	}
-	return a, nil
 }
 
 // processStart anchors sinceStart.
@@ -198,7 +202,7 @@ func (h *Handler) decideRecord(r *http.Request, req *request, rec *zoneRecord) (
 			return true
 		case z.fail == failLocal && l.fallback != nil:
 			rec.fallback = true
-			if rec.adm, rec.err = takeCost(r.Context(), l.fallback, rec.state, rec.cost); rec.err != nil {
+			if rec.takeFrom(r.Context(), l.fallback); rec.err != nil {
 				rec.phase = undecided
 				return false
 			}

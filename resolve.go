@@ -85,39 +85,47 @@ type resolution struct {
 // so a request without one reads no clock. It allocates nothing but an
 // override limit's state name.
 func (z *zone) resolve(key string, found bool, tier string, r *http.Request, at time.Time) resolution {
-	res := resolution{limit: z.tierLimit(tier)}
+	var res resolution
+	z.resolveTo(&res, key, found, tier, r, at)
+	return res
+}
+
+// resolveTo is resolve writing into res, a zero resolution: the request
+// path's form, since a resolution is some 250 bytes that a return by
+// value zeroes and copies again on every request.
+func (z *zone) resolveTo(res *resolution, key string, found bool, tier string, r *http.Request, at time.Time) {
+	res.limit = z.tierLimit(tier)
 	if !found {
 		switch z.missing {
 		case missingSkip:
 			res.verdict = verdictSkip
-			return res
+			return
 		case missingDeny:
 			res.verdict = verdictDeny
-			return res
+			return
 		}
 		key = missingKeyNamespace + z.key.clientIP(r)
 	}
 	res.key, res.state = key, key
-	o, prefix, ok := z.overrideOf(key, &at)
+	ok := z.overrideOf(res, key, &at)
 	res.at = at
 	if !ok {
-		return res
+		return
 	}
-	res.override, res.inForce, res.prefix = o, true, prefix
+	o := &res.override
 	switch o.Action {
 	case limiter.OverrideExempt:
 		res.verdict = verdictExempt
 	case limiter.OverrideBlock:
-		res.verdict, res.limit, res.wait = verdictBlock, &z.ov.block, max(time.Millisecond, blockFor(o, at))
+		res.verdict, res.limit, res.wait = verdictBlock, &z.ov.block, max(time.Millisecond, blockFor(*o, at))
 	default:
-		l, err := z.overrideLimit(o)
+		l, err := z.overrideLimit(*o)
 		if err != nil {
 			res.failed = err
-			return res
+			return
 		}
-		res.limit, res.state, res.until = l, z.overrideStateKey(key, &o), o.Expires
+		res.limit, res.state, res.until = l, z.overrideStateKey(key, o), o.Expires
 	}
-	return res
 }
 
 // overrideName is the name of the override in force (see inForce): the
@@ -129,24 +137,28 @@ func (res *resolution) overrideName() string {
 	return res.key
 }
 
-// overrideOf is key's override in force at *at, and the prefix it is
-// set for ("" for the key's own): the key's own beats the longest prefix
-// of the key that has one. One that has lapsed but is not yet swept is
-// passed over for the next: the key's own for its longest prefix's, a
-// prefix's for a shorter one's. *at is read (a zero one set to now on
-// the zone's handler's clock) only once an override is found, lapsed or
-// not: a key without one reads no clock, and on a zone without prefix
-// overrides pays one atomic load for them.
-func (z *zone) overrideOf(key string, at *time.Time) (limiter.Override, string, bool) {
+// overrideOf finds key's override in force at *at and, reporting
+// whether there is one, sets res's override, inForce and prefix (the
+// prefix it is set for, "" for the key's own): the key's own beats the
+// longest prefix of the key that has one. One that has lapsed but is not
+// yet swept is passed over for the next: the key's own for its longest
+// prefix's, a prefix's for a shorter one's. *at is read (a zero one set
+// to now on the zone's handler's clock) only once an override is found,
+// lapsed or not: a key without one reads no clock, and a zone without
+// any overrides pays one atomic load for them.
+func (z *zone) overrideOf(res *resolution, key string, at *time.Time) bool {
 	if z.ov == nil {
-		return limiter.Override{}, "", false
+		return false
 	}
 	t := z.ov.set.table()
+	if t.Len() == 0 {
+		return false
+	}
 	o, ok := t.Lookup(key)
 	prefix, most := "", len(key)
 	if !ok {
 		if prefix, o, ok = t.LongestPrefix(key, most); !ok {
-			return limiter.Override{}, "", false
+			return false
 		}
 	}
 	if at.IsZero() {
@@ -157,10 +169,11 @@ func (z *zone) overrideOf(key string, at *time.Time) (limiter.Override, string, 
 			most = len(prefix) - 1
 		}
 		if prefix, o, ok = t.LongestPrefix(key, most); !ok {
-			return limiter.Override{}, "", false
+			return false
 		}
 	}
-	return o, prefix, true
+	res.override, res.inForce, res.prefix = o, true, prefix
+	return true
 }
 
 // tierValue is the value of z's tier placeholder for r, or "" when the
@@ -362,7 +375,8 @@ func (h *Handler) match(z *zone, r *http.Request, repl *caddy.Replacer, claims *
 	key, ok := z.key.evaluate(r, repl, claims)
 	// Override, then tier, then the zone's own limit, on the handler's
 	// clock (the zone's).
-	res := z.resolve(key, ok, tier, r, time.Time{})
+	var res resolution
+	z.resolveTo(&res, key, ok, tier, r, time.Time{})
 	c.zone, c.limit, c.key, c.state, c.until = z, res.limit, res.key, res.state, res.until
 	if res.inForce {
 		c.noted.override, c.noted.overrideErr = res.override.Action, res.failed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Admission is what a store answers to Take: the Decision (a report), and
@@ -78,35 +79,48 @@ func NewAdmission(s Store, key string, held int64, d Decision, r Receipt) Admiss
 	return Admission{Decision: d, Receipt: r, store: s, key: key, held: held}
 }
 
-// taker is who takes an admission's units: the store, the state name in
-// it, and where the memory store keeps the epoch of the key's state
-// (cell.epoch) and its shard's count of states made (shard.epochs). A
-// memory store's algorithms write it into the Admissions they admit with
-// the rest, field by field into their named results: an Admission is 128
-// bytes and a memory decision about 100 ns, and fields written into it
-// after it is built (or a copy more) stall the 16-byte loads of the next
-// copy, by about a tenth of a decision.
-type taker struct {
-	store         Store
-	key           string
-	epoch, epochs *uint64
+// taken is what an algorithm's take or charge answers the memory store,
+// which makes the Admission of it (Memory.admission). It is four words so
+// that it comes back through the store's layers (the algorithm, the
+// shard set, the interface's wrapper) in registers: an Admission is 128
+// bytes, and one written field by field and then copied stalls on each
+// 16 bytes until the writes land, while each layer it passes through
+// zeroes and copies it again; together about a sixth of a decision.
+type taken struct {
+	// units is how many units were taken (a lease's grant, the units a
+	// charge took), or -1 for a refusal.
+	units int64
+	// remaining, reset and wait are the Decision's Remaining, ResetAfter
+	// and RetryAfter.
+	remaining   int64
+	reset, wait time.Duration
 }
 
-// stateEpoch is the epoch of the state a take or charge takes from
-// (Receipt.Epoch): the key's, or, when the algorithm found that state
-// holding nothing (empty), a new one. An empty state is no state: a Redis
-// script finds no key then (deleted once emptied, or expired), and the
-// state the take makes is another, to which no give-back of units the
-// earlier one counted is credited (a token bucket full again would
+// refused is the taken of a refusal.
+func refused(remaining int64, reset, wait time.Duration) taken {
+	return taken{units: -1, remaining: remaining, reset: reset, wait: wait}
+}
+
+// epochs is where the memory store keeps the epoch of a key's state
+// (cell.epoch) and its shard's count of states made (shard.epochs), which
+// an algorithm's take or charge updates through it (judge).
+type epochs struct {
+	cell, shard *uint64
+}
+
+// judge starts a new state (Receipt.Epoch) when the algorithm found the
+// key's state holding nothing (empty). An empty state is no state: a
+// Redis script finds no key then (deleted once emptied, or expired), and
+// the state the take makes is another, to which no give-back of units
+// the earlier one counted is credited (a token bucket full again would
 // otherwise take back units time has already repaid). Each algorithm
 // judges emptiness from what its take computes anyway, so the check costs
 // a branch. The shard is locked.
-func (by *taker) stateEpoch(empty bool) uint64 {
+func (e epochs) judge(empty bool) {
 	if empty {
-		*by.epochs++
-		*by.epoch = *by.epochs
+		*e.shard++
+		*e.cell = *e.shard
 	}
-	return *by.epoch
 }
 
 // Errors of giving back.

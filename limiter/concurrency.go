@@ -12,23 +12,19 @@ type concurrencyState struct {
 // take: allow iff in flight + c <= L; remaining = L - in flight. There is
 // no time to wait for: a slot frees when a response finishes, so reset and
 // retry_after are zero.
-func (s *concurrencyState) take(p *params, now, cost, _ int64, by taker) (a Admission) {
-	epoch := by.stateEpoch(s.inFlight == 0)
-	a.Time, a.Receipt.At = now, now
+func (s *concurrencyState) take(p *params, now, cost, _ int64, e epochs) (taken, int64, int64) {
+	e.judge(s.inFlight == 0)
 	if s.inFlight+cost > p.l {
-		a.Remaining = max(0, p.l-s.inFlight)
-		return a
+		return refused(max(0, p.l-s.inFlight), 0, 0), now, 0
 	}
 	s.inFlight += cost
-	a.Allowed, a.Remaining = true, p.l-s.inFlight
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, epoch
-	return a
+	return taken{units: cost, remaining: p.l - s.inFlight}, now, 0
 }
 
 // charge refuses: a slot is a request in flight, so a concurrency state
 // cannot owe (Traits.Charges is false and Memory.Charge never asks).
-func (s *concurrencyState) charge(_ *params, now, _ int64, _ taker) Admission {
-	return Admission{Decision: Decision{Time: now}}
+func (s *concurrencyState) charge(_ *params, now, _ int64, _ epochs) (taken, int64, int64) {
+	return refused(0, 0, 0), now, 0
 }
 
 func (s *concurrencyState) refund(p *params, _, cost, _ int64) Decision {

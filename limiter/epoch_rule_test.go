@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The rule a take or charge used before taker.stateEpoch (e91c98d):
+// The rule a take or charge used before epochs.judge (e91c98d):
 // shard.state gave the state a new epoch when empty(p, now) held, checked
 // before the algorithm ran. These are those empty methods, verbatim.
 func oldEmptyBucket(s *bucketState, p *params, now int64) bool { return s.debt(p, now) == 0 }
@@ -46,9 +46,15 @@ func reviewRule[S any, PS keyState[S]](t *testing.T, pol Policy, oldEmpty func(*
 	rng := rand.New(rand.NewPCG(1, 2))
 	for run := 0; run < 200; run++ {
 		var st S
-		var epoch, epochs uint64
+		var epoch, epochCount uint64
 		now := int64(1_000_000_000)
-		var held []Admission
+		// held is what the takes admitted still hold: units of the
+		// state epoch names, by name (Receipt.Name).
+		type hold struct {
+			units, name int64
+			epoch       uint64
+		}
+		var held []hold
 		for step := 0; step < 300; step++ {
 			switch rng.IntN(6) {
 			case 0:
@@ -58,18 +64,18 @@ func reviewRule[S any, PS keyState[S]](t *testing.T, pol Policy, oldEmpty func(*
 			case 3:
 				now += rng.Int64N(3 * p.w)
 			}
-			by := taker{epoch: &epoch, epochs: &epochs}
+			by := epochs{cell: &epoch, shard: &epochCount}
 			want := oldEmpty(&st, p, now)
-			before := epochs
+			before := epochCount
 			op := rng.IntN(5)
 			switch {
 			case op == 0 && p.alg.Charges:
 				PS(&st).charge(p, now, 1+rng.Int64N(3), by)
 			case op == 1 && len(held) > 0:
 				i := rng.IntN(len(held))
-				a := held[i]
-				if a.Receipt.Epoch == epoch {
-					PS(&st).refund(p, now, a.held, a.Receipt.Name())
+				h := held[i]
+				if h.epoch == epoch {
+					PS(&st).refund(p, now, h.units, h.name)
 				}
 				held = append(held[:i], held[i+1:]...)
 				continue
@@ -79,12 +85,12 @@ func reviewRule[S any, PS keyState[S]](t *testing.T, pol Policy, oldEmpty func(*
 				if p.alg.Leases && rng.IntN(2) == 0 {
 					w = cost + rng.Int64N(4)
 				}
-				a := PS(&st).take(p, now, cost, w, by)
-				if a.Allowed {
-					held = append(held, a)
+				t, at, mark := PS(&st).take(p, now, cost, w, by)
+				if t.units >= 0 {
+					held = append(held, hold{t.units, Receipt{At: at, Mark: mark}.Name(), epoch})
 				}
 			}
-			if got := epochs != before; got != want {
+			if got := epochCount != before; got != want {
 				t.Fatalf("%s run %d step %d op %d at %d: new epoch %v, old rule %v", pol.Algorithm, run, step, op, now, got, want)
 			}
 		}
@@ -92,7 +98,7 @@ func reviewRule[S any, PS keyState[S]](t *testing.T, pol Policy, oldEmpty func(*
 }
 
 // TestEpochRuleMatchesOldEmpty: each algorithm's take and charge give the
-// state a new epoch (taker.stateEpoch) exactly when the empty rule the
+// state a new epoch (epochs.judge) exactly when the empty rule the
 // memory store checked before them (until e91c98d) held, on clocks that
 // step back and forth, with leases logged ahead, charges and give-backs.
 func TestEpochRuleMatchesOldEmpty(t *testing.T) {

@@ -1,5 +1,7 @@
 package limiter
 
+import "time"
+
 // windowIndex is the aligned window now falls in: ⌊now/W⌋. Every instance
 // that reads the same clock agrees on it.
 func windowIndex(p *params, now int64) int64 {
@@ -36,7 +38,7 @@ type fixedWindowState struct {
 
 // roll starts a new count when now has left the stored window, and returns
 // the time to decide at, when its window ends, and whether the state held
-// nothing at now (taker.stateEpoch): a later window, or this one's count
+// nothing at now (epochs.judge): a later window, or this one's count
 // at zero; never while the clock is behind the stored window (see idle). A
 // now before the stored window is taken as that window's start. Both
 // stores read the clock inside the key's critical section (the shard's
@@ -64,20 +66,16 @@ func (s *fixedWindowState) roll(p *params, now int64) (at, end int64, empty bool
 //
 // With want above cost it takes what the window has left, up to want, when
 // it has at least cost: a lease.
-func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a Admission) {
+func (s *fixedWindowState) take(p *params, now, cost, want int64, e epochs) (taken, int64, int64) {
 	now, end, empty := s.roll(p, now)
-	epoch := by.stateEpoch(empty)
-	a.ResetAfter, a.Time, a.Receipt.At = microseconds(end-now), now, now
+	e.judge(empty)
+	reset := microseconds(end - now)
 	if s.count+cost > p.l {
-		a.Remaining, a.RetryAfter = max(0, p.l-s.count), a.ResetAfter
-		return a
+		return refused(max(0, p.l-s.count), reset, reset), now, 0
 	}
 	granted := min(want, p.l-s.count)
 	s.count += granted
-	a.Allowed, a.Remaining = true, p.l-s.count
-	a.Receipt.Granted = granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
-	return a
+	return taken{units: granted, remaining: p.l - s.count, reset: reset}, now, 0
 }
 
 // charge takes cost units whether or not the window has them: the count
@@ -85,24 +83,22 @@ func (s *fixedWindowState) take(p *params, now, cost, want int64, by taker) (a A
 // of a charge beyond is forgiven), and requests are refused until the
 // window ends. A debt does not carry into the next window, which starts
 // from zero as it always does.
-func (s *fixedWindowState) charge(p *params, now, cost int64, by taker) (a Admission) {
+func (s *fixedWindowState) charge(p *params, now, cost int64, e epochs) (taken, int64, int64) {
 	now, end, empty := s.roll(p, now)
-	a.Receipt.Epoch = by.stateEpoch(empty)
+	e.judge(empty)
 	before := s.count
 	s.count = max(s.count, min(s.count+cost, 2*p.l))
-	s.status(p, now, end, &a.Decision)
-	a.Time = now
-	a.Receipt.At, a.Receipt.Granted = now, s.count-before
-	return a
+	remaining, reset := s.status(p, now, end)
+	return taken{units: s.count - before, remaining: remaining, reset: reset}, now, 0
 }
 
-func (s *fixedWindowState) refund(p *params, now, cost, name int64) (d Decision) {
+func (s *fixedWindowState) refund(p *params, now, cost, name int64) Decision {
 	now, end, _ := s.roll(p, now)
 	if s.holds(p, name, end) {
 		s.count = max(0, s.count-cost)
 	}
-	s.status(p, now, end, &d)
-	return d
+	remaining, reset := s.status(p, now, end)
+	return Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
 }
 
 // holds reports whether an admission at time adm was counted in the
@@ -114,13 +110,13 @@ func (s *fixedWindowState) holds(p *params, adm, end int64) bool {
 	return windowIndex(p, adm) == s.win
 }
 
-// status writes the state after roll into d (its report fields, one by
-// one: see taker): what a refund of nothing reports.
-func (s *fixedWindowState) status(p *params, now, end int64, d *Decision) {
-	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, p.l-s.count), 0
+// status is the state after roll as a report's remaining and reset: what
+// a refund of nothing reports.
+func (s *fixedWindowState) status(p *params, now, end int64) (remaining int64, reset time.Duration) {
 	if s.count > 0 {
-		d.ResetAfter = microseconds(end - now)
+		reset = microseconds(end - now)
 	}
+	return max(0, p.l-s.count), reset
 }
 
 // idle keeps an emptied window while the clock is behind it: forgotten,

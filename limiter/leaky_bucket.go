@@ -10,29 +10,21 @@ type leakyBucketState struct{ bucketState }
 //
 // In time scaled by L (one unit costs W): wait = debt; allow iff
 // wait <= maxDelay; then debt += c×W.
-func (s *leakyBucketState) take(p *params, now, cost, _ int64, by taker) (a Admission) {
+func (s *leakyBucketState) take(p *params, now, cost, _ int64, e epochs) (taken, int64, int64) {
 	wait := s.debt(p, now)
-	epoch := by.stateEpoch(wait == 0)
-	a.Time, a.Receipt.At = now, now
+	e.judge(wait == 0)
 	if wait > p.maxDelay {
-		a.ResetAfter = microseconds(ceilDiv(wait, p.l))
-		a.RetryAfter = microseconds(ceilDiv(wait-p.maxDelay, p.l))
-		return a
+		return refused(0, microseconds(ceilDiv(wait, p.l)), microseconds(ceilDiv(wait-p.maxDelay, p.l))), now, 0
 	}
 	debt := wait + cost*p.w
 	s.setDebt(p, now, debt)
-	a.Allowed = true
-	a.Remaining = leakyRemaining(p, debt)
-	a.ResetAfter = microseconds(ceilDiv(debt, p.l))
-	a.RetryAfter = microseconds(ceilDiv(wait, p.l))
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, cost, epoch
-	return a
+	return taken{units: cost, remaining: leakyRemaining(p, debt), reset: microseconds(ceilDiv(debt, p.l)), wait: microseconds(ceilDiv(wait, p.l))}, now, 0
 }
 
 // charge refuses: a leaky bucket's units are waits already served, so it
 // cannot owe (Traits.Charges is false and Memory.Charge never asks).
-func (s *leakyBucketState) charge(_ *params, now, _ int64, _ taker) Admission {
-	return Admission{Decision: Decision{Time: now}}
+func (s *leakyBucketState) charge(_ *params, now, _ int64, _ epochs) (taken, int64, int64) {
+	return refused(0, 0, 0), now, 0
 }
 
 func (s *leakyBucketState) refund(p *params, now, cost, _ int64) Decision {

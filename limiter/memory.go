@@ -70,9 +70,9 @@ type Memory struct {
 
 // memoryTables is the algorithm-specific part of Memory.
 type memoryTables interface {
-	take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission
+	take(key uint64, p *params, clock *memoryClock, cost, want int64) (t taken, at, mark int64, epoch uint64)
 	refund(key uint64, p *params, clock *memoryClock, cost, name int64, epoch uint64) Decision
-	charge(key uint64, p *params, clock *memoryClock, cost int64) Admission
+	charge(key uint64, p *params, clock *memoryClock, cost int64) (t taken, at, mark int64, epoch uint64)
 	forget(key uint64, p *params, clock *memoryClock) bool
 	sweep(p *params, clock *memoryClock) int
 	setMaxKeys(n int)
@@ -146,10 +146,29 @@ func (mc *memoryClock) now() int64 {
 	return mc.c.Now().UnixMicro()
 }
 
-// Take implements Store; it never fails. The algorithm writes the whole
-// Admission, who holds its units included (see taker).
+// Take implements Store; it never fails.
 func (m *Memory) Take(_ context.Context, key string, cost int64) (Admission, error) {
-	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, cost, taker{store: m, key: key}), nil
+	t, at, mark, epoch := m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, cost)
+	return m.admission(key, t, at, mark, epoch), nil
+}
+
+// admission is the Admission of what the algorithm took (see taken),
+// decided at at, logged at mark, from the state epoch names: it holds the
+// units taken of key in m. Receipt.Granted is set for the algorithms
+// that lease or charge, which alone read it.
+func (m *Memory) admission(key string, t taken, at, mark int64, epoch uint64) Admission {
+	if t.units < 0 {
+		return Admission{Decision: Decision{Remaining: t.remaining, ResetAfter: t.reset, RetryAfter: t.wait, Time: at}, Receipt: Receipt{At: at}}
+	}
+	var granted int64
+	if m.p.alg.Leases {
+		granted = t.units
+	}
+	return Admission{
+		Decision: Decision{Allowed: true, Remaining: t.remaining, ResetAfter: t.reset, RetryAfter: t.wait, Time: at},
+		Receipt:  Receipt{At: at, Mark: mark, Epoch: epoch, Granted: granted},
+		store:    m, key: key, held: t.units,
+	}
 }
 
 // TakeUpTo implements Leaser for the algorithms whose Traits say Leases;
@@ -161,7 +180,8 @@ func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Admi
 	if !m.p.alg.Leases {
 		return Admission{}, fmt.Errorf("memory store: %s does not lease", m.policy.Algorithm)
 	}
-	return m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, want, taker{store: m, key: key}), nil
+	t, at, mark, epoch := m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, want)
+	return m.admission(key, t, at, mark, epoch), nil
 }
 
 // Charge implements Charger for the algorithms whose Traits say Charges;
@@ -173,7 +193,11 @@ func (m *Memory) Charge(_ context.Context, key string, cost int64) (Admission, e
 	if !m.p.alg.Charges {
 		return Admission{}, fmt.Errorf("memory store: %s cannot charge past its limit", m.policy.Algorithm)
 	}
-	return m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost), nil
+	t, at, mark, epoch := m.tables.charge(maphash.String(m.seed, key), &m.p, &m.clock, cost)
+	return Admission{
+		Decision: Decision{Allowed: true, Remaining: t.remaining, ResetAfter: t.reset, RetryAfter: t.wait, Time: at},
+		Receipt:  Receipt{At: at, Mark: mark, Epoch: epoch, Granted: t.units},
+	}, nil
 }
 
 // Renew implements Leaser: the return, then the lease. Each is atomic on
@@ -244,15 +268,17 @@ func (m *Memory) Len() int { return m.tables.len() }
 type keyState[S any] interface {
 	*S
 	// take takes cost units when they fit; an algorithm that leases
-	// (Traits.Leases) takes more while they fit, up to want. The
-	// admission holds the units it took, by taker by, and its receipt
-	// names the state (by.stateEpoch, told whether the state held
-	// nothing at now, as idle would say).
-	take(p *params, now, cost, want int64, by taker) Admission
+	// (Traits.Leases) takes more while they fit, up to want. It answers
+	// what it took and reports (taken), the time it decided at (now, or
+	// the stored window's start when now is behind it) and, for a
+	// sliding log, the time it logged the units at (mark; 0 for the
+	// others). It tells e whether the state held nothing at now, as idle
+	// would say (epochs.judge).
+	take(p *params, now, cost, want int64, e epochs) (t taken, at, mark int64)
 	// charge takes cost units whether or not they fit, for an algorithm
 	// whose state can owe (Traits.Charges); Memory.Charge asks no other.
-	// Its receipt names the state as take's does.
-	charge(p *params, now, cost int64, by taker) Admission
+	// It answers as take does, units being what it charged.
+	charge(p *params, now, cost int64, e epochs) (t taken, at, mark int64)
 	// refund gives cost units back of the admission named name
 	// (Receipt.Name).
 	refund(p *params, now, cost, name int64) Decision
@@ -293,22 +319,24 @@ func (set *shardSet[S, PS]) lock(key uint64) *shard[S, PS] {
 
 // take and charge read the clock inside the shard's lock, so the
 // decisions of one key are in the order of their times; the key's cell is
-// created if need be (see get), and by names its epoch (taker.stateEpoch).
-func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost, want int64, by taker) Admission {
+// created if need be (see get). They answer as the algorithm does, with
+// the epoch of the state it took from (epochs.judge).
+func (set *shardSet[S, PS]) take(key uint64, p *params, clock *memoryClock, cost, want int64) (t taken, at, mark int64, epoch uint64) {
 	sh := set.lock(key)
 	c := &sh.cells[sh.get(key)]
-	by.epoch, by.epochs = &c.epoch, &sh.epochs
-	a := PS(&c.st).take(p, clock.now(), cost, want, by)
+	t, at, mark = PS(&c.st).take(p, clock.now(), cost, want, epochs{&c.epoch, &sh.epochs})
+	epoch = c.epoch
 	sh.mu.Unlock()
-	return a
+	return t, at, mark, epoch
 }
 
-func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) Admission {
+func (set *shardSet[S, PS]) charge(key uint64, p *params, clock *memoryClock, cost int64) (t taken, at, mark int64, epoch uint64) {
 	sh := set.lock(key)
 	c := &sh.cells[sh.get(key)]
-	a := PS(&c.st).charge(p, clock.now(), cost, taker{epoch: &c.epoch, epochs: &sh.epochs})
+	t, at, mark = PS(&c.st).charge(p, clock.now(), cost, epochs{&c.epoch, &sh.epochs})
+	epoch = c.epoch
 	sh.mu.Unlock()
-	return a
+	return t, at, mark, epoch
 }
 
 // refund gives cost units back to key's state when epoch names it (or is
@@ -477,7 +505,7 @@ type cell[S any] struct {
 	// epoch names the key's state among every state the store has made
 	// for it (Receipt.Epoch): a reset, sweep or eviction frees the cell,
 	// and the key's next take makes a state with a new epoch (as does a
-	// take that finds the state empty, see taker.stateEpoch), which the
+	// take that finds the state empty, see epochs.judge), which the
 	// give-backs of the units an earlier state counted do not reach.
 	// Numbered per shard (and never below another shard's, see reshard),
 	// so it costs no shared counter; 64 bits so it cannot wrap.

@@ -439,7 +439,7 @@ func TestMemorySharingCountsOneSetInFlight(t *testing.T) {
 // TestMemoryGiveBackAfterSweepOrEviction: a key swept (its state back to
 // empty) or evicted, then taken again, has a new state, to which the
 // give-back of an admission of the earlier state credits nothing (as a
-// state back to empty and not swept: taker.stateEpoch).
+// state back to empty and not swept: epochs.judge).
 func TestMemoryGiveBackAfterSweepOrEviction(t *testing.T) {
 	ctx := context.Background()
 	p := Policy{Algorithm: TokenBucket, Events: 3, Window: time.Hour}

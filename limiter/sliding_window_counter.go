@@ -1,5 +1,7 @@
 package limiter
 
+import "time"
+
 // slidingCounterState holds the counts of window win and the one before it.
 type slidingCounterState struct {
 	win  int64
@@ -8,7 +10,7 @@ type slidingCounterState struct {
 }
 
 // roll moves the counts on to now's window and returns the time to decide
-// at, and whether the state held nothing at now (taker.stateEpoch; never
+// at, and whether the state held nothing at now (epochs.judge; never
 // while the clock is behind, as in fixedWindowState.roll). As there, a now
 // before the stored window (a clock read that lost the race for the lock)
 // is taken as that window's start: rolling back would drop both counts and
@@ -34,24 +36,18 @@ func (s *slidingCounterState) roll(p *params, now int64) (int64, bool) {
 //
 // With want above cost it takes the most units that fit, up to want, when
 // cost fits: a lease. The most g with prev×(W - e) + (cur + g)×W <= L×W.
-func (s *slidingCounterState) take(p *params, now, cost, want int64, by taker) (a Admission) {
+func (s *slidingCounterState) take(p *params, now, cost, want int64, ep epochs) (taken, int64, int64) {
 	now, empty := s.roll(p, now)
-	epoch := by.stateEpoch(empty)
+	ep.judge(empty)
 	e := now - s.win*p.w
 	if s.prev*(p.w-e)+(s.cur+cost)*p.w > p.l*p.w {
-		s.status(p, now, &a.Decision)
-		a.Allowed = false
-		a.RetryAfter = microseconds(s.retryAfter(p, e, cost))
-		a.Time, a.Receipt.At = now, now
-		return a
+		remaining, reset := s.status(p, now)
+		return refused(remaining, reset, microseconds(s.retryAfter(p, e, cost))), now, 0
 	}
 	granted := min(want, (p.l*p.w-s.prev*(p.w-e))/p.w-s.cur)
 	s.cur += granted
-	s.status(p, now, &a.Decision)
-	a.Time = now
-	a.Receipt.At, a.Receipt.Granted = now, granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
-	return a
+	remaining, reset := s.status(p, now)
+	return taken{units: granted, remaining: remaining, reset: reset}, now, 0
 }
 
 // retryAfter is the least x with est(now + x) + c <= L, nothing else
@@ -81,18 +77,16 @@ func (s *slidingCounterState) retryAfter(p *params, e, cost int64) int64 {
 // every product the script forms within 4×L×W). Requests are refused
 // until est has decayed: through this window's end, and in the next as
 // the charged window's weight falls.
-func (s *slidingCounterState) charge(p *params, now, cost int64, by taker) (a Admission) {
+func (s *slidingCounterState) charge(p *params, now, cost int64, e epochs) (taken, int64, int64) {
 	now, empty := s.roll(p, now)
-	a.Receipt.Epoch = by.stateEpoch(empty)
+	e.judge(empty)
 	before := s.cur
 	s.cur = max(s.cur, min(s.cur+cost, 2*p.l))
-	s.status(p, now, &a.Decision)
-	a.Time = now
-	a.Receipt.At, a.Receipt.Granted = now, s.cur-before
-	return a
+	remaining, reset := s.status(p, now)
+	return taken{units: s.cur - before, remaining: remaining, reset: reset}, now, 0
 }
 
-func (s *slidingCounterState) refund(p *params, now, cost, name int64) (d Decision) {
+func (s *slidingCounterState) refund(p *params, now, cost, name int64) Decision {
 	now, _ = s.roll(p, now)
 	switch windowIndex(p, name) {
 	case s.win:
@@ -100,24 +94,23 @@ func (s *slidingCounterState) refund(p *params, now, cost, name int64) (d Decisi
 	case s.win - 1:
 		s.prev = max(0, s.prev-cost)
 	}
-	s.status(p, now, &d)
-	return d
+	remaining, reset := s.status(p, now)
+	return Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
 }
 
 // status: remaining = ⌊L - est⌋; reset = end of the next window while cur
-// holds units, else end of this one while prev does. It writes them into
-// d, one by one (see taker).
-func (s *slidingCounterState) status(p *params, now int64, d *Decision) {
+// holds units, else end of this one while prev does.
+func (s *slidingCounterState) status(p *params, now int64) (remaining int64, reset time.Duration) {
 	now, _ = s.roll(p, now)
 	e := now - s.win*p.w
 	est := s.prev*(p.w-e) + s.cur*p.w
-	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, (p.l*p.w-est)/p.w), 0
 	switch {
 	case s.cur > 0:
-		d.ResetAfter = microseconds((s.win+2)*p.w - now)
+		reset = microseconds((s.win+2)*p.w - now)
 	case s.prev > 0:
-		d.ResetAfter = microseconds((s.win+1)*p.w - now)
+		reset = microseconds((s.win+1)*p.w - now)
 	}
+	return max(0, (p.l*p.w-est)/p.w), reset
 }
 
 // idle keeps the state while the clock is behind its window (see

@@ -1,5 +1,7 @@
 package limiter
 
+import "time"
+
 // slidingLogState keeps the admissions of the last window, oldest first,
 // each packed into one uint64: the admission time in µs above logUnitBits,
 // its units below. ents[head:] are live; total is the sum of their units.
@@ -53,27 +55,22 @@ func (s *slidingLogState) push(at, units int64) {
 // unit is in the log from its grant until W after its spend, so the log's
 // own check bounds every span of spend times by L; the price is that leased
 // units block their key up to a lifetime longer.
-func (s *slidingLogState) take(p *params, now, cost, want int64, by taker) (a Admission) {
+func (s *slidingLogState) take(p *params, now, cost, want int64, e epochs) (taken, int64, int64) {
 	now = max(now, 0)
 	s.expire(p, now)
-	epoch := by.stateEpoch(len(s.ents) == s.head)
+	e.judge(len(s.ents) == s.head)
 	if s.total+cost > p.l {
-		s.status(p, now, &a.Decision)
-		a.Allowed = false
-		a.RetryAfter = microseconds(s.retryAfter(p, now, s.total+cost-p.l))
-		a.Time, a.Receipt.At = now, now
-		return a
+		remaining, reset := s.status(p, now)
+		return refused(remaining, reset, microseconds(s.retryAfter(p, now, s.total+cost-p.l))), now, 0
 	}
 	granted := min(want, p.l-s.total)
 	at := now
 	if granted > cost {
 		at += LeaseLifetime.Microseconds()
 	}
-	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(at, granted), granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
-	s.status(p, now, &a.Decision)
-	a.Time = now
-	return a
+	mark := s.record(at, granted)
+	remaining, reset := s.status(p, now)
+	return taken{units: granted, remaining: remaining, reset: reset}, now, mark
 }
 
 // record logs units at time at, or at the newest entry's time if that is
@@ -94,15 +91,14 @@ func (s *slidingLogState) record(at, units int64) int64 {
 // refused until enough of the oldest entries have left the window. Like
 // an admission, the entry is stamped max(now, newest entry), so the log
 // stays ordered (after a lease logged ahead, or a clock stepped back).
-func (s *slidingLogState) charge(p *params, now, cost int64, by taker) (a Admission) {
+func (s *slidingLogState) charge(p *params, now, cost int64, e epochs) (taken, int64, int64) {
 	now = max(now, 0)
 	s.expire(p, now)
-	a.Receipt.Epoch = by.stateEpoch(len(s.ents) == s.head)
+	e.judge(len(s.ents) == s.head)
 	units := max(0, min(cost, 2*p.l-s.total))
-	a.Receipt.At, a.Receipt.Mark, a.Receipt.Granted = now, s.record(now, units), units
-	s.status(p, now, &a.Decision)
-	a.Time = now
-	return a
+	mark := s.record(now, units)
+	remaining, reset := s.status(p, now)
+	return taken{units: units, remaining: remaining, reset: reset}, now, mark
 }
 
 // retryAfter is how long until the oldest entries holding at least need
@@ -117,7 +113,7 @@ func (s *slidingLogState) retryAfter(p *params, now, need int64) int64 {
 	return p.w
 }
 
-func (s *slidingLogState) refund(p *params, now, cost, at int64) (d Decision) {
+func (s *slidingLogState) refund(p *params, now, cost, at int64) Decision {
 	s.expire(p, now)
 	for i := len(s.ents) - 1; i >= s.head && cost > 0; i-- {
 		e := s.ents[i]
@@ -136,17 +132,17 @@ func (s *slidingLogState) refund(p *params, now, cost, at int64) (d Decision) {
 			s.ents[i] = logEntry(at, logUnits(e)-u)
 		}
 	}
-	s.status(p, now, &d)
-	return d
+	remaining, reset := s.status(p, now)
+	return Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
 }
 
-// status writes the state into d: remaining = L - count; reset = newest +
-// W - now (its report fields, one by one: see taker).
-func (s *slidingLogState) status(p *params, now int64, d *Decision) {
-	d.Allowed, d.Remaining, d.ResetAfter = true, max(0, p.l-s.total), 0
+// status is the state as a report's remaining = L - count and reset =
+// newest + W - now.
+func (s *slidingLogState) status(p *params, now int64) (remaining int64, reset time.Duration) {
 	if n := len(s.ents); n > s.head {
-		d.ResetAfter = microseconds(max(0, logAt(s.ents[n-1])+p.w-now))
+		reset = microseconds(max(0, logAt(s.ents[n-1])+p.w-now))
 	}
+	return max(0, p.l-s.total), reset
 }
 
 // idle also gives memory back: a log whose live entries fill less than a

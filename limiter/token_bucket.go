@@ -12,19 +12,15 @@ type tokenBucketState struct{ bucketState }
 //
 // With want above cost it takes as many tokens as the bucket holds, up to
 // want, when it holds at least cost: a lease.
-func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a Admission) {
+func (s *tokenBucketState) take(p *params, now, cost, want int64, e epochs) (taken, int64, int64) {
 	debt := s.debt(p, now)
-	epoch := by.stateEpoch(debt == 0)
+	e.judge(debt == 0)
 	full := p.b * p.w
 	need := debt + cost*p.w
-	a.Time, a.Receipt.At = now, now
 	if need > full {
 		// Never negative: a clock behind the bucket's state reads a debt
 		// beyond the burst (debt bounds it, see bucketState).
-		a.Remaining = max(0, (full-debt)/p.w)
-		a.ResetAfter = microseconds(ceilDiv(debt, p.l))
-		a.RetryAfter = microseconds(ceilDiv(need-full, p.l))
-		return a
+		return refused(max(0, (full-debt)/p.w), microseconds(ceilDiv(debt, p.l)), microseconds(ceilDiv(need-full, p.l))), now, 0
 	}
 	granted := cost // what fits, when no more is wanted: need <= full
 	if want > cost {
@@ -32,12 +28,7 @@ func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a A
 		need = debt + granted*p.w
 	}
 	s.setDebt(p, now, need)
-	a.Allowed = true
-	a.Remaining = (full - need) / p.w
-	a.ResetAfter = microseconds(ceilDiv(need, p.l))
-	a.Receipt.Granted = granted
-	a.store, a.key, a.held, a.Receipt.Epoch = by.store, by.key, granted, epoch
-	return a
+	return taken{units: granted, remaining: (full - need) / p.w, reset: microseconds(ceilDiv(need, p.l))}, now, 0
 }
 
 // charge takes cost tokens whether or not the bucket holds them: tokens go
@@ -47,18 +38,13 @@ func (s *tokenBucketState) take(p *params, now, cost, want int64, by taker) (a A
 // cost. debt⁺ = max(debt, min(debt + c×W, 2×B×W)); granted is the tokens
 // charged, ⌈(debt⁺ − debt)/W⌉. The max keeps a debt a clock stepped back
 // has already put beyond the cap (debt bounds it by maxAhead).
-func (s *tokenBucketState) charge(p *params, now, cost int64, by taker) (a Admission) {
+func (s *tokenBucketState) charge(p *params, now, cost int64, e epochs) (taken, int64, int64) {
 	debt := s.debt(p, now)
-	a.Receipt.Epoch = by.stateEpoch(debt == 0)
+	e.judge(debt == 0)
 	full := p.b * p.w
 	next := max(debt, min(debt+cost*p.w, 2*full))
 	s.setDebt(p, now, next)
-	a.Allowed = true
-	a.Remaining = max(0, (full-next)/p.w)
-	a.ResetAfter = microseconds(ceilDiv(next, p.l))
-	a.Time = now
-	a.Receipt.At, a.Receipt.Granted = now, ceilDiv(next-debt, p.w)
-	return a
+	return taken{units: ceilDiv(next-debt, p.w), remaining: max(0, (full-next)/p.w), reset: microseconds(ceilDiv(next, p.l))}, now, 0
 }
 
 func (s *tokenBucketState) refund(p *params, now, cost, _ int64) Decision {
