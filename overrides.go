@@ -47,6 +47,9 @@ const blockRetry = time.Hour
 // overrideRules is a zone's overrides as its requests see them.
 type overrideRules struct {
 	set overrideSet
+	// table is set.table(), which is the set's for its life: kept here so
+	// a request does not ask the set for it.
+	table *limiter.OverrideTable
 	// newLimit builds a store for an override's policy, as the zone's
 	// handler builds its tiers' (Handler.newLimit), with state of its own.
 	newLimit func(p limiter.Policy) (limit, error)
@@ -75,10 +78,11 @@ func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) erro
 		if err != nil {
 			return err
 		}
-		z.ov.set = set
+		z.ov.set, z.ov.table = set, set.table()
 		return nil
 	}
 	z.ov.set = loadMemoryOverrides(ctx, name, h.keys, h.now(), h.logger)
+	z.ov.table = z.ov.set.table()
 	z.buildOverrideLimits()
 	return nil
 }

@@ -150,7 +150,7 @@ func (z *zone) overrideOf(res *resolution, key string, at *time.Time) bool {
 	if z.ov == nil {
 		return false
 	}
-	t := z.ov.set.table()
+	t := z.ov.table
 	if t.Len() == 0 {
 		return false
 	}
