@@ -517,3 +517,101 @@ func takeAll(m *Memory, key string) int {
 	}
 	return n
 }
+
+// TestMemoryAdmissionReceipts: what a memory store's answers carry
+// beside their Decision, for every algorithm. An admission holds its
+// units of its key in the store, decided and received at the store's
+// time (a window's start while the clock is behind it), names the state
+// it took from (Receipt.Epoch, a new one after a reset), is named by its
+// log time in a sliding log (Mark: a lease's is LeaseLifetime ahead), and
+// says what it took (Granted) only for the algorithms that lease or
+// charge; a refusal carries the time and nothing else; a charge holds
+// nothing and names the state it charged.
+func TestMemoryAdmissionReceipts(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			p := Policy{Algorithm: alg, Events: 3, Window: time.Second}
+			m, clock := newTestMemory(t, p, MemoryOptions{})
+			base := alignedBase(p)
+			log := alg == SlidingWindowLog
+			leases := m.p.alg.Leases
+			admitted := func(what string, a Admission, units, mark int64) uint64 {
+				t.Helper()
+				want := Receipt{At: a.Time, Mark: mark, Epoch: a.Receipt.Epoch}
+				if leases {
+					want.Granted = units
+				}
+				if !a.Allowed || a.Receipt != want || a.Receipt.Epoch == 0 || a.Held() != units || a.key != "k" || a.store != Store(m) {
+					t.Fatalf("%s: %+v %+v (held %d of %q, in the store %v); want admitted, receipt %+v with an epoch, holding %d of \"k\" in the store",
+						what, a.Decision, a.Receipt, a.Held(), a.key, a.store == Store(m), want, units)
+				}
+				return a.Receipt.Epoch
+			}
+			refused := func(what string, a Admission, at int64) {
+				t.Helper()
+				if a.Allowed || a.Time != at || a.Receipt != (Receipt{At: at}) || a.Held() != 0 || a.key != "" || a.store != nil {
+					t.Fatalf("%s: %+v %+v (held %d of %q, in a store %v); want refused at %d with a receipt of its time only, holding nothing", what, a.Decision, a.Receipt, a.Held(), a.key, a.store != nil, at)
+				}
+			}
+			a, _ := m.Take(ctx, "k", 1)
+			mark := int64(0)
+			if log {
+				mark = base
+			}
+			if a.Time != base {
+				t.Fatalf("first take decided at %d, want %d", a.Time, base)
+			}
+			epoch := admitted("first take", a, 1, mark)
+			for i := 2; ; i++ {
+				a, _ = m.Take(ctx, "k", 1)
+				if !a.Allowed {
+					refused(fmt.Sprintf("take %d", i), a, base)
+					break
+				}
+				if got := admitted(fmt.Sprintf("take %d", i), a, 1, mark); got != epoch {
+					t.Fatalf("take %d names state %d, the first %d", i, got, epoch)
+				}
+				if i > 10 {
+					t.Fatal("never refused")
+				}
+			}
+			if m.p.alg.Charges {
+				c, err := m.Charge(ctx, "k", 2)
+				want := Receipt{At: base, Mark: mark, Epoch: epoch, Granted: 2}
+				if err != nil || !c.Allowed || c.Receipt != want || c.Held() != 0 || c.store != nil || c.Time != base {
+					t.Fatalf("charge: %+v %+v, %v (held %d, in a store %v); want allowed, receipt %+v, holding nothing", c.Decision, c.Receipt, err, c.Held(), c.store != nil, want)
+				}
+			}
+			if leases {
+				l, err := m.TakeUpTo(ctx, "lease", 1, 2)
+				lmark := int64(0)
+				if log {
+					lmark = base + LeaseLifetime.Microseconds()
+				}
+				if err != nil || !l.Allowed || l.Held() != 2 || l.key != "lease" || l.Receipt != (Receipt{At: base, Mark: lmark, Epoch: l.Receipt.Epoch, Granted: 2}) || l.Receipt.Epoch == 0 {
+					t.Fatalf("lease of 1 up to 2: %+v, %v (held %d of %q); want 2 granted and held, marked %d", l, err, l.Held(), l.key, lmark)
+				}
+			}
+			if _, err := m.Reset(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			a, _ = m.Take(ctx, "k", 1)
+			if got := admitted("take after a reset", a, 1, mark); got <= epoch {
+				t.Fatalf("take after a reset names state %d, not one after %d", got, epoch)
+			}
+			if alg != FixedWindow && alg != SlidingWindowCounter {
+				return
+			}
+			// A clock behind the stored window decides at its start.
+			next := base + p.Window.Microseconds()
+			clock.SetMicro(next + 10)
+			if a, _ = m.Take(ctx, "k", 1); !a.Allowed || a.Time != next+10 {
+				t.Fatalf("take in the next window: %+v, want admitted at %d", a, next+10)
+			}
+			clock.SetMicro(next - 10)
+			a, _ = m.Take(ctx, "k", 3)
+			refused("take behind the window", a, next)
+		})
+	}
+}
