@@ -27,6 +27,12 @@ func TestAlgorithmCasesMemory(t *testing.T) {
 	storetest.RunAlgorithmCases(t, memoryCaseStore)
 }
 
+// TestCostBelowOneMemory: the memory store refuses a cost below 1 with
+// an error, as the other stores do (storetest.RunCostBelowOneCases).
+func TestCostBelowOneMemory(t *testing.T) {
+	storetest.RunCostBelowOneCases(t, memoryCaseStore)
+}
+
 // TestResetCasesMemory runs the shared cases of give-backs across an admin
 // reset (storetest.RunResetCases) against the memory store, on a clock
 // that stands still; the Redis store's tests run them against Redis.

@@ -146,8 +146,12 @@ func (mc *memoryClock) now() int64 {
 	return mc.c.Now().UnixMicro()
 }
 
-// Take implements Store; it never fails.
+// Take implements Store; it fails only for a cost below 1, which the
+// other stores refuse too (a negative one would credit the key's state).
 func (m *Memory) Take(_ context.Context, key string, cost int64) (Admission, error) {
+	if cost < 1 {
+		return Admission{}, fmt.Errorf("memory store: cost %d below 1", cost)
+	}
 	t, at, mark, epoch := m.tables.take(maphash.String(m.seed, key), &m.p, &m.clock, cost, cost)
 	return m.admission(key, t, at, mark, epoch), nil
 }
@@ -174,7 +178,7 @@ func (m *Memory) admission(key string, t taken, at, mark int64, epoch uint64) Ad
 // TakeUpTo implements Leaser for the algorithms whose Traits say Leases;
 // for the others it fails.
 func (m *Memory) TakeUpTo(_ context.Context, key string, cost, want int64) (Admission, error) {
-	if want < cost {
+	if cost < 1 || want < cost {
 		return Admission{}, fmt.Errorf("memory store: lease of %d wanted for a cost of %d", want, cost)
 	}
 	if !m.p.alg.Leases {

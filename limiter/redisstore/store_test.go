@@ -51,6 +51,12 @@ func TestAlgorithmCasesRedisCluster(t *testing.T) {
 	storetest.RunAlgorithmCases(t, redisCaseStore(c.Client(t)))
 }
 
+// TestCostBelowOneRedis: the same cases as TestCostBelowOneMemory, on
+// Redis (storetest.RunCostBelowOneCases).
+func TestCostBelowOneRedis(t *testing.T) {
+	storetest.RunCostBelowOneCases(t, redisCaseStore(redistest.Start(t).Client(t)))
+}
+
 // TestResetCasesRedis runs the shared cases of give-backs across an admin
 // reset (storetest.RunResetCases) against Redis, on a test clock that
 // stands still, as the memory store's tests run them: the scripts tell

@@ -171,3 +171,42 @@ func within(got time.Duration, wantUs int64) bool {
 	diff := got.Microseconds() - wantUs
 	return diff >= -1000 && diff <= 1000
 }
+
+// RunCostBelowOneCases: a take or lease of a cost below 1 is an error in
+// every store, for every algorithm, and leaves the key's state as it
+// was. A negative cost taken as asked would credit the key (a bucket
+// refilled, a window's count lowered, a log entry of -1 units), and the
+// memory store once answered it as a refusal while doing so.
+func RunCostBelowOneCases(t *testing.T, open CaseStore) {
+	for _, alg := range limiter.Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			p := limiter.Policy{Algorithm: alg, Events: 3, Window: time.Hour}
+			s, setNow := open(t, p)
+			setNow(AlignedBase(p))
+			ctx := context.Background()
+			MustAdmit(t, s, "k")
+			before, err := s.Peek(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cost := range []int64{0, -1, -5} {
+				if a, err := s.Take(ctx, "k", cost); err == nil {
+					t.Errorf("Take of cost %d: %+v and no error", cost, a.Decision)
+				}
+				if l, ok := s.(limiter.Leaser); ok && alg.Traits().Leases {
+					if a, err := l.TakeUpTo(ctx, "k", cost, 2); err == nil {
+						t.Errorf("TakeUpTo of cost %d: %+v and no error", cost, a.Decision)
+					}
+				}
+			}
+			after, err := s.Peek(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.Remaining != before.Remaining || after.ResetAfter != before.ResetAfter {
+				t.Errorf("state after the refused costs: remaining %d reset %v; before: remaining %d reset %v",
+					after.Remaining, after.ResetAfter, before.Remaining, before.ResetAfter)
+			}
+		})
+	}
+}
