@@ -529,14 +529,20 @@ func (sh *shard[S, PS]) get(key uint64) uint32 {
 	for int64(len(sh.index)) >= sh.limit.Load() && sh.oldest != 0 {
 		sh.remove(sh.cells[sh.oldest-1].key, sh.oldest-1)
 	}
+	// A new cell is a new state, with an epoch of its own whether or not
+	// the algorithm's take then judges it empty (a calendar window on a
+	// clock before 1970 sees its zero window as ahead, and would name
+	// it 0, no state).
+	sh.epochs++
+	fresh := cell[S]{key: key, epoch: sh.epochs}
 	var i uint32
 	if sh.free != 0 {
 		i = sh.free - 1
 		sh.free = sh.cells[i].next
-		sh.cells[i] = cell[S]{key: key}
+		sh.cells[i] = fresh
 	} else {
 		i = uint32(len(sh.cells))
-		sh.cells = append(sh.cells, cell[S]{key: key})
+		sh.cells = append(sh.cells, fresh)
 	}
 	sh.index[key] = i
 	sh.pushNewest(i)

@@ -471,6 +471,38 @@ func TestMemoryGiveBackAfterSweepOrEviction(t *testing.T) {
 	}
 }
 
+// TestMemoryNewKeyNamesItsState: a key's first take names the state it
+// made even when the algorithm does not judge that state empty: a
+// calendar window on a clock before the Unix epoch sees the new key's
+// zero window as ahead of now. Named 0 ("no state"), such an admission's
+// units went back to whatever state the key had by then, after a reset a
+// fresh one that never counted them.
+func TestMemoryNewKeyNamesItsState(t *testing.T) {
+	ctx := context.Background()
+	p := Policy{Algorithm: FixedWindow, Events: 3, Calendar: &Calendar{Period: Day, Location: time.UTC}}
+	clock := testutil.NewClock(time.Unix(-10*86400, 0))
+	m, err := NewMemory(p, MemoryOptions{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := m.Take(ctx, "k", 1)
+	if !first.Allowed || first.Receipt.Epoch == 0 {
+		t.Fatalf("first take: allowed %v, epoch %d; want an admission naming its state", first.Allowed, first.Receipt.Epoch)
+	}
+	if _, err := m.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if n := takeAll(m, "k"); n != 3 {
+		t.Fatalf("admitted %d of a fresh state, want 3", n)
+	}
+	if _, err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := takeAll(m, "k"); n != 0 {
+		t.Errorf("admitted %d after a give-back of units the fresh state never counted, want 0", n)
+	}
+}
+
 // TestMemoryEpochsAcrossReshard: a change of the shard count keeps each
 // state's epoch (a give-back still reaches the state that took the units)
 // and numbers no later state of a key as an earlier one, though each
