@@ -458,15 +458,7 @@ func TestMemoryGiveBackAfterSweepOrEviction(t *testing.T) {
 			case "evict":
 				m.Take(ctx, "other", 1)
 			}
-			if n := takeAll(m, "k"); n != 3 {
-				t.Fatalf("admitted %d of a fresh state, want 3", n)
-			}
-			if _, err := first.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if n := takeAll(m, "k"); n != 0 {
-				t.Errorf("admitted %d after a give-back of units the state never counted, want 0", n)
-			}
+			giveBackToFreshState(t, m, "k", 3, first)
 		})
 	}
 }
@@ -492,13 +484,22 @@ func TestMemoryNewKeyNamesItsState(t *testing.T) {
 	if _, err := m.Reset(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
-	if n := takeAll(m, "k"); n != 3 {
-		t.Fatalf("admitted %d of a fresh state, want 3", n)
+	giveBackToFreshState(t, m, "k", 3, first)
+}
+
+// giveBackToFreshState checks that key, its earlier state forgotten,
+// admits its whole limit afresh, and that a give-back of first (taken
+// from the earlier state) then lets nothing more in: the fresh state
+// never counted its units.
+func giveBackToFreshState(t *testing.T, m *Memory, key string, limit int, first Admission) {
+	t.Helper()
+	if n := takeAll(m, key); n != limit {
+		t.Fatalf("admitted %d of a fresh state, want %d", n, limit)
 	}
-	if _, err := first.Release(ctx); err != nil {
+	if _, err := first.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if n := takeAll(m, "k"); n != 0 {
+	if n := takeAll(m, key); n != 0 {
 		t.Errorf("admitted %d after a give-back of units the fresh state never counted, want 0", n)
 	}
 }
