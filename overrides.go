@@ -65,6 +65,11 @@ type overrideRules struct {
 	failLogged time.Time
 }
 
+// use makes set the zone's overrides, keeping its table beside it.
+func (ov *overrideRules) use(set overrideSet) {
+	ov.set, ov.table = set, set.table()
+}
+
 // provisionOverrides gives z its overrides: a memory zone's from this
 // process (or Caddy's storage), a redis zone's from Redis.
 func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) error {
@@ -78,11 +83,10 @@ func (h *Handler) provisionOverrides(ctx caddy.Context, z *zone, cfg *Zone) erro
 		if err != nil {
 			return err
 		}
-		z.ov.set, z.ov.table = set, set.table()
+		z.ov.use(set)
 		return nil
 	}
-	z.ov.set = loadMemoryOverrides(ctx, name, h.keys, h.now(), h.logger)
-	z.ov.table = z.ov.set.table()
+	z.ov.use(loadMemoryOverrides(ctx, name, h.keys, h.now(), h.logger))
 	z.buildOverrideLimits()
 	return nil
 }
