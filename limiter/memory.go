@@ -159,7 +159,10 @@ func (m *Memory) Take(_ context.Context, key string, cost int64) (Admission, err
 // admission is the Admission of what the algorithm took (see taken),
 // decided at at, logged at mark, from the state epoch names: it holds the
 // units taken of key in m. Receipt.Granted is set for the algorithms
-// that lease or charge, which alone read it.
+// that lease or charge, which alone read it. The Decisions are written
+// out rather than built by a helper: one call more puts admission over
+// the inliner's budget, and a function that is not inlined returns the
+// Admission through one more copy.
 func (m *Memory) admission(key string, t taken, at, mark int64, epoch uint64) Admission {
 	if t.units < 0 {
 		return Admission{Decision: Decision{Remaining: t.remaining, ResetAfter: t.reset, RetryAfter: t.wait, Time: at}, Receipt: Receipt{At: at}}
