@@ -420,12 +420,7 @@ func TestClientLeftWhileQueuedForLeaseIsNoStoreFailure(t *testing.T) {
 				t.Errorf("the request whose lease call was under way: %d, want 200", c)
 			}
 
-			if code != statusClientClosedRequest {
-				t.Errorf("status %d, want %d (the client left)", code, statusClientClosedRequest)
-			}
-			if reached {
-				t.Error("the request went on to the next handler after its client left")
-			}
+			wantClientLeft(t, code, reached)
 			if got := w.Header().Get("Retry-After"); got != "" {
 				t.Errorf("Retry-After %q for a client that left", got)
 			}
@@ -466,12 +461,7 @@ func TestClientLeftWhileRedisDecidedGivesBack(t *testing.T) {
 	time.AfterFunc(400*time.Millisecond, srv.Resume)
 	_, code := serve(h, r.WithContext(ctx), next)
 
-	if code != statusClientClosedRequest {
-		t.Errorf("status %d, want %d (the client left)", code, statusClientClosedRequest)
-	}
-	if reached {
-		t.Error("the request went on to the next handler after its client left")
-	}
+	wantClientLeft(t, code, reached)
 	for _, z := range []string{mem, remote} {
 		if got := storeRemaining(t, h, z, ip); got != 5 {
 			t.Errorf("%s: %d left, want 5: what the request took was not given back", z, got)

@@ -202,6 +202,18 @@ func noteReached(reached *bool) caddyhttp.Handler {
 	})
 }
 
+// wantClientLeft checks that a request whose client left ended with 499
+// (code) without reaching the next handler (reached, by noteReached).
+func wantClientLeft(t *testing.T, code int, reached bool) {
+	t.Helper()
+	if code != statusClientClosedRequest {
+		t.Errorf("status %d, want %d (the client left)", code, statusClientClosedRequest)
+	}
+	if reached {
+		t.Error("the request went on to the next handler after its client left")
+	}
+}
+
 // serve runs one request through h and returns the recorder and the
 // status: the handler's error status for refusals, else the written one.
 func serve(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, int) {
