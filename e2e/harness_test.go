@@ -160,8 +160,8 @@ func newClient(t *testing.T) *http.Client {
 // send makes one request; headers are name, value pairs. It may run on any
 // goroutine, so it returns errors rather than failing the test.
 //
-// A GET or HEAD whose connection ends before any response (EOF or reset)
-// is sent once more: each config binds its own socket (SO_REUSEPORT), so a
+// A GET or HEAD whose connection ends before any response (EOF, a reset,
+// or a broken pipe while the request is written) is sent once more: each config binds its own socket (SO_REUSEPORT), so a
 // connection the kernel queued on the old config's socket is reset when a
 // reload closes it, and a kept-alive connection can be closed by the old
 // server as the request goes out. Neither reached a handler. A server that
@@ -190,7 +190,7 @@ func (e errBeforeResponse) Unwrap() error { return e.err }
 // cleanly or by a reset, before any response came.
 func droppedBeforeResponse(err error) bool {
 	var before errBeforeResponse
-	return errors.As(err, &before) && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET))
+	return errors.As(err, &before) && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
 }
 
 func sendOnce(c *http.Client, method, url string, headers ...string) (response, error) {
